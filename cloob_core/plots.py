@@ -1,0 +1,60 @@
+"""Figures people look at instead of reading numbers; written atomically as PNG."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+from cloob_core.io import atomic_write
+
+
+def training_summary_png(
+    path: str | Path,
+    losses: Sequence[float],
+    learning_rates: Sequence[float],
+    classnames: Sequence[str],
+    per_class_accuracy: Sequence[float],
+    chance: float,
+    title: str,
+) -> Path:
+    """Loss and learning rate per step beside the held-out per-class zero-shot accuracy."""
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [3, 2]})
+    steps = range(1, len(losses) + 1)
+    ax_loss.plot(steps, losses, color="tab:blue", linewidth=0.8, alpha=0.4, label="loss (step)")
+    window = max(1, len(losses) // 25)
+    if len(losses) >= window > 1:
+        smooth = [
+            sum(losses[max(0, i - window + 1) : i + 1]) / len(losses[max(0, i - window + 1) : i + 1])
+            for i in range(len(losses))
+        ]
+        ax_loss.plot(steps, smooth, color="tab:blue", linewidth=1.8, label=f"loss ({window}-step mean)")
+    ax_loss.set_xlabel("step")
+    ax_loss.set_ylabel("training loss")
+    ax_lr = ax_loss.twinx()
+    ax_lr.plot(steps, learning_rates, color="tab:orange", linewidth=1.0, label="learning rate")
+    ax_lr.set_ylabel("learning rate")
+    handles = ax_loss.get_legend_handles_labels()[0] + ax_lr.get_legend_handles_labels()[0]
+    ax_loss.legend(handles=handles, loc="upper right", fontsize=8)
+    ax_loss.set_title("training")
+
+    positions = range(len(classnames))
+    ax_acc.bar(positions, [100 * a for a in per_class_accuracy], color="tab:green")
+    ax_acc.set_xticks(list(positions), list(classnames))
+    ax_acc.axhline(100 * chance, color="gray", linestyle="--", label=f"chance {100 * chance:.0f}%")
+    ax_acc.set_ylim(0, 100)
+    ax_acc.set_xlabel("class")
+    ax_acc.set_ylabel("zero-shot accuracy on held-out split (%)")
+    ax_acc.legend(loc="lower right", fontsize=8)
+    ax_acc.set_title("per-class zero-shot accuracy")
+
+    fig.suptitle(title)
+    fig.tight_layout()
+    try:
+        return atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+    finally:
+        plt.close(fig)

@@ -1,0 +1,61 @@
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cloob_core.config import CloobConfig, ConfigError, dump_defaults, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_params_yaml_is_the_defaults():
+    """params.yaml is the DVC view of the typed config: the same values, documented once in config.py."""
+    assert yaml.safe_load((ROOT / "params.yaml").read_text()) == CloobConfig().model_dump()
+    assert yaml.safe_load(dump_defaults()) == CloobConfig().model_dump()
+
+
+def test_paper_defaults():
+    config = CloobConfig()
+    assert config.model.inv_tau == 30.0 and not config.model.learn_inv_tau
+    assert config.objective.name == "cloob" and config.objective.beta == 8.0
+    assert config.optim.weight_decay == 0.1
+
+
+def test_file_then_overrides(tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text("objective:\n  name: clip\ndemo:\n  epochs: 3\n")
+    config = load_config(path, ["demo.epochs=5", "model.learn_inv_tau=true"])
+    assert config.objective.name == "clip"
+    assert config.demo.epochs == 5
+    assert config.model.learn_inv_tau is True
+    assert config.demo.batch_size == CloobConfig().demo.batch_size
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["objective.name=simclr"], "objective.name"),
+        (["objective.beta=-1"], "objective.beta"),
+        (["model.inv_tau=500"], "model.inv_tau"),
+        (["demo.epochs=many"], "demo.epochs"),
+        (["demo.epochz=3"], "demo.epochz: unknown key"),
+        (["nosuchsection.x=1"], "nosuchsection: unknown key"),
+        (["demo.epochs"], "section.key=value"),
+    ],
+)
+def test_bad_values_name_the_key(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, overrides)
+
+
+def test_bad_files(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.yaml")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("model: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(broken)
+    scalar = tmp_path / "scalar.yaml"
+    scalar.write_text("42\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(scalar)
