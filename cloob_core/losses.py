@@ -68,9 +68,17 @@ def hopfield_retrieval(state: Tensor, stored: Tensor, beta: float | Tensor) -> T
     """
     if state.ndim != 2 or stored.ndim != 2 or state.shape[1] != stored.shape[1]:
         raise ValueError(f"expected state [S, d] and stored [M, d], got {tuple(state.shape)} and {tuple(stored.shape)}")
-    attention = torch.softmax(_reduction_dtype(beta * (state @ stored.T)), dim=-1)
-    retrieved = attention.to(stored.dtype) @ stored
-    return F.normalize(retrieved, dim=-1)
+    return _retrieve(state @ stored.T, stored, beta)
+
+
+def _retrieve(scores: Tensor, stored: Tensor, beta: float | Tensor, transposed: bool = False) -> Tensor:
+    """Retrieval from precomputed ``scores = state @ stored.T``, or from ``scores.T`` when ``transposed``
+    (softmax down the columns, then a transposed matmul: no strided row softmax, no copy)."""
+    if transposed:
+        attention = torch.softmax(_reduction_dtype(beta * scores), dim=0).T
+    else:
+        attention = torch.softmax(_reduction_dtype(beta * scores), dim=-1)
+    return F.normalize(attention.to(stored.dtype) @ stored, dim=-1)
 
 
 def loob(anchors: Tensor, samples: Tensor, inv_tau: float | Tensor) -> Tensor:
@@ -85,19 +93,21 @@ def loob(anchors: Tensor, samples: Tensor, inv_tau: float | Tensor) -> Tensor:
     return _loob_from_logits(logits)
 
 
-def _loob_from_logits(logits: Tensor) -> Tensor:
-    """Row-wise leave-one-out bound of a square logit matrix whose diagonal holds the positives."""
+def _loob_from_logits(logits: Tensor, dim: int = 1) -> Tensor:
+    """Leave-one-out bound of a square logit matrix whose diagonal holds the positives.
+
+    ``dim=1`` anchors on the rows, ``dim=0`` on the columns. Reducing along ``dim=0`` in place of
+    transposing keeps the memory access contiguous, which is markedly faster on CPU.
+    """
     n = logits.shape[0]
-    positives = logits.diagonal()
     diagonal = torch.eye(n, dtype=torch.bool, device=logits.device)
-    negatives = torch.logsumexp(logits.masked_fill(diagonal, float("-inf")), dim=1)
-    return (negatives - positives).mean()
+    negatives = torch.logsumexp(logits.masked_fill(diagonal, float("-inf")), dim=dim)
+    return (negatives - logits.diagonal()).mean()
 
 
-def _infonce_from_logits(logits: Tensor) -> Tensor:
-    """Row-wise InfoNCE (cross-entropy against the diagonal) of a square logit matrix."""
-    targets = torch.arange(logits.shape[0], device=logits.device)
-    return F.cross_entropy(logits, targets)
+def _infonce_from_logits(logits: Tensor, dim: int = 1) -> Tensor:
+    """InfoNCE (cross-entropy against the diagonal) of a square logit matrix, anchored along ``dim``."""
+    return (torch.logsumexp(logits, dim=dim) - logits.diagonal()).mean()
 
 
 def infonce_loss(image_features: Tensor, text_features: Tensor, inv_tau: float | Tensor) -> Tensor:
@@ -105,7 +115,7 @@ def infonce_loss(image_features: Tensor, text_features: Tensor, inv_tau: float |
     cross-entropies over ``inv_tau * x @ y.T``."""
     _check_pair(image_features, text_features, min_batch=1)
     logits = _reduction_dtype(inv_tau * (image_features @ text_features.T))
-    return 0.5 * (_infonce_from_logits(logits) + _infonce_from_logits(logits.T))
+    return 0.5 * (_infonce_from_logits(logits, dim=1) + _infonce_from_logits(logits, dim=0))
 
 
 def infoloob_loss(image_features: Tensor, text_features: Tensor, inv_tau: float | Tensor) -> Tensor:
@@ -116,7 +126,7 @@ def infoloob_loss(image_features: Tensor, text_features: Tensor, inv_tau: float 
     """
     _check_pair(image_features, text_features, min_batch=2)
     logits = _reduction_dtype(inv_tau * (image_features @ text_features.T))
-    return (_loob_from_logits(logits) + _loob_from_logits(logits.T)) / inv_tau
+    return (_loob_from_logits(logits, dim=1) + _loob_from_logits(logits, dim=0)) / inv_tau
 
 
 def _hopfield_views(
@@ -129,15 +139,25 @@ def _hopfield_views(
     """The four retrievals of Eq. (5): U_x, U_y from the image memory U, V_x, V_y from the text memory V.
 
     By default U holds the batch's image embeddings and V its text embeddings; extra stored patterns
-    (prototypes, a queue) are appended to the respective memory. Both queries of one memory go through a
-    single matmul and softmax, which is cheaper than four separate retrievals and gives the same numbers.
+    (prototypes, a queue) are appended to the respective memory. The four score matrices need only three
+    products, because the text queries' scores against U are the transpose of the image queries' scores
+    against V (``y @ x.T == (x @ y.T).T``): 7 instead of 8 matmuls for the retrievals, same numbers.
     """
-    n = image_features.shape[0]
-    stored_u = image_features if extra_image_stored is None else torch.cat([image_features, extra_image_stored])
-    stored_v = text_features if extra_text_stored is None else torch.cat([text_features, extra_text_stored])
-    queries = torch.cat([image_features, text_features])
-    u_x, u_y = hopfield_retrieval(queries, stored_u, beta).split(n)
-    v_x, v_y = hopfield_retrieval(queries, stored_v, beta).split(n)
+    x, y = image_features, text_features
+    scores_xy = x @ y.T
+
+    def against(extra: Tensor | None, query: Tensor, batch_scores: Tensor) -> Tensor:
+        return batch_scores if extra is None else torch.cat([batch_scores, query @ extra.T], dim=1)
+
+    stored_u = x if extra_image_stored is None else torch.cat([x, extra_image_stored])
+    stored_v = y if extra_text_stored is None else torch.cat([y, extra_text_stored])
+    u_x = _retrieve(against(extra_image_stored, x, x @ x.T), stored_u, beta)
+    if extra_image_stored is None:
+        u_y = _retrieve(scores_xy, stored_u, beta, transposed=True)
+    else:
+        u_y = _retrieve(against(extra_image_stored, y, scores_xy.T), stored_u, beta)
+    v_x = _retrieve(against(extra_text_stored, x, scores_xy), stored_v, beta)
+    v_y = _retrieve(against(extra_text_stored, y, y @ y.T), stored_v, beta)
     return u_x, u_y, v_x, v_y
 
 

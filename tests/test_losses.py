@@ -286,12 +286,14 @@ def test_bf16_autocast_on_cpu_is_finite_and_close_to_fp32(name):
 
 
 def test_masked_diagonal_gets_exactly_zero_weight():
-    """A huge positive logit must not leak into LOOB's denominator (a -1000 mask would let it through
-    once logits exceed 1000)."""
-    x = torch.eye(4, dtype=torch.float64)
-    value = loob(x, x, 2000.0)
-    # positives 2000, negatives all 0: -2000 + ln(3)
-    assert value.item() == pytest.approx(-2000.0 + math.log(3), rel=1e-12)
+    """The positive must carry no weight in LOOB's denominator however far apart the logits are. A -1000
+    constant (ml-jku/cloob) is wrong once the negatives' logits fall below -1000: here they are -2000."""
+    x = torch.tensor([[1.0, 0.0], [-1.0, 0.0]], dtype=torch.float64)
+    # positives: +2000; the single negative of each anchor: -2000
+    assert loob(x, x, 2000.0).item() == pytest.approx(-4000.0, rel=1e-12)
+    # with the positive far above the negatives, it must not leak in either (no +2000 in the denominator)
+    y = torch.eye(4, dtype=torch.float64)
+    assert loob(y, y, 2000.0).item() == pytest.approx(-2000.0 + math.log(3), rel=1e-12)
 
 
 # ------------------------------------------------------------------------------------------------ registry
