@@ -59,3 +59,18 @@ def test_paper_architecture_builds_without_network():
 def test_unknown_architecture_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown architecture 'RN5'"):
         build_model(ModelConfig(architecture="RN5"))
+
+
+def test_building_and_tokenising_never_touch_the_network(monkeypatch):
+    """No weights, vocabularies or configs are fetched: any connection attempt fails the test."""
+    import socket
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"network access attempted: {args}")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+    model = build_model(ModelConfig(architecture="ViT-B-32"))
+    tokens = build_tokenizer("ViT-B-32")(["a photo of a dog."])
+    assert tokens.shape == (1, 77)
+    assert model.encode_text(tokens).shape == (1, 512)
