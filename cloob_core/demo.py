@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from open_clip.constants import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
 from torch import Tensor
 from tqdm.auto import tqdm
 
@@ -62,14 +63,27 @@ def random_shift(canvas: Tensor, generator: torch.Generator) -> Tensor:
     )
 
 
-def to_model_input(canvas: Tensor, model: CLOOBModel) -> Tensor:
+@dataclass(frozen=True)
+class InputFormat:
+    """The model's input size and per-channel mean/std, read once per run rather than once per batch."""
+
+    size: int
+    mean: Tensor
+    std: Tensor
+
+    @classmethod
+    def of(cls, model: CLOOBModel) -> InputFormat:
+        preprocess = getattr(model.encoder.visual, "preprocess_cfg", {}) or {}
+        mean = torch.tensor(preprocess.get("mean", OPENAI_DATASET_MEAN)).view(1, 3, 1, 1)
+        std = torch.tensor(preprocess.get("std", OPENAI_DATASET_STD)).view(1, 3, 1, 1)
+        return cls(size=model.image_size, mean=mean, std=std)
+
+
+def to_model_input(canvas: Tensor, fmt: InputFormat) -> Tensor:
     """Grey canvas -> normalised RGB at the model's input size, with the model's mean/std."""
-    if model.image_size != canvas.shape[-1]:
-        canvas = F.interpolate(canvas, size=model.image_size, mode="bilinear", align_corners=False)
-    preprocess = getattr(model.encoder.visual, "preprocess_cfg", {}) or {}
-    mean = torch.tensor(preprocess.get("mean", (0.48145466, 0.4578275, 0.40821073))).view(1, 3, 1, 1)
-    std = torch.tensor(preprocess.get("std", (0.26862954, 0.26130258, 0.27577711))).view(1, 3, 1, 1)
-    return (canvas.expand(-1, 3, -1, -1) - mean) / std
+    if fmt.size != canvas.shape[-1]:
+        canvas = F.interpolate(canvas, size=fmt.size, mode="bilinear", align_corners=False)
+    return (canvas.expand(-1, 3, -1, -1) - fmt.mean) / fmt.std
 
 
 @torch.no_grad()
@@ -78,7 +92,8 @@ def zero_shot_on(model: CLOOBModel, tokenizer, split: embedded_data.CaptionedIma
     model.eval()
     classes = class_embeddings(model.encode_text, tokenizer, split.classnames, embedded_data.ZERO_SHOT_TEMPLATES)
     canvas = digits_to_canvas(split.images)
-    features = torch.cat([model.encode_image(to_model_input(chunk, model)) for chunk in canvas.split(batch_size)])
+    fmt = InputFormat.of(model)
+    features = torch.cat([model.encode_image(to_model_input(chunk, fmt)) for chunk in canvas.split(batch_size)])
     model.train(was_training)
     return classification_metrics(features @ classes.T, torch.from_numpy(split.labels), len(split.classnames))
 
@@ -97,6 +112,7 @@ def run_demo(config: CloobConfig, output_dir: str | Path, progress: bool = True)
     objective = build_objective(config.objective.name, beta=config.objective.beta)
     tokens = tokenizer(list(train.captions))
     canvas = digits_to_canvas(train.images)
+    input_format = InputFormat.of(model)
 
     steps_per_epoch = len(train) // demo.batch_size
     if steps_per_epoch < 1:
@@ -128,7 +144,7 @@ def run_demo(config: CloobConfig, output_dir: str | Path, progress: bool = True)
             images = canvas[batch]
             if demo.augment:
                 images = random_shift(images, generator)
-            image_features, text_features, inv_tau = model(to_model_input(images, model), tokens[batch])
+            image_features, text_features, inv_tau = model(to_model_input(images, input_format), tokens[batch])
             loss = objective(image_features, text_features, inv_tau)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()

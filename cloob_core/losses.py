@@ -49,6 +49,11 @@ def _reduction_dtype(logits: Tensor) -> Tensor:
     return logits.float() if logits.dtype in _LOW_PRECISION else logits
 
 
+def _logits(anchors: Tensor, samples: Tensor, inv_tau: float | Tensor) -> Tensor:
+    """``inv_tau * anchors @ samples.T``, promoted for the reductions that follow."""
+    return _reduction_dtype(inv_tau * (anchors @ samples.T))
+
+
 def _check_pair(anchors: Tensor, samples: Tensor, *, min_batch: int) -> None:
     if anchors.ndim != 2 or samples.ndim != 2:
         raise ValueError(f"expected [N, d] embeddings, got {tuple(anchors.shape)} and {tuple(samples.shape)}")
@@ -89,8 +94,7 @@ def loob(anchors: Tensor, samples: Tensor, inv_tau: float | Tensor) -> Tensor:
     excluded terms contribute exactly nothing to the value or the gradient.
     """
     _check_pair(anchors, samples, min_batch=2)
-    logits = _reduction_dtype(inv_tau * (anchors @ samples.T))
-    return _loob_from_logits(logits)
+    return _loob_from_logits(_logits(anchors, samples, inv_tau))
 
 
 def _loob_from_logits(logits: Tensor, dim: int = 1) -> Tensor:
@@ -114,7 +118,7 @@ def infonce_loss(image_features: Tensor, text_features: Tensor, inv_tau: float |
     """CLIP's symmetric InfoNCE: Eq. (7) halved, i.e. the mean of the image->text and text->image
     cross-entropies over ``inv_tau * x @ y.T``."""
     _check_pair(image_features, text_features, min_batch=1)
-    logits = _reduction_dtype(inv_tau * (image_features @ text_features.T))
+    logits = _logits(image_features, text_features, inv_tau)
     return 0.5 * (_infonce_from_logits(logits, dim=1) + _infonce_from_logits(logits, dim=0))
 
 
@@ -125,7 +129,7 @@ def infoloob_loss(image_features: Tensor, text_features: Tensor, inv_tau: float 
     App. A.1.4). One similarity matrix serves both directions: rows anchor on images, columns on texts.
     """
     _check_pair(image_features, text_features, min_batch=2)
-    logits = _reduction_dtype(inv_tau * (image_features @ text_features.T))
+    logits = _logits(image_features, text_features, inv_tau)
     return (_loob_from_logits(logits, dim=1) + _loob_from_logits(logits, dim=0)) / inv_tau
 
 
@@ -192,9 +196,7 @@ def infonce_hopfield_loss(
     i.e. the mean of the cross-entropies of (U_x anchors, U_y samples) and (V_y anchors, V_x samples)."""
     _check_pair(image_features, text_features, min_batch=1)
     u_x, u_y, v_x, v_y = _hopfield_views(image_features, text_features, beta, extra_image_stored, extra_text_stored)
-    logits_u = _reduction_dtype(inv_tau * (u_x @ u_y.T))
-    logits_v = _reduction_dtype(inv_tau * (v_y @ v_x.T))
-    return 0.5 * (_infonce_from_logits(logits_u) + _infonce_from_logits(logits_v))
+    return 0.5 * (_infonce_from_logits(_logits(u_x, u_y, inv_tau)) + _infonce_from_logits(_logits(v_y, v_x, inv_tau)))
 
 
 class ContrastiveObjective(nn.Module):
