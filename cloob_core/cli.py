@@ -6,12 +6,17 @@ DVC stages and KFP components call these same subcommands, so no logic lives out
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
+import types
+import typing
 from collections.abc import Sequence
 
+from pydantic import BaseModel
+
 from cloob_core import __version__
-from cloob_core.config import ConfigError, dump_defaults, load_config
+from cloob_core.config import CloobConfig, ConfigError, dump_defaults, load_config
 
 
 def _add_config_options(parser: argparse.ArgumentParser) -> None:
@@ -28,6 +33,48 @@ def _add_config_options(parser: argparse.ArgumentParser) -> None:
         default=[],
         help="override one value, e.g. --set objective.name=clip (repeatable)",
     )
+
+
+def _add_section_flags(parser: argparse.ArgumentParser, section: str, skip: tuple[str, ...] = ()) -> None:
+    """One ``--flag`` per field of a config section, documented from the field itself.
+
+    A flag overrides the value from ``--params``/``--set``; unset flags leave the configuration alone, so the
+    typed config stays the single source of defaults.
+    """
+    model: type[BaseModel] = CloobConfig.model_fields[section].annotation
+    group = parser.add_argument_group(f"{section} settings (config section '{section}')")
+    for name, field in model.model_fields.items():
+        if name in skip:
+            continue
+        flag = "--" + name.replace("_", "-")
+        annotation = field.annotation
+        args = typing.get_args(annotation)
+        if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+            annotation = next(a for a in args if a is not type(None))
+            args = typing.get_args(annotation)
+        help_text = f"{field.description} (default: {field.default})"
+        options: dict = {"dest": f"cfg__{section}__{name}", "default": None, "help": help_text}
+        if annotation is bool:
+            options["action"] = argparse.BooleanOptionalAction
+        elif typing.get_origin(annotation) is typing.Literal:
+            options["choices"] = list(args)
+        else:
+            options["type"] = annotation
+            options["metavar"] = name.upper()
+        group.add_argument(flag, **options)
+
+
+def _flag_overrides(args: argparse.Namespace) -> list[str]:
+    overrides = []
+    for dest, value in vars(args).items():
+        if dest.startswith("cfg__") and value is not None:
+            _, section, name = dest.split("__", 2)
+            overrides.append(f"{section}.{name}={json.dumps(value)}")
+    return overrides
+
+
+def _config_of(args: argparse.Namespace) -> CloobConfig:
+    return load_config(args.params, [*args.overrides, *_flag_overrides(args)])
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -48,6 +95,126 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     )
     print(f"wrote {result.output_dir}/metrics.json, loss_history.csv and training_summary.png")
     return 0
+
+
+def _cmd_data_download(args: argparse.Namespace) -> int:
+    from cloob_core.data.download import DownloadInterrupted, download
+    from cloob_core.data.manifest import Partition
+    from cloob_core.data.summary import format_summary
+
+    config = _config_of(args)
+    partition = Partition.parse(args.partition)
+    try:
+        result = download(args.manifest, args.output, config, partition, args.retry_failed, not args.no_progress)
+    except DownloadInterrupted as err:
+        print(f"cloob: {err}", file=sys.stderr)
+        return 130
+    print(format_summary(result.summary))
+    print(f"{result.shards_done} shard(s) built, {result.shards_skipped} already complete, "
+          f"{result.seconds:.1f} s; output in {result.output}")
+    if partition.count > 1:
+        print(f"partition {partition.index}/{partition.count} done; when all are, run: "
+              f"cloob data merge-stats --output {result.output}")
+    return 0
+
+
+def _cmd_data_merge_stats(args: argparse.Namespace) -> int:
+    from cloob_core.data.summary import format_summary, merge_stats
+
+    summary = merge_stats(args.output)
+    print(format_summary(summary))
+    print(f"wrote sizes.json, stats.json and failures.jsonl in {args.output}")
+    return 0
+
+
+def _cmd_data_validate(args: argparse.Namespace) -> int:
+    from cloob_core.data.validate import run_gate
+
+    if not args.manifest and not args.shards:
+        raise ConfigError("cloob data validate needs --manifest, --shards or both")
+    report = run_gate(_config_of(args), manifest=args.manifest, shards=args.shards, report_dir=args.report)
+    print(report.text())
+    return 0 if report.passed else 1
+
+
+def _cmd_data_shards(args: argparse.Namespace) -> int:
+    from cloob_core.data.local_shards import build_shards
+    from cloob_core.data.summary import format_summary
+
+    summary = build_shards(args.source, args.output, _config_of(args), manifest=args.manifest, split=args.split,
+                           progress=not args.no_progress)
+    print(format_summary(summary))
+    print(f"output in {args.output}")
+    return 0
+
+
+def _add_data_commands(sub: argparse._SubParsersAction) -> None:
+    data = sub.add_parser("data", help="data stages: download, validate, shards, merge-stats",
+                          description="Data stages: manifest -> shards, the validation gate, local folders -> shards.")
+    data_sub = data.add_subparsers(dest="data_command", metavar="STAGE", required=True)
+
+    dl = data_sub.add_parser(
+        "download",
+        help="download a manifest of image URLs and captions into WebDataset shards (resumable)",
+        description="Fetch, check, resize and shard the images of a manifest (CSV, TSV, parquet or JSONL; local "
+        "or s3://). Re-running the same command resumes: complete shards are skipped. Writes per shard "
+        "NNNNN.tar, NNNNN_stats.json and NNNNN_failures.jsonl; for the output sizes.json, stats.json and "
+        "failures.jsonl. Exit status 130 after an interrupt (the output stays resumable).",
+    )
+    dl.add_argument("--manifest", required=True, metavar="PATH", help="manifest file, local path or s3:// URL")
+    dl.add_argument("--output", required=True, metavar="DIR", help="output folder, local path or s3:// URL")
+    dl.add_argument("--partition", default="0/1", metavar="I/N",
+                    help="process only part I of N disjoint parts (shard k belongs to part k %% N); default 0/1")
+    dl.add_argument("--retry-failed", action="store_true",
+                    help="re-attempt only the rows recorded in failures (except duplicates), into new "
+                    "NNNNN-retryRR shards")
+    dl.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_config_options(dl)
+    _add_section_flags(dl, "download")
+    _add_section_flags(dl, "preprocess")
+    dl.set_defaults(func=_cmd_data_download)
+
+    merge = data_sub.add_parser(
+        "merge-stats",
+        help="rebuild sizes.json, stats.json and failures.jsonl from the per-shard records (after partitions)",
+        description="Combine the per-shard records in an output folder (e.g. written by several --partition "
+        "runs) into sizes.json (open_clip's format), stats.json and failures.jsonl.",
+    )
+    merge.add_argument("--output", required=True, metavar="DIR", help="the download output folder")
+    merge.set_defaults(func=_cmd_data_merge_stats)
+
+    gate = data_sub.add_parser(
+        "validate",
+        help="the data gate: Great Expectations suites on the manifest and/or the built shards",
+        description="Run the manifest suite (--manifest) and/or the shard suite (--shards) with thresholds from "
+        "the 'validation' config section. Exit status 1 when an expectation fails; the report names it.",
+    )
+    gate.add_argument("--manifest", metavar="PATH", help="manifest to check before downloading")
+    gate.add_argument("--shards", metavar="DIR", help="download/shards output folder to check")
+    gate.add_argument("--report", metavar="DIR", help="write gx_results.json and summary.md here")
+    _add_config_options(gate)
+    _add_section_flags(gate, "validation")
+    _add_section_flags(gate, "download", skip=tuple(
+        n for n in CloobConfig.model_fields["download"].annotation.model_fields if n not in (
+            "url_col", "caption_col", "input_format")))
+    gate.set_defaults(func=_cmd_data_validate)
+
+    shards = data_sub.add_parser(
+        "shards",
+        help="build shards from the embedded data set or a local folder of images with captions",
+        description="Write the download stage's shard layout from local images: --source embedded (the "
+        "packaged MNIST pairs), a folder with IMAGE + IMAGE-stem.txt caption sidecars, or --manifest with "
+        "file paths (relative to --source) in the URL column.",
+    )
+    shards.add_argument("--source", required=True, metavar="embedded|DIR", help="'embedded' or an image folder")
+    shards.add_argument("--output", required=True, metavar="DIR", help="output folder, local path or s3:// URL")
+    shards.add_argument("--manifest", metavar="PATH", help="CSV/TSV/parquet/JSONL of file paths and captions")
+    shards.add_argument("--split", choices=["train", "test", "all"], default="train",
+                        help="embedded data set split (default: train)")
+    shards.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_config_options(shards)
+    _add_section_flags(shards, "preprocess")
+    shards.set_defaults(func=_cmd_data_shards)
 
 
 def _cmd_config(args: argparse.Namespace) -> int:
@@ -89,6 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_config_options(config)
     config.set_defaults(func=_cmd_config)
+    _add_data_commands(sub)
     return parser
 
 
@@ -98,9 +266,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    for noisy in ("great_expectations", "botocore", "boto3", "urllib3"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         return args.func(args)
-    except ConfigError as err:
+    except (ConfigError, ValueError, FileNotFoundError) as err:  # ManifestError is a ValueError
         print(f"cloob: {err}", file=sys.stderr)
         return 2
 

@@ -7,7 +7,7 @@ that names an unknown key, or gives a value of the wrong type or out of range, f
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -80,11 +80,89 @@ class DemoConfig(_Section):
     eval_batch_size: int = Field(500, ge=1, description="Batch size for embedding the held-out split.")
 
 
+class PreprocessConfig(_Section):
+    """How every image and caption is checked, resized and encoded before it enters a shard."""
+
+    image_size: int = Field(256, ge=8, le=8192, description="Target side in pixels (img2dataset's default 256).")
+    resize_mode: Literal["keep_ratio", "center_crop", "border", "no"] = Field(
+        "keep_ratio",
+        description="keep_ratio: shortest side to image_size; center_crop: then a centred square; border: longest "
+        "side to image_size, padded to a square; no: keep the original size.",
+    )
+    resize_only_if_bigger: bool = Field(False, description="Never upscale: resize only images larger than the target.")
+    jpeg_quality: int = Field(95, ge=1, le=100, description="JPEG quality of the re-encoded image.")
+    min_image_side: int = Field(0, ge=0, description="Drop images whose original shorter side is below this.")
+    max_aspect_ratio: float | None = Field(
+        None, ge=1.0, description="Drop images whose original long/short side ratio exceeds this (null: no limit)."
+    )
+    max_image_pixels: int = Field(
+        89_478_485,
+        ge=1,
+        description="Decompression-bomb guard: refuse images with more pixels than this before decoding "
+        "(Pillow's own default limit).",
+    )
+    min_caption_chars: int = Field(1, ge=0, description="Drop captions shorter than this (1 drops empty captions).")
+    max_caption_chars: int | None = Field(2000, ge=1, description="Drop captions longer than this (null: no limit).")
+    shard_size: int = Field(10_000, ge=1, description="Manifest rows per shard (img2dataset's default 10000).")
+    dedup_content: bool = Field(True, description="Keep identical image bytes (sha256) once; later copies are dropped.")
+
+
+class DownloadConfig(_Section):
+    """How manifests are read and URLs fetched. Per-run choices (paths, partition) are command-line options."""
+
+    url_col: str = Field("url", description="Manifest column holding the image URL.")
+    caption_col: str = Field("caption", description="Manifest column holding the caption.")
+    input_format: Literal["auto", "csv", "tsv", "parquet", "jsonl"] = Field(
+        "auto", description="Manifest format; auto: from the file suffix. Header-less caption<TAB>url is detected."
+    )
+    processes: int = Field(0, ge=0, description="Worker processes (0: one per CPU core).")
+    threads: int = Field(32, ge=1, le=1024, description="Download threads per worker process.")
+    connect_timeout: float = Field(5.0, gt=0, description="Seconds to establish a connection.")
+    read_timeout: float = Field(10.0, gt=0, description="Seconds a read may wait for the next bytes.")
+    url_deadline: float = Field(
+        30.0, gt=0, description="Seconds one URL may take in all, retries included (a slow drip cannot hold a worker)."
+    )
+    retries: int = Field(2, ge=0, description="Extra attempts after transient errors (5xx, timeouts, resets).")
+    backoff: float = Field(0.5, ge=0, description="First retry delay in seconds; doubles on each retry.")
+    max_redirects: int = Field(5, ge=0, description="Redirects followed per URL.")
+    max_bytes: int = Field(32 * 1024 * 1024, ge=1024, description="Largest response body accepted, in bytes.")
+    respect_opt_out: bool = Field(
+        True, description="Skip images whose X-Robots-Tag says noai, noimageai, noindex or noimageindex."
+    )
+    allow_private_network: bool = Field(
+        False,
+        description="Allow URLs resolving to loopback, private or link-local addresses (refused by default; "
+        "needed for servers on 127.0.0.1). Cloud-metadata endpoints stay refused.",
+    )
+    dedup_urls: bool = Field(True, description="Fetch a URL repeated in the manifest once; later rows are dropped.")
+
+
+class ValidationConfig(_Section):
+    """Thresholds of the data gate (``cloob data validate``)."""
+
+    min_rows: int = Field(1, ge=0, description="Fewest manifest rows accepted.")
+    max_caption_chars: int = Field(2000, ge=1, description="Longest caption accepted in the manifest.")
+    max_bad_row_fraction: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="Fraction of manifest rows allowed to break a row expectation (bad URL, empty caption...).",
+    )
+    min_success_ratio: float = Field(
+        0.5, ge=0.0, le=1.0, description="Fewest successes per manifest row attempted, over the whole output."
+    )
+    min_image_side: int = Field(8, ge=1, description="Smallest stored image side accepted in the shards.")
+    max_image_side: int = Field(8192, ge=1, description="Largest stored image side accepted in the shards.")
+
+
 class CloobConfig(_Section):
     model: ModelConfig = ModelConfig()
     objective: ObjectiveConfig = ObjectiveConfig()
     optim: OptimConfig = OptimConfig()
     demo: DemoConfig = DemoConfig()
+    preprocess: PreprocessConfig = PreprocessConfig()
+    download: DownloadConfig = DownloadConfig()
+    validation: ValidationConfig = ValidationConfig()
 
 
 def _describe(err: ValidationError) -> str:

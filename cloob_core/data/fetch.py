@@ -1,0 +1,281 @@
+"""The downloader: one URL to bytes, or a reason why not, within a hard deadline.
+
+Safety is enforced where the socket is opened, not by looking at the URL: every address a host name resolves to
+is checked, and the connection goes to the checked address, so DNS tricks and redirects to internal hosts are
+refused as well as literal ones. Only transient failures (5xx, 429, timeouts, resets, truncated bodies) are
+retried, with exponential backoff, and never past the URL's overall deadline.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import time
+from dataclasses import dataclass
+from urllib.parse import urljoin, urlsplit
+
+import urllib3
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+from urllib3.exceptions import (
+    ConnectTimeoutError,
+    HTTPError,
+    LocationParseError,
+    NameResolutionError,
+    NewConnectionError,
+    ProtocolError,
+    ReadTimeoutError,
+    SSLError,
+)
+from urllib3.util import connection as _connection
+
+from cloob_core import __version__
+
+USER_AGENT_TOKEN = "cloob-pipelines"
+USER_AGENT = f"{USER_AGENT_TOKEN}/{__version__} (image-text dataset builder; honours X-Robots-Tag noai)"
+OPT_OUT_DIRECTIVES = frozenset({"noai", "noimageai", "noindex", "noimageindex"})
+TRANSIENT_REASONS = frozenset({"timeout", "connection_error", "truncated", "http_429"})
+_CHUNK = 64 * 1024
+_ACCEPTED_TYPES = ("image/", "application/octet-stream", "binary/octet-stream")
+
+# Instance-metadata endpoints; most are link-local or private anyway, Azure's wire server is not.
+_METADATA_ADDRESSES = {
+    ipaddress.ip_address(a) for a in ("169.254.169.254", "169.254.170.2", "fd00:ec2::254", "100.100.100.200",
+                                      "168.63.129.16")
+}
+
+
+class RefusedAddress(ValueError):
+    """Raised inside the connection: the host resolves only to addresses the policy refuses."""
+
+
+def address_refusal(address: str, allow_private: bool = False) -> str | None:
+    """Why connecting to ``address`` is refused, or None. Cloud-metadata endpoints are refused even when
+    private networks are allowed: they hand out credentials, and no image lives there."""
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if ip in _METADATA_ADDRESSES:
+        return "cloud metadata address"
+    if allow_private:
+        return None
+    for attribute, why in (("is_loopback", "loopback"), ("is_link_local", "link-local"),
+                           ("is_private", "private"), ("is_multicast", "multicast"),
+                           ("is_unspecified", "unspecified")):
+        if getattr(ip, attribute):
+            return f"{why} address"
+    if not ip.is_global:
+        return "non-global address"
+    return None
+
+
+def _guarded_new_conn(conn: HTTPConnection, allow_private: bool) -> socket.socket:
+    try:
+        infos = socket.getaddrinfo(conn._dns_host, conn.port, 0, socket.SOCK_STREAM)
+    except socket.gaierror as err:
+        raise NameResolutionError(conn.host, conn, err) from err
+    candidates, refused = [], []
+    for info in infos:
+        address = info[4][0]
+        why = address_refusal(address, allow_private)
+        (refused.append(f"{address} ({why})") if why else candidates.append(address))
+    if not candidates:
+        raise RefusedAddress(f"{conn.host} resolves to {', '.join(refused)}")
+    last: Exception | None = None
+    for address in candidates:
+        try:
+            return _connection.create_connection(
+                (address, conn.port), conn.timeout, source_address=conn.source_address,
+                socket_options=conn.socket_options,
+            )
+        except TimeoutError as err:
+            last = ConnectTimeoutError(conn, f"connection to {conn.host} timed out (timeout={conn.timeout})")
+            last.__cause__ = err
+        except OSError as err:
+            last = NewConnectionError(conn, f"failed to connect to {conn.host}: {err}")
+    assert last is not None
+    raise last
+
+
+def _pool_manager(allow_private: bool, maxsize: int) -> urllib3.PoolManager:
+    class GuardedHTTP(HTTPConnection):
+        def _new_conn(self) -> socket.socket:
+            return _guarded_new_conn(self, allow_private)
+
+    class GuardedHTTPS(HTTPSConnection):
+        def _new_conn(self) -> socket.socket:
+            return _guarded_new_conn(self, allow_private)
+
+    class GuardedHTTPPool(HTTPConnectionPool):
+        ConnectionCls = GuardedHTTP
+
+    class GuardedHTTPSPool(HTTPSConnectionPool):
+        ConnectionCls = GuardedHTTPS
+
+    manager = urllib3.PoolManager(num_pools=256, maxsize=maxsize, block=False)
+    manager.pool_classes_by_scheme = {"http": GuardedHTTPPool, "https": GuardedHTTPSPool}
+    return manager
+
+
+def opted_out(header_values: list[str], user_agent_token: str = USER_AGENT_TOKEN) -> bool:
+    """True when an ``X-Robots-Tag`` value opts this image out for every agent or for ours.
+
+    ``googlebot: noindex`` addresses another agent and is ignored; ``noai, nofollow`` applies to all.
+    """
+    for value in header_values:
+        agent, sep, directives = value.partition(":")
+        if not sep:
+            agent, directives = "", value
+        agent = agent.strip().lower()
+        if agent and agent not in ("*", user_agent_token.lower()):
+            continue
+        if OPT_OUT_DIRECTIVES & {d.strip().lower() for d in directives.split(",")}:
+            return True
+    return False
+
+
+@dataclass(frozen=True)
+class FetchPolicy:
+    connect_timeout: float = 5.0
+    read_timeout: float = 10.0
+    deadline: float = 30.0
+    retries: int = 2
+    backoff: float = 0.5
+    max_redirects: int = 5
+    max_bytes: int = 32 * 1024 * 1024
+    respect_opt_out: bool = True
+    allow_private_network: bool = False
+
+    @classmethod
+    def from_config(cls, config) -> FetchPolicy:  # config: cloob_core.config.DownloadConfig
+        return cls(config.connect_timeout, config.read_timeout, config.url_deadline, config.retries, config.backoff,
+                   config.max_redirects, config.max_bytes, config.respect_opt_out, config.allow_private_network)
+
+
+@dataclass
+class FetchResult:
+    data: bytes | None
+    reason: str | None = None
+    detail: str = ""
+    status: int | None = None
+    attempts: int = 0
+    final_url: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.data is not None
+
+
+class _Failure(Exception):
+    def __init__(self, reason: str, detail: str = "", status: int | None = None):
+        super().__init__(detail)
+        self.reason, self.detail, self.status = reason, detail, status
+
+
+def _retryable(reason: str) -> bool:
+    return reason in TRANSIENT_REASONS or reason.startswith("http_5")
+
+
+class Fetcher:
+    """Thread-safe: one per process, shared by its download threads (connections are pooled per host)."""
+
+    def __init__(self, policy: FetchPolicy, pool_size: int = 32):
+        self.policy = policy
+        self.http = _pool_manager(policy.allow_private_network, pool_size)
+
+    def fetch(self, url: str) -> FetchResult:
+        policy = self.policy
+        deadline = time.monotonic() + policy.deadline
+        attempts = 0
+        while True:
+            attempts += 1
+            try:
+                data, final_url = self._attempt(url, deadline)
+                return FetchResult(data, attempts=attempts, final_url=final_url, status=200)
+            except _Failure as failure:
+                remaining = deadline - time.monotonic()
+                delay = policy.backoff * 2 ** (attempts - 1)
+                if not _retryable(failure.reason) or attempts > policy.retries or delay >= remaining:
+                    return FetchResult(None, failure.reason, failure.detail, failure.status, attempts, url)
+                time.sleep(delay)
+
+    def _attempt(self, url: str, deadline: float) -> tuple[bytes, str]:
+        policy = self.policy
+        current = url
+        for _hop in range(policy.max_redirects + 1):
+            scheme = urlsplit(current).scheme.lower()
+            if scheme not in ("http", "https"):
+                raise _Failure("unsupported_scheme", f"{scheme or 'no'} scheme in {current[:200]!r}")
+            response = self._open(current, deadline)
+            try:
+                if response.status in (301, 302, 303, 307, 308) and response.headers.get("Location"):
+                    current = urljoin(current, response.headers["Location"])
+                    response.close()  # never drain a redirect's body: it could be endless
+                    continue
+                body = self._body(response, deadline)
+            except BaseException:
+                response.close()  # a half-read connection must not go back to the pool
+                raise
+            response.release_conn()
+            return body, current
+        raise _Failure("too_many_redirects", f"more than {policy.max_redirects} redirects")
+
+    def _open(self, url: str, deadline: float) -> urllib3.BaseHTTPResponse:
+        policy = self.policy
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise _Failure("deadline_exceeded", f"no answer within {policy.deadline:g} s")
+        timeout = urllib3.Timeout(connect=min(policy.connect_timeout, remaining),
+                                  read=min(policy.read_timeout, remaining))
+        try:
+            return self.http.request(
+                "GET", url, headers={"User-Agent": USER_AGENT, "Accept": "image/*,*/*;q=0.5"},
+                redirect=False, retries=False, preload_content=False, timeout=timeout,
+            )
+        except RefusedAddress as err:
+            raise _Failure("blocked_address", str(err)) from None
+        except NameResolutionError as err:
+            raise _Failure("dns_error", str(err.__cause__ or err)) from None
+        except (NewConnectionError, ProtocolError, ConnectionError) as err:  # before timeouts: a subclass of one
+            raise _Failure("connection_error", str(err)) from None
+        except (ConnectTimeoutError, ReadTimeoutError, TimeoutError) as err:
+            raise _Failure("timeout", str(err)) from None
+        except SSLError as err:
+            raise _Failure("tls_error", str(err)) from None
+        except (LocationParseError, ValueError) as err:
+            raise _Failure("invalid_url", str(err)) from None
+        except HTTPError as err:
+            raise _Failure("connection_error", f"{type(err).__name__}: {err}") from None
+
+    def _body(self, response: urllib3.BaseHTTPResponse, deadline: float) -> bytes:
+        policy = self.policy
+        status = response.status
+        if status != 200:
+            raise _Failure(f"http_{status}", f"HTTP {status} {response.reason or ''}".strip(), status)
+        if policy.respect_opt_out and opted_out(response.headers.getlist("X-Robots-Tag")):
+            raise _Failure("opted_out", "X-Robots-Tag: " + ", ".join(response.headers.getlist("X-Robots-Tag")))
+        content_type = response.headers.get("Content-Type", "").split(";")[0].strip().lower()
+        if content_type and not content_type.startswith(_ACCEPTED_TYPES):
+            raise _Failure("not_an_image", f"Content-Type {content_type}")
+        declared = response.headers.get("Content-Length")
+        if declared and declared.isdigit() and int(declared) > policy.max_bytes:
+            raise _Failure("too_large", f"Content-Length {declared} > {policy.max_bytes}")
+        chunks, size = [], 0
+        try:
+            while True:
+                if time.monotonic() > deadline:
+                    raise _Failure("deadline_exceeded", f"body not complete within {policy.deadline:g} s")
+                chunk = response.read1(_CHUNK)  # what has arrived, so a slow drip meets the deadline
+                if not chunk:
+                    break
+                size += len(chunk)
+                if size > policy.max_bytes:
+                    raise _Failure("too_large", f"body exceeds {policy.max_bytes} bytes")
+                chunks.append(chunk)
+        except (ReadTimeoutError, TimeoutError) as err:
+            raise _Failure("timeout", f"read timed out: {err}") from None
+        except ProtocolError as err:
+            raise _Failure("truncated", f"body ended early: {err}") from None
+        except (HTTPError, OSError) as err:
+            raise _Failure("connection_error", f"{type(err).__name__}: {err}") from None
+        return b"".join(chunks)

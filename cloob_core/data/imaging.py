@@ -1,0 +1,126 @@
+"""The resizer: bytes in, a checked, oriented, RGB, resized JPEG out, or the reason it was dropped.
+
+The pixel count is checked from the header, before any pixel is decoded, so a decompression bomb costs
+nothing. Large JPEGs are decoded at a reduced DCT scale when the target is much smaller (Pillow's ``draft``),
+which is where most of the time of a web-scale download goes.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+from dataclasses import dataclass
+
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from cloob_core.config import PreprocessConfig
+
+
+@dataclass
+class ProcessedImage:
+    jpeg: bytes | None
+    reason: str | None = None
+    detail: str = ""
+    original_width: int = 0
+    original_height: int = 0
+    width: int = 0
+    height: int = 0
+
+
+def _drop(reason: str, detail: str, width: int = 0, height: int = 0) -> ProcessedImage:
+    return ProcessedImage(None, reason, detail, width, height)
+
+
+def target_size(width: int, height: int, config: PreprocessConfig) -> tuple[int, int]:
+    """Size after resizing, before a crop or border: the side that must reach ``image_size`` does."""
+    size = config.image_size
+    if config.resize_mode == "no":
+        return width, height
+    reference = max(width, height) if config.resize_mode == "border" else min(width, height)
+    if config.resize_only_if_bigger and reference <= size:
+        return width, height
+    scale = size / reference
+    return max(1, round(width * scale)), max(1, round(height * scale))
+
+
+def _to_rgb(image: Image.Image) -> Image.Image:
+    if image.mode == "RGB":
+        return image
+    if image.mode == "P" and "transparency" in image.info:
+        image = image.convert("RGBA")
+    if image.mode in ("RGBA", "LA", "PA"):
+        rgba = image.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(background, rgba).convert("RGB")
+    if image.mode in ("I;16", "I;16B", "I;16L", "I"):
+        image = image.point(lambda v: v / 256).convert("L")
+    return image.convert("RGB")
+
+
+def process_image(data: bytes, config: PreprocessConfig) -> ProcessedImage:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        try:
+            image = Image.open(io.BytesIO(data))
+        except Image.DecompressionBombError as err:
+            return _drop("decompression_bomb", str(err))
+        except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as err:
+            return _drop("decode_error", f"not a readable image: {err}")
+        width, height = image.size
+        if width * height > config.max_image_pixels:
+            return _drop("decompression_bomb", f"{width}x{height} pixels > {config.max_image_pixels}", width, height)
+        if width < 1 or height < 1:
+            return _drop("decode_error", f"empty image {width}x{height}")
+        try:
+            # EXIF orientation may swap the sides; read it before checking sizes.
+            orientation = image.getexif().get(0x0112, 1)
+            if orientation in (5, 6, 7, 8):
+                width, height = height, width
+            if min(width, height) < config.min_image_side:
+                return _drop("too_small", f"{width}x{height}, shorter side < {config.min_image_side}", width, height)
+            ratio = max(width, height) / min(width, height)
+            if config.max_aspect_ratio is not None and ratio > config.max_aspect_ratio:
+                return _drop("aspect_ratio", f"{width}x{height}, ratio {ratio:.2f} > {config.max_aspect_ratio:g}",
+                             width, height)
+            new_w, new_h = target_size(width, height, config)
+            if image.format == "JPEG" and (new_w, new_h) != (width, height):
+                draft = (new_w, new_h) if orientation not in (5, 6, 7, 8) else (new_h, new_w)
+                image.draft("RGB", draft)  # decode at the smallest DCT scale still >= the target
+            image.load()
+            image = _to_rgb(ImageOps.exif_transpose(image))
+        except Image.DecompressionBombError as err:
+            return _drop("decompression_bomb", str(err), width, height)
+        except (OSError, ValueError, SyntaxError) as err:
+            return _drop("decode_error", f"image does not decode: {err}", width, height)
+    image = _resize(image, new_w, new_h, config)
+    out = io.BytesIO()
+    image.save(out, format="JPEG", quality=config.jpeg_quality)
+    return ProcessedImage(out.getvalue(), None, "", width, height, image.width, image.height)
+
+
+def _resize(image: Image.Image, new_w: int, new_h: int, config: PreprocessConfig) -> Image.Image:
+    if image.size != (new_w, new_h):
+        image = image.resize((new_w, new_h), Image.Resampling.LANCZOS, reducing_gap=3.0)
+    size = config.image_size
+    if config.resize_mode == "center_crop":
+        side = min(size, image.width, image.height)
+        left, top = (image.width - side) // 2, (image.height - side) // 2
+        image = image.crop((left, top, left + side, top + side))
+    elif config.resize_mode == "border":
+        side = max(size, image.width, image.height)
+        canvas = Image.new("RGB", (side, side), (0, 0, 0))
+        canvas.paste(image, ((side - image.width) // 2, (side - image.height) // 2))
+        image = canvas
+    return image
+
+
+def caption_refusal(caption: str, config: PreprocessConfig) -> tuple[str, str] | None:
+    """(reason, detail) when the caption fails the filters, else None."""
+    text = caption.strip()
+    if not text:
+        return ("empty_caption", "caption is empty") if config.min_caption_chars > 0 else None
+    if len(text) < config.min_caption_chars:
+        return "caption_too_short", f"{len(text)} chars < {config.min_caption_chars}"
+    if config.max_caption_chars is not None and len(text) > config.max_caption_chars:
+        return "caption_too_long", f"{len(text)} chars > {config.max_caption_chars}"
+    return None

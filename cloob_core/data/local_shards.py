@@ -1,0 +1,120 @@
+"""``cloob data shards``: the download stage's shard layout from local images, so later stages read one format.
+
+Local files and the embedded digits go through the very engine of ``cloob data download`` (same checks,
+resizing, dedup, records, resume); only the step that turns a row into bytes differs.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from cloob_core.config import CloobConfig
+from cloob_core.data.download import download
+from cloob_core.data.fetch import FetchResult
+from cloob_core.data.manifest import Manifest, ManifestError, read_manifest
+from cloob_core.data.summary import OutputSummary
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+EMBEDDED_PREFIX = "embedded:"
+
+
+@dataclass(frozen=True)
+class FolderSource:
+    """Rows name files relative to ``root``; nothing outside ``root`` is ever read."""
+
+    root: str
+    max_bytes: int
+
+    def open(self, threads: int) -> FolderSource:
+        return self
+
+    def fetch(self, relative: str) -> FetchResult:
+        root = Path(self.root).resolve()
+        path = (root / relative).resolve()
+        if not path.is_relative_to(root):
+            return FetchResult(None, "blocked_path", f"{relative!r} points outside {root}")
+        try:
+            size = path.stat().st_size
+            if size > self.max_bytes:
+                return FetchResult(None, "too_large", f"{size} bytes > {self.max_bytes}")
+            return FetchResult(path.read_bytes(), final_url=str(path))
+        except FileNotFoundError:
+            return FetchResult(None, "missing_file", f"{path} does not exist")
+        except OSError as err:
+            return FetchResult(None, "read_error", str(err))
+
+
+@dataclass(frozen=True)
+class EmbeddedSource:
+    """Rows name ``embedded:SPLIT/INDEX``; the digits are encoded as lossless PNG on demand."""
+
+    def open(self, threads: int) -> EmbeddedSource:
+        return self
+
+    @cached_property
+    def _splits(self) -> dict:
+        from cloob_core.embedded_data import load_embedded
+
+        return {split: load_embedded(split) for split in ("train", "test")}
+
+    def fetch(self, url: str) -> FetchResult:
+        from PIL import Image
+
+        split, _, index = url.removeprefix(EMBEDDED_PREFIX).partition("/")
+        image = self._splits[split].images[int(index)]
+        out = io.BytesIO()
+        Image.fromarray(np.ascontiguousarray(image), mode="L").save(out, format="PNG")
+        return FetchResult(out.getvalue(), final_url=url)
+
+
+def embedded_frame(split: str) -> pd.DataFrame:
+    from cloob_core.embedded_data import load_embedded
+
+    rows = []
+    for name in (("train", "test") if split == "all" else (split,)):
+        data = load_embedded(name)
+        for index, (label, caption) in enumerate(zip(data.labels, data.captions, strict=True)):
+            rows.append({"url": f"{EMBEDDED_PREFIX}{name}/{index}", "caption": caption, "label": int(label),
+                         "classname": data.classnames[int(label)], "split": name})
+    return pd.DataFrame(rows)
+
+
+def folder_frame(root: Path) -> pd.DataFrame:
+    """Images under ``root`` (sorted, recursive) with the caption of a sidecar ``<stem>.txt``; the parent
+    folder's name is kept as ``classname`` (ImageFolder layout)."""
+    rows = []
+    for path in sorted(p for p in root.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file()):
+        sidecar = path.with_suffix(".txt")
+        caption = sidecar.read_text(encoding="utf-8").strip() if sidecar.exists() else ""
+        relative = path.relative_to(root)
+        rows.append({"url": relative.as_posix(), "caption": caption,
+                     "classname": relative.parent.as_posix() if relative.parent != Path(".") else None})
+    if not rows:
+        raise ManifestError(f"no images ({', '.join(IMAGE_SUFFIXES)}) under {root}")
+    return pd.DataFrame(rows)
+
+
+def build_shards(source: str, output: str, config: CloobConfig, manifest: str | None = None, split: str = "train",
+                 progress: bool = True) -> OutputSummary:
+    if source == "embedded":
+        frame, url_col, caption_col = embedded_frame(split), "url", "caption"
+        fetch_source = EmbeddedSource()
+    else:
+        root = Path(source)
+        if not root.is_dir():
+            raise ManifestError(f"--source {source} is neither 'embedded' nor a folder")
+        if manifest:
+            dl = config.download
+            frame = read_manifest(manifest, dl.url_col, dl.caption_col, dl.input_format)
+            url_col, caption_col = dl.url_col, dl.caption_col
+        else:
+            frame, url_col, caption_col = folder_frame(root), "url", "caption"
+        fetch_source = FolderSource(str(root), config.download.max_bytes)
+    result = download(Manifest(frame, url_col, caption_col), output, config, progress=progress, source=fetch_source)
+    return result.summary

@@ -1,0 +1,151 @@
+"""The writer: the shard layout every later stage reads, and the per-shard records that make runs resumable.
+
+Per shard ``NAME`` the output folder holds ``NAME.tar`` (per sample ``KEY.jpg``, ``KEY.txt``, ``KEY.json``),
+``NAME_failures.jsonl`` (one line per row that did not make it, with the reason) and ``NAME_stats.json``.
+The stats file is written last and marks the shard complete. Tars are byte-reproducible: fixed member order,
+owner and mtime, so an interrupted and resumed run yields the very bytes of an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tarfile
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import webdataset as wds
+
+from cloob_core import storage
+
+STATS_SUFFIX = "_stats.json"
+FAILURES_SUFFIX = "_failures.jsonl"
+_NAME = re.compile(r"^(?P<base>\d{5,})(?:-retry(?P<round>\d{2,}))?$")
+
+
+def shard_name(shard: int, round_: int = 0) -> str:
+    return f"{shard:05d}" if round_ == 0 else f"{shard:05d}-retry{round_:02d}"
+
+
+def parse_shard_name(name: str) -> tuple[int, int] | None:
+    """``00012-retry01`` → (12, 1); None for names that are not ours."""
+    match = _NAME.match(name)
+    if not match:
+        return None
+    return int(match.group("base")), int(match.group("round") or 0)
+
+
+def sample_record(key: str, jpeg: bytes, caption: str, meta: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "__key__": key,
+        "jpg": jpeg,
+        "txt": caption.encode("utf-8"),
+        "json": json.dumps(meta, sort_keys=True, ensure_ascii=False).encode("utf-8"),
+    }
+
+
+class ShardWriter:
+    """A reproducible WebDataset tar: webdataset's writer with fixed owner and mtime."""
+
+    def __init__(self, stream: IO[bytes]):
+        self._tar = wds.TarWriter(stream, user="cloob", group="cloob", mtime=0, encoder=False)
+        self.count = 0
+
+    def write(self, key: str, jpeg: bytes, caption: str, meta: dict[str, Any]) -> None:
+        self._tar.write(sample_record(key, jpeg, caption, meta))
+        self.count += 1
+
+    def close(self) -> None:
+        self._tar.close()
+
+
+def copy_without(source: Path, target: Path, drop_keys: set[str]) -> int:
+    """Rewrite a tar we wrote ourselves, leaving out the samples in ``drop_keys``; returns samples kept."""
+    kept = set()
+    with (
+        tarfile.open(source, "r|") as reader,
+        open(target, "wb") as out,
+        tarfile.open(fileobj=out, mode="w|", format=tarfile.USTAR_FORMAT) as writer,
+    ):
+        for member in reader:
+            key = member.name.split(".", 1)[0]
+            if key in drop_keys:
+                continue
+            kept.add(key)
+            writer.addfile(member, reader.extractfile(member))
+    return len(kept)
+
+
+@dataclass
+class ShardRecord:
+    """One shard's ``_stats.json``: what was attempted and what came of it."""
+
+    name: str
+    shard: int
+    round: int
+    rows: int
+    successes: int
+    failures_by_reason: dict[str, int]
+    duration_s: float
+    tar: str | None
+    samples: list[list[str]] = field(default_factory=list)  # [key, sha256 of the original bytes]
+    image_sides: dict[str, int] = field(default_factory=dict)  # min/max of stored width and height
+    tar_bytes: int = 0
+
+    @property
+    def failures(self) -> int:
+        return sum(self.failures_by_reason.values())
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "shard": self.shard, "round": self.round, "rows": self.rows,
+            "successes": self.successes, "failures": self.failures, "failures_by_reason": self.failures_by_reason,
+            "duration_s": round(self.duration_s, 3), "tar": self.tar, "tar_bytes": self.tar_bytes,
+            "image_sides": self.image_sides, "samples": self.samples,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ShardRecord:
+        return cls(data["name"], data["shard"], data["round"], data["rows"], data["successes"],
+                   dict(data["failures_by_reason"]), data["duration_s"], data["tar"], data.get("samples", []),
+                   data.get("image_sides", {}), data.get("tar_bytes", 0))
+
+
+def read_records(folder: str) -> list[ShardRecord]:
+    """Every completed shard's record in ``folder``, by shard then round."""
+    records = []
+    for name in storage.list_names(folder, STATS_SUFFIX):
+        if parse_shard_name(name[: -len(STATS_SUFFIX)]) is None:
+            continue
+        records.append(ShardRecord.from_json(json.loads(storage.read_bytes(storage.join(folder, name)))))
+    return sorted(records, key=lambda r: (r.shard, r.round))
+
+
+def read_failures(folder: str, name: str) -> list[dict[str, Any]]:
+    try:
+        text = storage.read_bytes(storage.join(folder, name + FAILURES_SUFFIX)).decode("utf-8")
+    except FileNotFoundError:
+        return []
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def jsonl_bytes(rows: Iterable[dict[str, Any]]) -> bytes:
+    return "".join(json.dumps(row, sort_keys=True, ensure_ascii=False) + "\n" for row in rows).encode("utf-8")
+
+
+def tar_sample_counts(location: str) -> Iterator[tuple[str, set[str]]]:
+    """(key, member suffixes) for each sample of a tar, streamed; tolerant of nothing but our own layout."""
+    with storage.open_read(location) as stream, tarfile.open(fileobj=stream, mode="r|") as reader:
+        current, suffixes = None, set()
+        for member in reader:
+            key, _, suffix = member.name.partition(".")
+            if key != current:
+                if current is not None:
+                    yield current, suffixes
+                current, suffixes = key, set()
+            suffixes.add(suffix)
+        if current is not None:
+            yield current, suffixes
+

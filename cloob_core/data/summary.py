@@ -1,0 +1,99 @@
+"""Whole-output views built from the per-shard records: ``sizes.json`` (open_clip's format), ``stats.json`` and
+``failures.jsonl``. Recomputed from scratch each time, so partitions that ran in separate pods merge by simply
+running it once over their common output folder (``cloob data merge-stats``).
+
+A row retried in a later round counts by its latest attempt: a retry that succeeds removes it from
+``failures.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from cloob_core import storage
+from cloob_core.data.shards import ShardRecord, jsonl_bytes, read_failures, read_records
+
+# Rows dropped as duplicates are not failures to retry: retrying them would duplicate samples.
+NOT_RETRIED = frozenset({"duplicate_url", "duplicate_content"})
+
+
+@dataclass
+class OutputSummary:
+    sizes: dict[str, int]
+    stats: dict[str, Any]
+    failures: list[dict[str, Any]]
+
+
+def latest_failures(folder: str, records: list[ShardRecord]) -> dict[int, dict[str, dict[str, Any]]]:
+    """Per base shard: key → failure entry of the row's latest attempt (rows that later succeeded are gone)."""
+    by_shard: dict[int, dict[str, dict[str, Any]]] = {}
+    for record in records:  # sorted by shard, then round
+        failed = by_shard.setdefault(record.shard, {})
+        for key, _sha in record.samples:
+            failed.pop(key, None)
+        for entry in read_failures(folder, record.name):
+            failed[entry["key"]] = entry
+    return by_shard
+
+
+def summarize(folder: str, records: list[ShardRecord] | None = None) -> OutputSummary:
+    records = read_records(folder) if records is None else records
+    failures_by_shard = latest_failures(folder, records)
+    failures = [entry for shard in sorted(failures_by_shard) for _, entry in sorted(failures_by_shard[shard].items())]
+    reasons = Counter(entry["reason"] for entry in failures)
+    base_rows = sum(r.rows for r in records if r.round == 0)
+    successes = sum(r.successes for r in records)
+    sizes = {r.tar: r.successes for r in records if r.tar}
+    sides = [r.image_sides for r in records if r.image_sides]
+    dropped = {reason: reasons.get(reason, 0) for reason in sorted(NOT_RETRIED)}
+    stats = {
+        "rows": base_rows,
+        "successes": successes,
+        "failures": len(failures),
+        "success_ratio": successes / base_rows if base_rows else 0.0,
+        "failures_by_reason": dict(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))),
+        "duplicates_dropped": dropped,
+        "shards": len(sizes),
+        "shard_records": len(records),
+        "retry_rounds": max((r.round for r in records), default=0),
+        "bytes": sum(r.tar_bytes for r in records),
+        "image_side_min": min((s["min"] for s in sides), default=None),
+        "image_side_max": max((s["max"] for s in sides), default=None),
+        "seconds_in_workers": round(sum(r.duration_s for r in records), 3),
+    }
+    return OutputSummary(dict(sorted(sizes.items())), stats, failures)
+
+
+def write_summary(folder: str, summary: OutputSummary) -> None:
+    storage.write_bytes(storage.join(folder, "sizes.json"), (json.dumps(summary.sizes, indent=2) + "\n").encode())
+    storage.write_bytes(storage.join(folder, "stats.json"),
+                        (json.dumps(summary.stats, indent=2, sort_keys=True) + "\n").encode())
+    storage.write_bytes(storage.join(folder, "failures.jsonl"), jsonl_bytes(summary.failures))
+
+
+def merge_stats(folder: str) -> OutputSummary:
+    """Recompute and write the whole-output files of ``folder`` from its per-shard records."""
+    summary = summarize(folder)
+    write_summary(folder, summary)
+    return summary
+
+
+def format_summary(summary: OutputSummary) -> str:
+    stats = summary.stats
+    lines = [
+        f"rows {stats['rows']}, samples written {stats['successes']} "
+        f"({100 * stats['success_ratio']:.1f}%), failed or dropped {stats['failures']}, "
+        f"shards {stats['shards']}",
+    ]
+    if stats["failures_by_reason"]:
+        width = max(len(reason) for reason in stats["failures_by_reason"])
+        lines.append(f"  {'reason':<{width}}  {'rows':>8}  share")
+        for reason, count in stats["failures_by_reason"].items():
+            share = count / stats["rows"] if stats["rows"] else 0.0
+            lines.append(f"  {reason:<{width}}  {count:>8}  {100 * share:5.1f}%")
+    return "\n".join(lines)
+
+

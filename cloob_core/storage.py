@@ -1,0 +1,157 @@
+"""Local paths and ``s3://`` URLs behind one small interface, so every stage reads and writes either.
+
+S3 goes through boto3 with its standard configuration: credentials and region from the environment (or an
+attached role), and ``AWS_ENDPOINT_URL`` / ``AWS_ENDPOINT_URL_S3`` for S3-compatible servers such as MinIO.
+Writes are atomic on both: a local file is written beside its target and renamed; an S3 object appears only
+when its upload completes.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any
+
+from cloob_core.io import atomic_path
+
+
+def is_s3(location: str | os.PathLike) -> bool:
+    return str(location).startswith("s3://")
+
+
+def split_s3(url: str) -> tuple[str, str]:
+    """``s3://bucket/key/part`` → (``bucket``, ``key/part``)."""
+    rest = str(url)[len("s3://") :]
+    bucket, _, key = rest.partition("/")
+    if not bucket:
+        raise ValueError(f"{url!r} names no bucket")
+    return bucket, key
+
+
+@functools.cache
+def _client_for_process(pid: int) -> Any:
+    import boto3
+
+    return boto3.session.Session().client("s3")
+
+
+def s3_client() -> Any:
+    """One boto3 client per process (clients are thread-safe, but must not cross a fork)."""
+    return _client_for_process(os.getpid())
+
+
+def join(base: str | os.PathLike, *parts: str) -> str:
+    if is_s3(base):
+        return "/".join([str(base).rstrip("/"), *parts])
+    return str(Path(base, *parts))
+
+
+def read_bytes(location: str | os.PathLike) -> bytes:
+    if is_s3(location):
+        bucket, key = split_s3(str(location))
+        try:
+            return s3_client().get_object(Bucket=bucket, Key=key)["Body"].read()
+        except s3_client().exceptions.NoSuchKey:
+            raise FileNotFoundError(str(location)) from None
+    return Path(location).read_bytes()
+
+
+def exists(location: str | os.PathLike) -> bool:
+    if is_s3(location):
+        from botocore.exceptions import ClientError
+
+        bucket, key = split_s3(str(location))
+        try:
+            s3_client().head_object(Bucket=bucket, Key=key)
+        except ClientError as err:
+            if err.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return False
+            raise
+        return True
+    return Path(location).exists()
+
+
+def list_names(folder: str | os.PathLike, suffix: str = "") -> list[str]:
+    """Base names of the files directly in ``folder`` that end with ``suffix``, sorted."""
+    if is_s3(folder):
+        bucket, prefix = split_s3(str(folder))
+        prefix = prefix.rstrip("/") + "/" if prefix.strip("/") else ""
+        names = []
+        paginator = s3_client().get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=bucket, Prefix=prefix, Delimiter="/"):
+            for item in page.get("Contents", []):
+                name = item["Key"][len(prefix) :]
+                if name.endswith(suffix):
+                    names.append(name)
+        return sorted(names)
+    path = Path(folder)
+    if not path.is_dir():
+        return []
+    return sorted(p.name for p in path.iterdir() if p.is_file() and p.name.endswith(suffix))
+
+
+def delete(location: str | os.PathLike) -> None:
+    if is_s3(location):
+        bucket, key = split_s3(str(location))
+        s3_client().delete_object(Bucket=bucket, Key=key)
+    else:
+        Path(location).unlink(missing_ok=True)
+
+
+def ensure_folder(folder: str | os.PathLike) -> None:
+    if not is_s3(folder):
+        Path(folder).mkdir(parents=True, exist_ok=True)
+
+
+@contextmanager
+def atomic_local_file(location: str | os.PathLike, scratch: str | os.PathLike | None = None) -> Iterator[Path]:
+    """Yield a local temporary path; on success it becomes ``location`` (renamed locally, uploaded to S3)."""
+    if not is_s3(location):
+        with atomic_path(location) as tmp:
+            yield tmp
+        return
+    fd, name = tempfile.mkstemp(dir=scratch, suffix=".upload")
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        yield tmp
+        upload_file(tmp, str(location))
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def upload_file(local: str | os.PathLike, location: str) -> None:
+    """Publish a finished local file at ``location``: a rename (a copy first when it crosses file systems),
+    or a (multipart) upload to S3, which makes the object visible only once complete."""
+    if is_s3(location):
+        bucket, key = split_s3(location)
+        s3_client().upload_file(str(local), bucket, key)
+        return
+    try:
+        os.replace(local, location)
+    except OSError:
+        with atomic_path(location) as tmp:
+            shutil.copyfile(local, tmp)
+        Path(local).unlink(missing_ok=True)
+
+
+def write_bytes(location: str | os.PathLike, data: bytes) -> None:
+    if is_s3(location):
+        bucket, key = split_s3(str(location))
+        s3_client().put_object(Bucket=bucket, Key=key, Body=data)
+        return
+    with atomic_path(location) as tmp:
+        tmp.write_bytes(data)
+
+
+def open_read(location: str) -> IO[bytes]:
+    """A streaming binary reader: a local file, or the body of an S3 object."""
+    if is_s3(location):
+        bucket, key = split_s3(location)
+        return s3_client().get_object(Bucket=bucket, Key=key)["Body"]
+    return open(location, "rb")

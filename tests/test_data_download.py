@@ -1,0 +1,232 @@
+"""`cloob data download` against a real HTTP server on 127.0.0.1 that misbehaves in every listed way."""
+
+from __future__ import annotations
+
+import csv
+import json
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+from image_server import ImageServer, photo_bytes
+
+from cloob_core.cli import main
+from cloob_core.config import load_config
+from cloob_core.data.download import download
+from cloob_core.data.manifest import Partition
+
+FAST = [
+    "download.allow_private_network=true",
+    "download.connect_timeout=1",
+    "download.read_timeout=1",
+    "download.url_deadline=3",
+    "download.retries=2",
+    "download.backoff=0.05",
+    "download.max_bytes=2097152",
+    "download.processes=2",
+    "download.threads=8",
+    "preprocess.image_size=64",
+]
+
+MISBEHAVING = {  # path → the reason its row must be recorded with (None: it must be stored)
+    "/404": "http_404",
+    "/403": "http_403",
+    "/flaky/1": None,
+    "/stall": "timeout",
+    "/drip": "deadline_exceeded",
+    "/truncated": "truncated",
+    "/corrupt.jpg": "decode_error",
+    "/bomb.png": "decompression_bomb",
+    "/html": "not_an_image",
+    "/loop": "too_many_redirects",
+    "/redirect/7": None,
+    "/optout.jpg": "opted_out",
+    "/optout-other.jpg": None,
+    "/reset": "connection_error",
+    "/huge": "too_large",
+    "/alpha.png": None,
+    "/png/8": None,
+}
+
+
+def write_manifest(path: Path, rows: list[tuple[str, str]], extra: bool = True) -> Path:
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["url", "caption", "source"] if extra else ["url", "caption"])
+        for index, (url, caption) in enumerate(rows):
+            writer.writerow([url, caption, f"row-{index}"] if extra else [url, caption])
+    return path
+
+
+def tar_members(path: Path) -> dict[str, bytes]:
+    with tarfile.open(path) as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+
+
+@pytest.fixture(scope="module")
+def misbehaving_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("misbehaving")
+    with ImageServer() as server:
+        rows = [(server.url(f"/img/{i}.jpg"), f"a photo number {i}") for i in range(6)]
+        rows += [(server.url(path), f"route {path}") for path in MISBEHAVING]
+        rows += [
+            (server.url("/img/2.jpg"), "the same URL again"),  # duplicate URL: fetched once
+            (server.url("/img/3.jpg?copy=1"), "other URL, same bytes"),  # duplicate content
+            (server.url("/img/40.jpg"), ""),  # empty caption
+            ("ftp://127.0.0.1/x.jpg", "not http"),
+            ("http://169.254.169.254/latest/meta-data/", "cloud metadata"),
+        ]
+        manifest = write_manifest(tmp / "manifest.csv", rows)
+        config = load_config(overrides=[*FAST, "preprocess.shard_size=8"])
+        started = time.monotonic()
+        result = download(str(manifest), str(tmp / "out"), config, progress=False)
+        elapsed = time.monotonic() - started
+        hits = dict(server.hits)
+    return tmp / "out", rows, result, elapsed, hits
+
+
+def test_every_misbehaviour_is_recorded_with_its_reason(misbehaving_run):
+    out, rows, result, _, _ = misbehaving_run
+    failures = {f["url"]: f for f in map(json.loads, (out / "failures.jsonl").read_text().splitlines())}
+    for path, reason in MISBEHAVING.items():
+        url = next(u for u, _ in rows if u.endswith(path))
+        if reason is None:
+            assert url not in failures, f"{path} should be stored, failed with {failures.get(url)}"
+        else:
+            assert failures[url]["reason"] == reason, f"{path}: {failures[url]}"
+    by_caption = {caption: failures.get(url) for url, caption in rows}
+    assert by_caption["the same URL again"]["reason"] == "duplicate_url"
+    assert by_caption["other URL, same bytes"]["reason"] == "duplicate_content"
+    assert by_caption[""]["reason"] == "empty_caption"
+    assert by_caption["not http"]["reason"] == "unsupported_scheme"
+    assert by_caption["cloud metadata"]["reason"] == "blocked_address"
+    assert result.summary.stats["failures"] == len(failures)
+
+
+def test_stored_samples_have_image_caption_and_metadata(misbehaving_run):
+    out, rows, result, _, _ = misbehaving_run
+    sizes = json.loads((out / "sizes.json").read_text())
+    members: dict[str, bytes] = {}
+    for name, count in sizes.items():
+        tar = tar_members(out / name)
+        assert len(tar) == 3 * count
+        members.update(tar)
+    stored = sorted({name.split(".")[0] for name in members})
+    assert len(stored) == 6 + sum(reason is None for reason in MISBEHAVING.values())
+    assert sum(sizes.values()) == result.summary.stats["successes"] == len(stored)
+    meta = json.loads(members["000000001.json"])
+    assert meta["key"] == "000000001" and meta["url"] == rows[1][0] and meta["caption"] == rows[1][1]
+    assert meta["source"] == "row-1"  # extra manifest columns are carried
+    original = photo_bytes(1)
+    import hashlib
+
+    assert meta["sha256"] == hashlib.sha256(original).hexdigest()
+    assert (meta["original_width"], meta["original_height"]) == (213, 161)
+    assert min(meta["width"], meta["height"]) == 64  # keep_ratio: shorter side to image_size
+    assert members["000000001.txt"].decode() == rows[1][1]
+    from PIL import Image
+    import io
+
+    image = Image.open(io.BytesIO(members["000000001.jpg"]))
+    assert image.format == "JPEG" and image.mode == "RGB" and image.size == (meta["width"], meta["height"])
+
+
+def test_transient_errors_are_retried_permanent_ones_are_not(misbehaving_run):
+    *_, hits = misbehaving_run
+    assert hits["/flaky/1"] == 2  # 500, then 200
+    assert hits["/404"] == 1 and hits["/403"] == 1 and hits["/corrupt.jpg"] == 1
+    assert hits["/img/2.jpg"] == 1  # the repeated URL was fetched once
+
+
+def test_finishes_in_bounded_time_despite_stalls(misbehaving_run):
+    *_, elapsed, _ = misbehaving_run
+    # /stall and /drip would hold a naive client for 30-60 s; the deadline is 3 s per URL (+ read timeout).
+    assert elapsed < 25
+
+
+def test_per_shard_records_and_totals(misbehaving_run):
+    out, rows, result, _, _ = misbehaving_run
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["rows"] == len(rows)
+    assert stats["successes"] + stats["failures"] == len(rows)
+    shard_stats = [json.loads(p.read_text()) for p in sorted(out.glob("*_stats.json"))]
+    assert len(shard_stats) == -(-len(rows) // 8)
+    assert sum(s["rows"] for s in shard_stats) == len(rows)
+    assert all(s["duration_s"] >= 0 and "failures_by_reason" in s for s in shard_stats)
+    assert stats["duplicates_dropped"] == {"duplicate_content": 1, "duplicate_url": 1}
+    assert not list(out.glob(".*"))  # no staging or temp files left
+
+
+def test_rerun_resumes_without_refetching(misbehaving_run, tmp_path):
+    out, *_ = misbehaving_run
+    before = {p.name: p.read_bytes() for p in out.glob("*.tar")}
+    config = load_config(overrides=[*FAST, "preprocess.shard_size=8"])
+    manifest = out.parent / "manifest.csv"
+    result = download(str(manifest), str(out), config, progress=False)
+    assert result.shards_done == 0 and result.shards_skipped == len(list(out.glob("*_stats.json")))
+    assert {p.name: p.read_bytes() for p in out.glob("*.tar")} == before
+
+
+def test_retry_failed_reattempts_only_failed_rows(tmp_path):
+    with ImageServer(down_times=3) as server:  # /down/N answers 503 three times: more than retries=1 allows
+        rows = [(server.url(f"/img/{i}.jpg"), f"photo {i}") for i in range(4)]
+        rows += [(server.url(f"/down/{i}"), f"down {i}") for i in range(2)] + [(server.url("/404"), "gone")]
+        manifest = write_manifest(tmp_path / "m.csv", rows)
+        config = load_config(overrides=[*FAST, "download.retries=1", "preprocess.shard_size=5"])
+        first = download(str(manifest), str(tmp_path / "out"), config, progress=False)
+        assert first.summary.stats["failures_by_reason"] == {"http_503": 2, "http_404": 1}
+        image_hits = server.hits["/img/0.jpg"]
+        second = download(str(manifest), str(tmp_path / "out"), config, retry_failed=True, progress=False)
+        assert server.hits["/img/0.jpg"] == image_hits  # rows that succeeded are not fetched again
+        assert server.hits["/404"] == 2  # failed rows are re-attempted (a 404 may have been fixed)
+    assert second.summary.stats["failures_by_reason"] == {"http_404": 1}
+    assert second.summary.stats["successes"] == 6
+    sizes = json.loads((tmp_path / "out" / "sizes.json").read_text())
+    # shard 1 (/down/1, /404) had no success at first, so it has no tar of round 0
+    assert sizes == {"00000.tar": 4, "00000-retry01.tar": 1, "00001-retry01.tar": 1}
+    failures = [json.loads(line) for line in (tmp_path / "out" / "failures.jsonl").read_text().splitlines()]
+    assert [f["reason"] for f in failures] == ["http_404"]
+
+
+def test_partitions_are_disjoint_and_merge_to_the_whole(tmp_path, capsys):
+    with ImageServer() as server:
+        rows = [(server.url(f"/img/{i}.jpg"), f"photo {i}") for i in range(12)]
+        manifest = write_manifest(tmp_path / "m.csv", rows)
+        config = load_config(overrides=[*FAST, "preprocess.shard_size=3"])
+        whole = download(str(manifest), str(tmp_path / "whole"), config, progress=False)
+        for index in range(2):
+            download(str(manifest), str(tmp_path / "parts"), config, Partition(index, 2), progress=False)
+    assert not (tmp_path / "parts" / "sizes.json").exists()  # partitions never race on the merged files
+    assert main(["data", "merge-stats", "--output", str(tmp_path / "parts")]) == 0
+    assert json.loads((tmp_path / "parts" / "sizes.json").read_text()) == whole.summary.sizes
+    for name in whole.summary.sizes:
+        assert (tmp_path / "parts" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes()
+
+
+def test_private_addresses_are_refused_by_default(tmp_path):
+    with ImageServer() as server:
+        manifest = write_manifest(tmp_path / "m.csv", [(server.url("/img/1.jpg"), "on loopback")])
+        config = load_config(overrides=[o for o in FAST if "allow_private" not in o])
+        result = download(str(manifest), str(tmp_path / "out"), config, progress=False)
+        assert server.hits == {}
+    assert result.summary.stats["failures_by_reason"] == {"blocked_address": 1}
+
+
+def test_cli_download_prints_the_summary_table(tmp_path, capsys):
+    with ImageServer() as server:
+        rows = [(server.url("/img/1.jpg"), "ok"), (server.url("/404"), "gone")]
+        manifest = write_manifest(tmp_path / "m.csv", rows, extra=False)
+        code = main(["data", "download", "--manifest", str(manifest), "--output", str(tmp_path / "out"),
+                     "--allow-private-network", "--image-size", "32", "--processes", "1", "--no-progress"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "samples written 1 (50.0%)" in out and "http_404" in out
+
+
+def test_bad_manifest_gets_a_clear_error(tmp_path, capsys):
+    (tmp_path / "m.csv").write_text("link,text\nhttp://example.com/a.jpg,hello\n")
+    code = main(["data", "download", "--manifest", str(tmp_path / "m.csv"), "--output", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert code == 2 and "no column(s) ['url', 'caption']" in err and "'link', 'text'" in err
+    assert not (tmp_path / "o").exists() or not list((tmp_path / "o").iterdir())
