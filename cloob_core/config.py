@@ -90,6 +90,11 @@ class PreprocessConfig(_Section):
         "side to image_size, padded to a square; no: keep the original size.",
     )
     resize_only_if_bigger: bool = Field(False, description="Never upscale: resize only images larger than the target.")
+
+    @field_validator("resize_mode", mode="before")
+    @classmethod
+    def _yaml_no(cls, value: Any) -> Any:
+        return "no" if value is False else value  # YAML 1.1 reads an unquoted `no` as false
     jpeg_quality: int = Field(95, ge=1, le=100, description="JPEG quality of the re-encoded image.")
     min_image_side: int = Field(0, ge=0, description="Drop images whose original shorter side is below this.")
     max_aspect_ratio: float | None = Field(
@@ -156,13 +161,13 @@ class ValidationConfig(_Section):
 
 
 class CloobConfig(_Section):
-    model: ModelConfig = ModelConfig()
-    objective: ObjectiveConfig = ObjectiveConfig()
-    optim: OptimConfig = OptimConfig()
-    demo: DemoConfig = DemoConfig()
-    preprocess: PreprocessConfig = PreprocessConfig()
-    download: DownloadConfig = DownloadConfig()
-    validation: ValidationConfig = ValidationConfig()
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    objective: ObjectiveConfig = Field(default_factory=ObjectiveConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    demo: DemoConfig = Field(default_factory=DemoConfig)
+    preprocess: PreprocessConfig = Field(default_factory=PreprocessConfig)
+    download: DownloadConfig = Field(default_factory=DownloadConfig)
+    validation: ValidationConfig = Field(default_factory=ValidationConfig)
 
 
 def _describe(err: ValidationError) -> str:

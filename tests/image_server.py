@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import socket
 import threading
@@ -70,10 +71,8 @@ class ImageServer:
                 with server._lock:
                     server.hits[self.path] += 1
                     count = server.hits[self.path]
-                try:
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                     server.route(self, self.path.split("?")[0], count)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
@@ -103,7 +102,7 @@ class ImageServer:
         handler.end_headers()
         handler.wfile.write(body)
 
-    def route(self, h, path: str, count: int) -> None:  # noqa: C901 - one branch per misbehaviour
+    def route(self, h, path: str, count: int) -> None:
         if path.startswith("/img/"):
             time.sleep(self.delay)
             self.send(h, 200, photo_bytes(int(path[5:].split(".")[0])))

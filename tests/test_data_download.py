@@ -125,8 +125,9 @@ def test_stored_samples_have_image_caption_and_metadata(misbehaving_run):
     assert (meta["original_width"], meta["original_height"]) == (213, 161)
     assert min(meta["width"], meta["height"]) == 64  # keep_ratio: shorter side to image_size
     assert members["000000001.txt"].decode() == rows[1][1]
-    from PIL import Image
     import io
+
+    from PIL import Image
 
     image = Image.open(io.BytesIO(members["000000001.jpg"]))
     assert image.format == "JPEG" and image.mode == "RGB" and image.size == (meta["width"], meta["height"])
@@ -146,7 +147,7 @@ def test_finishes_in_bounded_time_despite_stalls(misbehaving_run):
 
 
 def test_per_shard_records_and_totals(misbehaving_run):
-    out, rows, result, _, _ = misbehaving_run
+    out, rows, _result, _, _ = misbehaving_run
     stats = json.loads((out / "stats.json").read_text())
     assert stats["rows"] == len(rows)
     assert stats["successes"] + stats["failures"] == len(rows)

@@ -59,9 +59,9 @@ def address_refusal(address: str, allow_private: bool = False) -> str | None:
         return "cloud metadata address"
     if allow_private:
         return None
-    for attribute, why in (("is_loopback", "loopback"), ("is_link_local", "link-local"),
-                           ("is_private", "private"), ("is_multicast", "multicast"),
-                           ("is_unspecified", "unspecified")):
+    for attribute, why in (("is_loopback", "loopback"), ("is_unspecified", "unspecified"),
+                           ("is_link_local", "link-local"), ("is_multicast", "multicast"),
+                           ("is_private", "private")):
         if getattr(ip, attribute):
             return f"{why} address"
     if not ip.is_global:

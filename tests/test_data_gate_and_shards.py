@@ -1,0 +1,166 @@
+"""The validation gate (Great Expectations), local/embedded shards and the training reader."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+
+import numpy as np
+import pytest
+from image_server import photo_bytes
+
+from cloob_core.cli import main
+from cloob_core.config import load_config
+from cloob_core.data.loader import SkipCounter, make_dataset, shard_list
+from cloob_core.data.local_shards import build_shards
+from cloob_core.data.validate import run_gate
+
+
+def to_array(image):
+    return np.asarray(image)
+
+
+@pytest.fixture(scope="module")
+def embedded_shards(tmp_path_factory):
+    out = tmp_path_factory.mktemp("embedded") / "shards"
+    config = load_config(overrides=["preprocess.resize_mode=no", "preprocess.shard_size=400"])
+    summary = build_shards("embedded", str(out), config, split="test", progress=False)
+    return out, summary
+
+
+def test_embedded_set_becomes_shards_with_labels(embedded_shards):
+    out, summary = embedded_shards
+    assert summary.stats["successes"] == 1000 and summary.sizes == {"00000.tar": 400, "00001.tar": 400,
+                                                                    "00002.tar": 200}
+    samples = list(make_dataset(str(out), to_array, str, shuffle_buffer=0, extra_keys=("label", "classname")))
+    assert len(samples) == 1000
+    image, caption, label, classname = samples[0]
+    assert image.shape == (28, 28, 3) and classname == str(label)
+    from cloob_core.embedded_data import load_embedded
+
+    held_out = load_embedded("test")
+    assert caption == held_out.captions[0] and label == held_out.labels[0]
+    difference = np.abs(image[..., 0].astype(int) - held_out.images[0].astype(int))
+    assert difference.mean() < 2.0 and difference.max() < 64  # the same digit, through JPEG at quality 95
+
+
+def test_gate_passes_good_shards_and_fails_inconsistent_ones(embedded_shards, tmp_path, capsys):
+    out, _ = embedded_shards
+    assert main(["data", "validate", "--shards", str(out), "--report", str(tmp_path / "report")]) == 0
+    assert "data gate PASSED" in capsys.readouterr().out
+    results = json.loads((tmp_path / "report" / "gx_results.json").read_text())
+    assert results["shards"]["success"] and results["shard_totals"]["success"]
+    # a sizes.json that lies about a shard, and an image-size bound the data breaks
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for path in out.iterdir():
+        (broken / path.name).write_bytes(path.read_bytes())
+    sizes = json.loads((broken / "sizes.json").read_text())
+    sizes["00001.tar"] += 5
+    (broken / "sizes.json").write_text(json.dumps(sizes))
+    code = main(["data", "validate", "--shards", str(broken), "--min-image-side", "32"])
+    text = capsys.readouterr().out
+    assert code == 1 and "data gate FAILED: 2 of 9 checks" in text
+    assert "FAIL shards: expect_column_pair_values_to_be_equal [sizes_json = tar_samples]" in text
+    assert "FAIL shards: expect_column_values_to_be_between [side_min]" in text
+
+
+def test_gate_on_manifests(tmp_path, capsys):
+    good = tmp_path / "good.csv"
+    good.write_text("url,caption\nhttp://example.com/1.jpg,a cat\nhttps://example.com/2.png,a dog\n")
+    assert main(["data", "validate", "--manifest", str(good)]) == 0
+    capsys.readouterr()
+    bad = tmp_path / "bad.csv"
+    bad.write_text("url,caption\nhttp://example.com/1.jpg,a cat\nftp://example.com/2.png,a dog\n"
+                   "http://example.com/1.jpg,again\nhttp://example.com/3.jpg,\n")
+    code = main(["data", "validate", "--manifest", str(bad), "--report", str(tmp_path / "r")])
+    text = capsys.readouterr().out
+    assert code == 1
+    assert "FAIL manifest: expect_column_values_to_match_regex [url]" in text and "ftp://example.com/2.png" in text
+    assert "FAIL manifest: expect_column_values_to_be_unique [url] — 2 row(s)" in text
+    assert "FAIL manifest: expect_column_value_lengths_to_be_between [caption]" in text
+    assert "data gate FAILED" in (tmp_path / "r" / "summary.md").read_text()
+    # the same bad rows pass when the configured tolerance allows them
+    loose = load_config(overrides=["validation.max_bad_row_fraction=0.5"])
+    assert run_gate(loose, manifest=str(bad)).passed
+
+
+def test_folder_with_sidecar_captions(tmp_path):
+    source = tmp_path / "photos"
+    (source / "cats").mkdir(parents=True)
+    (source / "dogs").mkdir()
+    for index, folder in enumerate(["cats", "cats", "dogs"]):
+        (source / folder / f"p{index}.jpg").write_bytes(photo_bytes(index))
+        (source / folder / f"p{index}.txt").write_text(f"a photo of {folder} {index}\n")
+    (source / "dogs" / "nocaption.jpg").write_bytes(photo_bytes(7))
+    config = load_config(overrides=["preprocess.image_size=32"])
+    summary = build_shards(str(source), str(tmp_path / "out"), config, progress=False)
+    assert summary.stats["successes"] == 3 and summary.stats["failures_by_reason"] == {"empty_caption": 1}
+    samples = list(make_dataset(str(tmp_path / "out"), to_array, str, shuffle_buffer=0, extra_keys=("classname",)))
+    assert [(c, k) for _, c, k in samples] == [("a photo of cats 0", "cats"), ("a photo of cats 1", "cats"),
+                                               ("a photo of dogs 2", "dogs")]
+
+
+def test_manifest_of_paths_cannot_escape_its_folder(tmp_path):
+    source = tmp_path / "images"
+    source.mkdir()
+    (source / "ok.jpg").write_bytes(photo_bytes(1))
+    (tmp_path / "secret.jpg").write_bytes(photo_bytes(2))
+    manifest = tmp_path / "m.csv"
+    manifest.write_text("url,caption\nok.jpg,fine\n../secret.jpg,escape\n/etc/hostname,absolute\nmissing.jpg,x\n")
+    summary = build_shards(str(source), str(tmp_path / "out"), load_config(), manifest=str(manifest),
+                           progress=False)
+    assert summary.stats["successes"] == 1
+    assert summary.stats["failures_by_reason"] == {"blocked_path": 2, "missing_file": 1}
+
+
+def test_reader_skips_corrupt_samples_and_tars_with_a_count(embedded_shards, tmp_path):
+    out, _ = embedded_shards
+    good = out / "00002.tar"
+    with tarfile.open(good) as tar:
+        members = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]
+    corrupt = tmp_path / "corrupt.tar"
+    with tarfile.open(corrupt, "w") as tar:
+        for index, (member, data) in enumerate(members[:30]):  # 10 samples
+            if index == 0:
+                data = b"\xff\xd8\xff not a jpeg"  # sample 0: corrupt image
+            if index == 5:
+                continue  # sample 1: no caption
+            member.size = len(data)
+            import io
+
+            tar.addfile(member, io.BytesIO(data))
+    truncated = tmp_path / "truncated.tar"
+    truncated.write_bytes(good.read_bytes()[: 20 * 1024 + 100])
+    counter = SkipCounter()
+    samples = list(make_dataset([str(corrupt), str(truncated)], to_array, str, shuffle_buffer=0,
+                                skip_counter=counter))
+    assert counter.skipped >= 3  # the bad image, the caption-less sample, the cut-off tar
+    assert 8 <= len(samples) < 10 + 200
+    assert all(image.shape == (28, 28, 3) for image, _ in samples)
+
+
+def test_shuffling_and_resampling(embedded_shards):
+    out, _ = embedded_shards
+    urls, total = shard_list(str(out))
+    assert total == 1000 and len(urls) == 3
+    ordered = [c for _, c in make_dataset(str(out), to_array, str, shuffle_buffer=0)]
+    shuffled = [c for _, c in make_dataset(str(out), to_array, str, shuffle_buffer=200, seed=1)]
+    assert sorted(ordered) == sorted(shuffled) and ordered != shuffled
+    again = [c for _, c in make_dataset(str(out), to_array, str, shuffle_buffer=200, seed=1)]
+    assert again == shuffled  # seeded
+    virtual = list(make_dataset(str(out), to_array, str, resampled=True, epoch_samples=1500, shuffle_buffer=50))
+    assert len(virtual) == 1500  # a virtual epoch of a fixed size, drawn from shards with replacement
+
+
+@pytest.mark.parametrize("stage", ["download", "validate", "shards", "merge-stats"])
+def test_every_data_stage_documents_its_options(stage, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["data", stage, "--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    assert "usage: cloob data " + stage in text
+    if stage == "download":
+        for flag in ("--manifest", "--output", "--url-col", "--caption-col", "--allow-private-network",
+                     "--retry-failed", "--partition", "--resize-mode", "--url-deadline", "--max-image-pixels"):
+            assert flag in text

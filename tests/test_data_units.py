@@ -1,0 +1,179 @@
+"""The data stage's parts on their own: manifest reader, address policy, opt-out parsing, image checks."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+
+import pandas as pd
+import pytest
+from image_server import bomb_png, photo_bytes
+from PIL import Image
+
+from cloob_core.config import load_config
+from cloob_core.data.fetch import address_refusal, opted_out
+from cloob_core.data.imaging import caption_refusal, process_image
+from cloob_core.data.manifest import Manifest, ManifestError, Partition, read_manifest
+
+
+@pytest.mark.parametrize(
+    ("address", "refused"),
+    [
+        ("127.0.0.1", "loopback"), ("::1", "loopback"), ("10.1.2.3", "private"), ("192.168.0.7", "private"),
+        ("172.16.5.4", "private"), ("169.254.10.10", "link-local"), ("169.254.169.254", "metadata"),
+        ("fd00:ec2::254", "metadata"), ("::ffff:127.0.0.1", "loopback"), ("0.0.0.0", "unspecified"),
+        ("100.64.1.1", "non-global"), ("224.0.0.1", "multicast"), ("fe80::1", "link-local"),
+        ("8.8.8.8", None), ("2606:4700:4700::1111", None), ("151.101.1.69", None),
+    ],
+)
+def test_address_policy(address, refused):
+    why = address_refusal(address)
+    assert (why is None) if refused is None else (refused in why)
+
+
+def test_metadata_stays_refused_when_private_networks_are_allowed():
+    assert address_refusal("127.0.0.1", allow_private=True) is None
+    assert "metadata" in address_refusal("169.254.169.254", allow_private=True)
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        (["noai"], True), (["noindex, nofollow"], True), (["NoImageAI"], True), (["noimageindex"], True),
+        (["nofollow"], False), ([], False), (["otherbot: noai"], False), (["cloob-pipelines: noai"], True),
+        (["*: noindex"], True), (["googlebot: noindex", "max-snippet: 20"], False), (["all", "noai"], True),
+    ],
+)
+def test_x_robots_tag_opt_out(values, expected):
+    assert opted_out(values) is expected
+
+
+CC3M_TSV = (
+    "a very typical bus station\thttp://example.com/a.jpg\n"
+    "sierra view in the morning\thttps://example.com/b.jpg\n"
+)
+
+
+@pytest.mark.parametrize("fmt", ["csv", "tsv", "parquet", "jsonl", "csv.gz"])
+def test_manifest_formats_agree(tmp_path, fmt):
+    frame = pd.DataFrame({"url": ["http://x/1.jpg", "http://x/2.jpg"], "caption": ["one", "two, with comma"],
+                          "score": [0.5, 0.25]})
+    path = tmp_path / f"m.{fmt}"
+    if fmt == "csv":
+        frame.to_csv(path, index=False)
+    elif fmt == "csv.gz":
+        path.write_bytes(gzip.compress(frame.to_csv(index=False).encode()))
+    elif fmt == "tsv":
+        frame.to_csv(path, sep="\t", index=False)
+    elif fmt == "parquet":
+        frame.to_parquet(path)
+    else:
+        path.write_text("".join(json.dumps(r) + "\n" for r in frame.to_dict("records")))
+    manifest = Manifest.load(str(path))
+    rows = manifest.rows(range(2))
+    assert [r.url for r in rows] == ["http://x/1.jpg", "http://x/2.jpg"]
+    assert rows[1].caption == "two, with comma" and rows[1].key == "000000001"
+    assert float(rows[0].extra["score"]) == 0.5
+
+
+def test_headerless_cc3m_tsv_is_detected(tmp_path):
+    path = tmp_path / "Train_GCC-training.tsv"
+    path.write_text(CC3M_TSV)
+    frame = read_manifest(str(path))
+    assert list(frame["url"]) == ["http://example.com/a.jpg", "https://example.com/b.jpg"]
+    assert list(frame["caption"]) == ["a very typical bus station", "sierra view in the morning"]
+
+
+@pytest.mark.parametrize(
+    ("content", "name", "message"),
+    [
+        ("link,text\nhttp://a/b.jpg,x\n", "m.csv", r"no column\(s\)"),
+        ("\x00\x01garbage", "m.parquet", "not valid parquet"),
+        ("{not json\n", "m.jsonl", "not valid jsonl"),
+        ("url,caption\n", "m.xlsx", "cannot tell the format"),
+    ],
+)
+def test_bad_manifests_get_clear_errors(tmp_path, content, name, message):
+    path = tmp_path / name
+    path.write_text(content)
+    with pytest.raises(ManifestError, match=message):
+        read_manifest(str(path))
+
+
+def test_missing_manifest(tmp_path):
+    with pytest.raises(ManifestError, match="does not exist"):
+        read_manifest(str(tmp_path / "nope.csv"))
+
+
+def test_first_row_of_each_url():
+    frame = pd.DataFrame({"url": ["a", "b", "a", "c", "b"], "caption": list("vwxyz")})
+    assert list(Manifest(frame, "url", "caption").first_row_of_url) == [0, 1, 0, 3, 1]
+
+
+def test_partition_parsing_and_ownership():
+    part = Partition.parse("1/3")
+    assert [k for k in range(7) if part.owns(k)] == [1, 4]
+    for bad in ("3/3", "1", "a/b", "0/0"):
+        with pytest.raises(ManifestError):
+            Partition.parse(bad)
+
+
+def _config(**preprocess):
+    return load_config(overrides=[f"preprocess.{k}={json.dumps(v)}" for k, v in preprocess.items()]).preprocess
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [("keep_ratio", (85, 64)), ("center_crop", (64, 64)), ("border", (64, 64)), ("no", (213, 161))],
+)
+def test_resize_modes(mode, expected):
+    result = process_image(photo_bytes(1), _config(image_size=64, resize_mode=mode))
+    assert (result.width, result.height) == expected
+    assert (result.original_width, result.original_height) == (213, 161)
+    image = Image.open(io.BytesIO(result.jpeg))
+    assert image.size == expected and image.mode == "RGB"
+    if mode == "border":  # the long side fits, the short side is padded with black bars
+        pixels = image.convert("L")
+        assert pixels.getpixel((32, 0)) < 10 and pixels.getpixel((32, 63)) < 10
+
+
+def test_resize_only_if_bigger_never_upscales():
+    small = _config(image_size=1000, resize_only_if_bigger=True)
+    result = process_image(photo_bytes(1), small)
+    assert (result.width, result.height) == (213, 161)
+    assert process_image(photo_bytes(1), _config(image_size=1000)).height == 1000
+
+
+def test_filters_and_guards():
+    assert process_image(photo_bytes(1), _config(min_image_side=200)).reason == "too_small"
+    assert process_image(photo_bytes(1), _config(max_aspect_ratio=1.2)).reason == "aspect_ratio"
+    assert process_image(bomb_png(), _config()).reason == "decompression_bomb"
+    assert process_image(b"GIF89a not really", _config()).reason == "decode_error"
+    truncated = photo_bytes(2)[:-2000]
+    assert process_image(truncated, _config()).reason == "decode_error"
+
+
+def test_exif_rotation_and_alpha_become_upright_rgb():
+    image = Image.open(io.BytesIO(photo_bytes(1)))
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90° on display
+    out = io.BytesIO()
+    image.save(out, format="JPEG", exif=exif)
+    result = process_image(out.getvalue(), _config(resize_mode="no"))
+    assert (result.width, result.height) == (161, 213)
+    rgba = Image.new("RGBA", (40, 40), (255, 0, 0, 0))
+    out = io.BytesIO()
+    rgba.save(out, format="PNG")
+    flat = Image.open(io.BytesIO(process_image(out.getvalue(), _config(resize_mode="no")).jpeg))
+    assert min(flat.getpixel((20, 20))) > 245  # transparent → white background
+
+
+@pytest.mark.parametrize(
+    ("caption", "reason"),
+    [("", "empty_caption"), ("   ", "empty_caption"), ("ab", "caption_too_short"), ("x" * 31, "caption_too_long"),
+     ("a fine caption", None)],
+)
+def test_caption_filters(caption, reason):
+    refusal = caption_refusal(caption, _config(min_caption_chars=3, max_caption_chars=30))
+    assert (refusal[0] if refusal else None) == reason
