@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from cloob_core.config import OBJECTIVE_NAMES
 from cloob_core.distributed import gather_features
 
 __all__ = [
@@ -287,6 +288,8 @@ class HopfieldInfoNCELoss(_HopfieldObjective):
 OBJECTIVES: dict[str, type[ContrastiveObjective]] = {
     cls.name: cls for cls in (ClipLoss, InfoLOOBLoss, HopfieldInfoNCELoss, CLOOBLoss)
 }
+if set(OBJECTIVES) != set(OBJECTIVE_NAMES):
+    raise ImportError(f"config.OBJECTIVE_NAMES {OBJECTIVE_NAMES} must list the registry {sorted(OBJECTIVES)}")
 
 
 def build_objective(name: str, **options: Any) -> ContrastiveObjective:

@@ -100,7 +100,10 @@ def process_image(data: bytes, config: PreprocessConfig) -> ProcessedImage:
 
 def _resize(image: Image.Image, new_w: int, new_h: int, config: PreprocessConfig) -> Image.Image:
     if image.size != (new_w, new_h):
-        image = image.resize((new_w, new_h), Image.Resampling.LANCZOS, reducing_gap=3.0)
+        # Area averaging to shrink (aliasing-free, as OpenCV's INTER_AREA that img2dataset uses), Lanczos to
+        # enlarge (img2dataset: LANCZOS4).
+        shrinking = new_w * new_h < image.width * image.height
+        image = image.resize((new_w, new_h), Image.Resampling.BOX if shrinking else Image.Resampling.LANCZOS)
     size = config.image_size
     if config.resize_mode == "center_crop":
         side = min(size, image.width, image.height)

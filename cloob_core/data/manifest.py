@@ -12,11 +12,12 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from cloob_core import storage
+
+if TYPE_CHECKING:  # pandas is imported where a manifest is read, not in download workers
+    import pandas as pd
 
 KEY_DIGITS = 9
 _URL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
@@ -89,6 +90,8 @@ def _format_of(location: str, requested: str) -> tuple[str, str | None]:
 
 
 def _read_delimited(raw: bytes, sep: str, compression: str | None, url_col: str, caption_col: str) -> pd.DataFrame:
+    import pandas as pd
+
     options = dict(sep=sep, dtype=str, keep_default_na=False, compression=compression, quoting=3 if sep == "\t" else 0)
     frame = pd.read_csv(io.BytesIO(raw), **options)
     if url_col in frame.columns or frame.empty:
@@ -110,6 +113,8 @@ def _read_delimited(raw: bytes, sep: str, compression: str | None, url_col: str,
 def read_manifest(location: str | os.PathLike, url_col: str = "url", caption_col: str = "caption",
                   input_format: str = "auto") -> pd.DataFrame:
     """The manifest as a frame with string ``url`` and ``caption`` columns plus any extra columns."""
+    import pandas as pd
+
     location = str(location)
     kind, compression = _format_of(location, input_format)
     try:
@@ -162,6 +167,8 @@ class Manifest:
     """Row access by range, plus the first row of every URL (for fetching a repeated URL once)."""
 
     def __init__(self, frame: pd.DataFrame, url_col: str, caption_col: str):
+        import pandas as pd
+
         self.frame = frame
         self.url_col = url_col
         self.caption_col = caption_col
