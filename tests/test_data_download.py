@@ -231,3 +231,40 @@ def test_bad_manifest_gets_a_clear_error(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and "no column(s) ['url', 'caption']" in err and "'link', 'text'" in err
     assert not (tmp_path / "o").exists() or not list((tmp_path / "o").iterdir())
+
+
+def test_resuming_with_other_settings_is_refused_and_loses_nothing(tmp_path, capsys):
+    with ImageServer() as server:
+        manifest = write_manifest(tmp_path / "m.csv", [(server.url(f"/img/{i}.jpg"), f"p {i}") for i in range(4)])
+        args = ["data", "download", "--manifest", str(manifest), "--output", str(tmp_path / "out"),
+                "--allow-private-network", "--processes", "1", "--no-progress"]
+        assert main([*args, "--image-size", "32"]) == 0
+        before = {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()}
+        capsys.readouterr()
+        assert main([*args, "--image-size", "64"]) == 2
+        assert "preprocess.image_size: 32 before, 64 now" in capsys.readouterr().err
+        write_manifest(manifest, [(server.url(f"/img/{i}.jpg"), f"p {i}") for i in range(5)])
+        assert main([*args, "--image-size", "32"]) == 2
+        assert "manifest_rows: 4 before, 5 now" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()} == before
+
+
+def test_an_unexpected_error_costs_one_row_not_the_shard(tmp_path, monkeypatch):
+    import cloob_core.data.download as engine
+
+    real = engine.process_image
+
+    def exploding(data, config):
+        if data == photo_bytes(1):
+            raise RuntimeError("codec bug")
+        return real(data, config)
+
+    monkeypatch.setattr(engine, "process_image", exploding)
+    monkeypatch.setattr(engine, "_CONTEXT", __import__("multiprocessing").get_context("fork"))  # keep the patch
+    with ImageServer() as server:
+        manifest = write_manifest(tmp_path / "m.csv", [(server.url(f"/img/{i}.jpg"), f"p {i}") for i in range(3)])
+        config = load_config(overrides=[*FAST, "download.processes=1"])
+        result = download(str(manifest), str(tmp_path / "out"), config, progress=False)
+    assert result.summary.stats["successes"] == 2
+    assert result.summary.failures[0]["reason"] == "processing_error"
+    assert "codec bug" in result.summary.failures[0]["detail"]

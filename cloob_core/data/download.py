@@ -17,6 +17,7 @@ import logging
 import multiprocessing
 import os
 import queue
+import re
 import shutil
 import signal
 import tempfile
@@ -131,6 +132,15 @@ def _sample_meta(row: ManifestRow, outcome: RowOutcome, original: tuple[int, int
 
 
 def _process_row(row: ManifestRow, duplicate_of: str | None) -> tuple[RowOutcome, bytes | None, dict | None]:
+    try:
+        return _process_row_unguarded(row, duplicate_of)
+    except Exception as err:  # one bad row (a codec bug, say) must not cost the shard
+        log.exception("row %s (%s) failed unexpectedly", row.key, row.url)
+        outcome = RowOutcome(row.row, row.key, row.url, "processing_error", f"{type(err).__name__}: {err}")
+        return outcome, None, None
+
+
+def _process_row_unguarded(row: ManifestRow, duplicate_of: str | None) -> tuple[RowOutcome, bytes | None, dict | None]:
     outcome = RowOutcome(row.row, row.key, row.url)
     preprocess: PreprocessConfig = _worker["preprocess"]
     if duplicate_of is not None:
@@ -198,18 +208,66 @@ def _plan_round(manifest: Manifest, output: str, records: list[ShardRecord], par
     return plan
 
 
+def _retry_plan_name(round_: int, partition: Partition) -> str:
+    return f"round-{round_:02d}{partition.suffix}.retry-plan.json"
+
+
 def _retry_round(output: str, partition: Partition, records: list[ShardRecord]) -> int:
     """The retry round to run: an unfinished one (resume) or the next one."""
-    plans = sorted(storage.list_names(output, f"{partition.suffix}.retry-plan.json"))
-    rounds = [int(name.split(".", 1)[0].removeprefix("round-")) for name in plans if name.startswith("round-")]
+    pattern = re.compile(r"round-(\d+)" + re.escape(partition.suffix) + r"\.retry-plan\.json")
+    rounds = [int(m.group(1)) for name in storage.list_names(output) if (m := pattern.fullmatch(name))]
     if rounds:
         last = max(rounds)
-        planned = _read_json(storage.join(output, f"round-{last:02d}{partition.suffix}.retry-plan.json"))
+        planned = _read_json(storage.join(output, _retry_plan_name(last, partition)))
         done = {r.name for r in records}
         if any(name not in done for name in planned["shards"]):
             return last
         return last + 1
     return 1
+
+
+SETTINGS_FILE = "download_settings.json"
+
+
+class SettingsMismatch(ValueError):
+    """The output folder was started with another manifest or other shard-shaping settings."""
+
+
+def _settings_of(manifest: Manifest, config: CloobConfig) -> dict[str, Any]:
+    """What decides the content of the shards; a resume must use exactly these (timeouts may change)."""
+    return {
+        "manifest_rows": len(manifest),
+        "manifest_sha256": manifest.fingerprint(),
+        "dedup_urls": config.download.dedup_urls,
+        "preprocess": config.preprocess.model_dump(),
+    }
+
+
+def _check_settings(output: str, settings: dict[str, Any]) -> None:
+    location = storage.join(output, SETTINGS_FILE)
+    try:
+        recorded = _read_json(location)
+    except FileNotFoundError:
+        storage.write_bytes(location, _json_bytes(settings))
+        return
+    flat_new, flat_old = _flatten(settings), _flatten(recorded)
+    changed = [f"{k}: {flat_old.get(k)!r} before, {flat_new.get(k)!r} now" for k in sorted(flat_new | flat_old)
+               if flat_new.get(k) != flat_old.get(k)]
+    if changed:
+        raise SettingsMismatch(
+            f"{output} was started with another manifest or other settings, and resuming would mix them:\n  "
+            + "\n  ".join(changed) + "\nUse a new output folder, or the original manifest and settings."
+        )
+
+
+def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
 
 
 def _read_json(location: str) -> Any:
@@ -345,6 +403,7 @@ def download(
         manifest = Manifest.load(manifest, dl.url_col, dl.caption_col, dl.input_format)
     source = source or HttpSource(FetchPolicy.from_config(dl))
     storage.ensure_folder(output)
+    _check_settings(output, _settings_of(manifest, config))
     _clean_stale_staging(output)
     records = [r for r in read_records(output) if partition.owns(r.shard)]
 
@@ -357,11 +416,13 @@ def download(
     else:
         round_ = 0
     plan = _plan_round(manifest, output, records, partition, round_, pre.shard_size, dl.dedup_urls)
-    if round_ > 0:
-        plan_file = storage.join(output, f"round-{round_:02d}{partition.suffix}.retry-plan.json")
+    if round_ > 0 and plan:
+        plan_file = storage.join(output, _retry_plan_name(round_, partition))
         if not storage.exists(plan_file):
             storage.write_bytes(plan_file, _json_bytes({"round": round_, "shards": [name for name, _, _ in plan]}))
         log.info("retry round %d: %d row(s) in %d shard(s)", round_, sum(len(r) for _, _, r in plan), len(plan))
+    elif round_ > 0:
+        log.info("nothing to retry: no failed rows other than duplicates")
     skipped = sum(1 for r in records if r.round == round_)
     if skipped:
         log.info("resuming: %d shard(s) already complete are skipped", skipped)
@@ -370,18 +431,21 @@ def download(
     seen = {sha: key for r in records for key, sha in r.samples} if pre.dedup_content else {}
     finaliser = _Finaliser(output, staging_dir, pre.dedup_content, seen)
     first_row = manifest.first_row_of_url
-    jobs = []
-    for name, shard, rows in plan:
-        duplicates = {row: row_key(int(first_row[row])) for row in rows if dl.dedup_urls and first_row[row] != row}
-        jobs.append(ShardJob(name, shard, round_, manifest.rows(rows), duplicates,
-                             str(staging_dir / f".{name}.tar.{os.getpid()}.tmp")))
 
-    processes = min(dl.processes or os.cpu_count() or 1, max(1, len(jobs)))
-    bar = _Progress(sum(len(j.rows) for j in jobs), progress and bool(jobs), _CONTEXT)
+    def staging(name: str) -> str:
+        return str(staging_dir / f".{name}.tar.{os.getpid()}.tmp")
+
+    def jobs() -> Iterator[ShardJob]:  # built as submitted: a 10M-row manifest is never all rows in memory
+        for name, shard, rows in plan:
+            duplicates = {r: row_key(int(first_row[r])) for r in rows if dl.dedup_urls and first_row[r] != r}
+            yield ShardJob(name, shard, round_, manifest.rows(rows), duplicates, staging(name))
+
+    processes = min(dl.processes or os.cpu_count() or 1, max(1, len(plan)))
+    bar = _Progress(sum(len(rows) for _, _, rows in plan), progress and bool(plan), _CONTEXT)
     done = 0
     try:
         with _interrupts_raise():
-            for result in _run_in_workers(jobs, processes, (source, dl.threads, pre, bar.queue)):
+            for result in _run_in_workers(jobs(), processes, (source, dl.threads, pre, bar.queue)):
                 finaliser.publish(result)
                 done += 1
     except (KeyboardInterrupt, DownloadInterrupted) as err:
@@ -390,8 +454,8 @@ def download(
         ) from None
     finally:
         bar.close()
-        for job in jobs:
-            Path(job.staging).unlink(missing_ok=True)
+        for name, _, _ in plan:
+            Path(staging(name)).unlink(missing_ok=True)
         if storage.is_s3(output):
             shutil.rmtree(staging_dir, ignore_errors=True)
 
@@ -405,16 +469,14 @@ def download(
 _CONTEXT = multiprocessing.get_context("spawn")  # no fork: the parent may hold threads, locks, boto3 clients
 
 
-def _run_in_workers(jobs: list[ShardJob], processes: int, worker_args: tuple) -> Iterator[JobResult]:
+def _run_in_workers(jobs: Iterator[ShardJob], processes: int, worker_args: tuple) -> Iterator[JobResult]:
     """Results in job order, at most two jobs per process ahead of the one being published.
 
     A worker that dies (out of memory, a crash in a codec) is reported, never waited for forever.
     """
-    if not jobs:
-        return
     executor = ProcessPoolExecutor(processes, mp_context=_CONTEXT, initializer=_init_worker, initargs=worker_args)
     pending: deque[tuple[ShardJob, Future]] = deque()
-    upcoming = iter(jobs)
+    upcoming = jobs
     try:
         while True:
             while len(pending) < 2 * processes and (job := next(upcoming, None)) is not None:

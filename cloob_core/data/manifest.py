@@ -194,5 +194,14 @@ class Manifest:
             for i, u, c, e in zip(indices, urls, captions, extras, strict=True)
         ]
 
+    def fingerprint(self) -> str:
+        """sha256 over the URLs and captions in order: tells whether a resume sees the same manifest."""
+        import hashlib
+
+        import pandas as pd
+
+        hashes = pd.util.hash_pandas_object(self.frame[[self.url_col, self.caption_col]], index=False)
+        return hashlib.sha256(hashes.to_numpy().tobytes()).hexdigest()
+
     def shard_count(self, shard_size: int) -> int:
         return math.ceil(len(self) / shard_size)
