@@ -58,6 +58,7 @@ class ImageServer:
         self.delay = delay
         self.down_times = down_times
         self.hits: Counter[str] = Counter()
+        self.user_agents: set[str] = set()
         self._lock = threading.Lock()
         server = self
 
@@ -70,6 +71,7 @@ class ImageServer:
             def do_GET(self):
                 with server._lock:
                     server.hits[self.path] += 1
+                    server.user_agents.add(self.headers.get("User-Agent", ""))
                     count = server.hits[self.path]
                 with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                     server.route(self, self.path.split("?")[0], count)

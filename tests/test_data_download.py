@@ -83,6 +83,7 @@ def misbehaving_run(tmp_path_factory):
         result = download(str(manifest), str(tmp / "out"), config, progress=False)
         elapsed = time.monotonic() - started
         hits = dict(server.hits)
+        assert len(server.user_agents) == 1 and next(iter(server.user_agents)).startswith("cloob-pipelines/")
     return tmp / "out", rows, result, elapsed, hits
 
 

@@ -164,3 +164,22 @@ def test_every_data_stage_documents_its_options(stage, capsys):
         for flag in ("--manifest", "--output", "--url-col", "--caption-col", "--allow-private-network",
                      "--retry-failed", "--partition", "--resize-mode", "--url-deadline", "--max-image-pixels"):
             assert flag in text
+
+
+def test_reader_applies_the_models_transform_and_tokenizer(embedded_shards):
+    import open_clip
+    import torch
+
+    from cloob_core.model import build_model, build_tokenizer
+
+    out, _ = embedded_shards
+    model = build_model(load_config().model)
+    transform = open_clip.image_transform(model.image_size, is_train=True)
+    tokenizer = build_tokenizer("cloob-tiny")
+    loader = torch.utils.data.DataLoader(make_dataset(str(out), transform, tokenizer, shuffle_buffer=100),
+                                         batch_size=50, num_workers=2)
+    images, tokens = next(iter(loader))
+    assert images.shape == (50, 3, model.image_size, model.image_size) and images.dtype == torch.float32
+    assert tokens.shape == (50, 16) and tokens.dtype == torch.long
+    with torch.no_grad():
+        assert model.encode_image(images).shape == model.encode_text(tokens).shape == (50, 64)

@@ -337,6 +337,12 @@ def _interrupts_raise() -> Any:
                 signal.signal(sig, old)
 
 
+def _digest_key(sha256_hex: str) -> bytes:
+    """128 bits of the sha256 as the dedup key: collision-free in practice, a third of the hex string's memory
+    (CC3M's 3.3M images fit in a few hundred MB)."""
+    return bytes.fromhex(sha256_hex[:32])
+
+
 class _Finaliser:
     """Publishes shards in plan order, dropping content seen in any earlier shard."""
 
@@ -350,12 +356,13 @@ class _Finaliser:
         for outcome in result.outcomes:
             if outcome.reason is not None or not self.dedup_content:
                 continue
-            first = self.seen.get(outcome.sha256)
+            digest = _digest_key(outcome.sha256)
+            first = self.seen.get(digest)
             if first is not None:
                 outcome.reason, outcome.detail = "duplicate_content", f"same image bytes as key {first}"
                 drop.add(outcome.key)
             else:
-                self.seen[outcome.sha256] = outcome.key
+                self.seen[digest] = outcome.key
         kept = [o for o in result.outcomes if o.reason is None]
         if drop:
             filtered = staging.with_name(staging.name + ".dedup.tmp")
@@ -428,7 +435,7 @@ def download(
         log.info("resuming: %d shard(s) already complete are skipped", skipped)
 
     staging_dir = Path(output) if not storage.is_s3(output) else Path(tempfile.mkdtemp(prefix="cloob-staging-"))
-    seen = {sha: key for r in records for key, sha in r.samples} if pre.dedup_content else {}
+    seen = {_digest_key(sha): key for r in records for key, sha in r.samples} if pre.dedup_content else {}
     finaliser = _Finaliser(output, staging_dir, pre.dedup_content, seen)
     first_row = manifest.first_row_of_url
 

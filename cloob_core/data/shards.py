@@ -13,6 +13,7 @@ import json
 import re
 import tarfile
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -123,12 +124,14 @@ class ShardRecord:
 
 
 def read_records(folder: str) -> list[ShardRecord]:
-    """Every completed shard's record in ``folder``, by shard then round."""
-    records = []
-    for name in storage.list_names(folder, STATS_SUFFIX):
-        if parse_shard_name(name[: -len(STATS_SUFFIX)]) is None:
-            continue
-        records.append(ShardRecord.from_json(json.loads(storage.read_bytes(storage.join(folder, name)))))
+    """Every completed shard's record in ``folder``, by shard then round (read in parallel: on S3 each is a GET)."""
+    names = [n for n in storage.list_names(folder, STATS_SUFFIX) if parse_shard_name(n[: -len(STATS_SUFFIX)])]
+
+    def read(name: str) -> ShardRecord:
+        return ShardRecord.from_json(json.loads(storage.read_bytes(storage.join(folder, name))))
+
+    with ThreadPoolExecutor(16) as pool:
+        records = list(pool.map(read, names))
     return sorted(records, key=lambda r: (r.shard, r.round))
 
 

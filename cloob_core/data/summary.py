@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,12 +31,14 @@ class OutputSummary:
 def latest_failures(folder: str, records: list[ShardRecord]) -> dict[int, dict[str, dict[str, Any]]]:
     """Per base shard: key → failure entry of the row's latest attempt (rows that later succeeded are gone)."""
     by_shard: dict[int, dict[str, dict[str, Any]]] = {}
-    for record in records:  # sorted by shard, then round
-        failed = by_shard.setdefault(record.shard, {})
-        for key, _sha in record.samples:
-            failed.pop(key, None)
-        for entry in read_failures(folder, record.name):
-            failed[entry["key"]] = entry
+    with ThreadPoolExecutor(16) as pool:  # on S3 each file is a GET
+        failure_lists = pool.map(lambda record: read_failures(folder, record.name), records)
+        for record, entries in zip(records, failure_lists, strict=True):  # by shard, then round
+            failed = by_shard.setdefault(record.shard, {})
+            for key, _sha in record.samples:
+                failed.pop(key, None)
+            for entry in entries:
+                failed[entry["key"]] = entry
     return by_shard
 
 
