@@ -252,15 +252,16 @@ def test_resuming_with_other_settings_is_refused_and_loses_nothing(tmp_path, cap
 
 def test_an_unexpected_error_costs_one_row_not_the_shard(tmp_path, monkeypatch):
     import cloob_core.data.download as engine
+    import cloob_core.data.worker as worker
 
-    real = engine.process_image
+    real = worker.process_image
 
     def exploding(data, config):
         if data == photo_bytes(1):
             raise RuntimeError("codec bug")
         return real(data, config)
 
-    monkeypatch.setattr(engine, "process_image", exploding)
+    monkeypatch.setattr(worker, "process_image", exploding)
     monkeypatch.setattr(engine, "_CONTEXT", __import__("multiprocessing").get_context("fork"))  # keep the patch
     with ImageServer() as server:
         manifest = write_manifest(tmp_path / "m.csv", [(server.url(f"/img/{i}.jpg"), f"p {i}") for i in range(3)])

@@ -11,13 +11,11 @@ and every publish is atomic, the completed shards always form a prefix of the pl
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import multiprocessing
 import os
 import queue
-import re
 import shutil
 import signal
 import tempfile
@@ -25,7 +23,7 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Iterator
-from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -33,61 +31,26 @@ from pathlib import Path
 from typing import Any
 
 from cloob_core import storage
-from cloob_core.config import CloobConfig, PreprocessConfig
-from cloob_core.data.fetch import Fetcher, FetchPolicy
-from cloob_core.data.imaging import caption_refusal, process_image
-from cloob_core.data.manifest import Manifest, ManifestError, ManifestRow, Partition, row_key
+from cloob_core.config import CloobConfig
+from cloob_core.data.fetch import FetchPolicy
+from cloob_core.data.manifest import Manifest, ManifestError, Partition, row_key
+from cloob_core.data.plan import check_settings, json_bytes, plan_round, retry_plan_name, retry_round, settings_of
 from cloob_core.data.shards import (
     FAILURES_SUFFIX,
     STATS_SUFFIX,
     ShardRecord,
-    ShardWriter,
     copy_without,
     jsonl_bytes,
     read_records,
-    shard_name,
 )
-from cloob_core.data.summary import NOT_RETRIED, OutputSummary, latest_failures, merge_stats, summarize
+from cloob_core.data.summary import OutputSummary, merge_stats, summarize
+from cloob_core.data.worker import HttpSource, JobResult, ShardJob, init_worker, run_job
 
 log = logging.getLogger(__name__)
-_RESERVED_META = ("key", "url", "caption", "status", "row", "sha256", "original_width", "original_height",
-                  "width", "height")
 
 
 class DownloadInterrupted(RuntimeError):
     """SIGINT/SIGTERM arrived; completed shards are kept and a re-run resumes."""
-
-
-@dataclass(frozen=True)
-class ShardJob:
-    name: str
-    shard: int
-    round: int
-    rows: list[ManifestRow]
-    duplicate_of: dict[int, str]  # row → key of the first row with the same URL
-    staging: str
-
-
-@dataclass
-class RowOutcome:
-    row: int
-    key: str
-    url: str
-    reason: str | None = None
-    detail: str = ""
-    sha256: str | None = None
-    width: int = 0
-    height: int = 0
-
-    def failure(self) -> dict[str, Any]:
-        return {"row": self.row, "key": self.key, "url": self.url, "reason": self.reason, "detail": self.detail}
-
-
-@dataclass
-class JobResult:
-    job: ShardJob
-    outcomes: list[RowOutcome]
-    duration_s: float
 
 
 @dataclass
@@ -98,180 +61,6 @@ class DownloadResult:
     shards_skipped: int
     seconds: float
     partition: Partition = field(default_factory=Partition)
-
-
-# ---------------------------------------------------------------- worker side (one process per shard at a time)
-
-_worker: dict[str, Any] = {}
-
-
-@dataclass(frozen=True)
-class HttpSource:
-    """Rows name http(s) URLs; fetched under the download policy."""
-
-    policy: FetchPolicy
-
-    def open(self, threads: int) -> Fetcher:
-        return Fetcher(self.policy, pool_size=threads)
-
-
-def _init_worker(source: Any, threads: int, preprocess: PreprocessConfig, progress: Any) -> None:
-    from PIL import Image
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; it terminates workers on interrupt
-    Image.MAX_IMAGE_PIXELS = preprocess.max_image_pixels
-    _worker.update(fetcher=source.open(threads), threads=threads, preprocess=preprocess, progress=progress)
-
-
-def _sample_meta(row: ManifestRow, outcome: RowOutcome, original: tuple[int, int]) -> dict[str, Any]:
-    meta = {f"extra_{k}" if k in _RESERVED_META else k: v for k, v in row.extra.items()}
-    meta.update(key=row.key, url=row.url, caption=row.caption, status="success", row=row.row,
-                sha256=outcome.sha256, original_width=original[0], original_height=original[1],
-                width=outcome.width, height=outcome.height)
-    return meta
-
-
-def _process_row(row: ManifestRow, duplicate_of: str | None) -> tuple[RowOutcome, bytes | None, dict | None]:
-    try:
-        return _process_row_unguarded(row, duplicate_of)
-    except Exception as err:  # one bad row (a codec bug, say) must not cost the shard
-        log.exception("row %s (%s) failed unexpectedly", row.key, row.url)
-        outcome = RowOutcome(row.row, row.key, row.url, "processing_error", f"{type(err).__name__}: {err}")
-        return outcome, None, None
-
-
-def _process_row_unguarded(row: ManifestRow, duplicate_of: str | None) -> tuple[RowOutcome, bytes | None, dict | None]:
-    outcome = RowOutcome(row.row, row.key, row.url)
-    preprocess: PreprocessConfig = _worker["preprocess"]
-    if duplicate_of is not None:
-        outcome.reason, outcome.detail = "duplicate_url", f"same URL as row key {duplicate_of}"
-        return outcome, None, None
-    if not row.url:
-        outcome.reason, outcome.detail = "missing_url", "the URL cell is empty"
-        return outcome, None, None
-    refusal = caption_refusal(row.caption, preprocess)
-    if refusal:
-        outcome.reason, outcome.detail = refusal
-        return outcome, None, None
-    fetched = _worker["fetcher"].fetch(row.url)
-    if not fetched.ok:
-        outcome.reason, outcome.detail = fetched.reason, fetched.detail
-        return outcome, None, None
-    outcome.sha256 = hashlib.sha256(fetched.data).hexdigest()
-    image = process_image(fetched.data, preprocess)
-    if image.jpeg is None:
-        outcome.reason, outcome.detail = image.reason, image.detail
-        return outcome, None, None
-    outcome.width, outcome.height = image.width, image.height
-    return outcome, image.jpeg, _sample_meta(row, outcome, (image.original_width, image.original_height))
-
-
-def _run_job(job: ShardJob) -> JobResult:
-    start = time.monotonic()
-    progress = _worker["progress"]
-    outcomes = []
-    Path(job.staging).parent.mkdir(parents=True, exist_ok=True)
-    with open(job.staging, "wb") as stream, ThreadPoolExecutor(_worker["threads"]) as pool:
-        writer = ShardWriter(stream)
-        results = pool.map(lambda row: _process_row(row, job.duplicate_of.get(row.row)), job.rows)
-        for outcome, jpeg, meta in results:  # in row order: the tar's order does not depend on timing
-            if jpeg is not None:
-                writer.write(outcome.key, jpeg, meta["caption"], meta)
-            outcomes.append(outcome)
-            if progress is not None:
-                progress.put(outcome.reason is None)
-        writer.close()
-    return JobResult(job, outcomes, time.monotonic() - start)
-
-
-# ---------------------------------------------------------------- main process
-
-
-def _plan_round(manifest: Manifest, output: str, records: list[ShardRecord], partition: Partition,
-                round_: int, shard_size: int, dedup_urls: bool) -> list[tuple[str, int, list[int]]]:
-    """(name, base shard, rows) for each shard still to do in this round."""
-    done = {r.name for r in records}
-    plan = []
-    if round_ == 0:
-        for shard in range(manifest.shard_count(shard_size)):
-            if partition.owns(shard) and shard_name(shard) not in done:
-                start = shard * shard_size
-                plan.append((shard_name(shard), shard, list(range(start, min(start + shard_size, len(manifest))))))
-        return plan
-    failed = latest_failures(output, records)
-    for shard in sorted(failed):
-        if not partition.owns(shard) or shard_name(shard, round_) in done:
-            continue
-        rows = sorted(entry["row"] for entry in failed[shard].values() if entry["reason"] not in NOT_RETRIED)
-        if rows:
-            plan.append((shard_name(shard, round_), shard, rows))
-    return plan
-
-
-def _retry_plan_name(round_: int, partition: Partition) -> str:
-    return f"round-{round_:02d}{partition.suffix}.retry-plan.json"
-
-
-def _retry_round(output: str, partition: Partition, records: list[ShardRecord]) -> int:
-    """The retry round to run: an unfinished one (resume) or the next one."""
-    pattern = re.compile(r"round-(\d+)" + re.escape(partition.suffix) + r"\.retry-plan\.json")
-    rounds = [int(m.group(1)) for name in storage.list_names(output) if (m := pattern.fullmatch(name))]
-    if rounds:
-        last = max(rounds)
-        planned = _read_json(storage.join(output, _retry_plan_name(last, partition)))
-        done = {r.name for r in records}
-        if any(name not in done for name in planned["shards"]):
-            return last
-        return last + 1
-    return 1
-
-
-SETTINGS_FILE = "download_settings.json"
-
-
-class SettingsMismatch(ValueError):
-    """The output folder was started with another manifest or other shard-shaping settings."""
-
-
-def _settings_of(manifest: Manifest, config: CloobConfig) -> dict[str, Any]:
-    """What decides the content of the shards; a resume must use exactly these (timeouts may change)."""
-    return {
-        "manifest_rows": len(manifest),
-        "manifest_sha256": manifest.fingerprint(),
-        "dedup_urls": config.download.dedup_urls,
-        "preprocess": config.preprocess.model_dump(),
-    }
-
-
-def _check_settings(output: str, settings: dict[str, Any]) -> None:
-    location = storage.join(output, SETTINGS_FILE)
-    try:
-        recorded = _read_json(location)
-    except FileNotFoundError:
-        storage.write_bytes(location, _json_bytes(settings))
-        return
-    flat_new, flat_old = _flatten(settings), _flatten(recorded)
-    changed = [f"{k}: {flat_old.get(k)!r} before, {flat_new.get(k)!r} now" for k in sorted(flat_new | flat_old)
-               if flat_new.get(k) != flat_old.get(k)]
-    if changed:
-        raise SettingsMismatch(
-            f"{output} was started with another manifest or other settings, and resuming would mix them:\n  "
-            + "\n  ".join(changed) + "\nUse a new output folder, or the original manifest and settings."
-        )
-
-
-def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat = {}
-    for key, value in data.items():
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
-def _read_json(location: str) -> Any:
-    return json.loads(storage.read_bytes(location))
 
 
 def _clean_stale_staging(output: str) -> None:
@@ -410,23 +199,23 @@ def download(
         manifest = Manifest.load(manifest, dl.url_col, dl.caption_col, dl.input_format)
     source = source or HttpSource(FetchPolicy.from_config(dl))
     storage.ensure_folder(output)
-    _check_settings(output, _settings_of(manifest, config))
+    check_settings(output, settings_of(manifest, config))
     _clean_stale_staging(output)
     records = [r for r in read_records(output) if partition.owns(r.shard)]
 
     if retry_failed:
-        missing = _plan_round(manifest, output, records, partition, 0, pre.shard_size, dl.dedup_urls)
+        missing = plan_round(manifest, output, records, partition, 0, pre.shard_size, dl.dedup_urls)
         if missing:
             raise ManifestError(f"{len(missing)} shard(s) of the first pass are not complete yet; re-run without "
                                 "--retry-failed to finish them, then retry")
-        round_ = _retry_round(output, partition, records)
+        round_ = retry_round(output, partition, records)
     else:
         round_ = 0
-    plan = _plan_round(manifest, output, records, partition, round_, pre.shard_size, dl.dedup_urls)
+    plan = plan_round(manifest, output, records, partition, round_, pre.shard_size, dl.dedup_urls)
     if round_ > 0 and plan:
-        plan_file = storage.join(output, _retry_plan_name(round_, partition))
+        plan_file = storage.join(output, retry_plan_name(round_, partition))
         if not storage.exists(plan_file):
-            storage.write_bytes(plan_file, _json_bytes({"round": round_, "shards": [name for name, _, _ in plan]}))
+            storage.write_bytes(plan_file, json_bytes({"round": round_, "shards": [name for name, _, _ in plan]}))
         log.info("retry round %d: %d row(s) in %d shard(s)", round_, sum(len(r) for _, _, r in plan), len(plan))
     elif round_ > 0:
         log.info("nothing to retry: no failed rows other than duplicates")
@@ -481,13 +270,13 @@ def _run_in_workers(jobs: Iterator[ShardJob], processes: int, worker_args: tuple
 
     A worker that dies (out of memory, a crash in a codec) is reported, never waited for forever.
     """
-    executor = ProcessPoolExecutor(processes, mp_context=_CONTEXT, initializer=_init_worker, initargs=worker_args)
+    executor = ProcessPoolExecutor(processes, mp_context=_CONTEXT, initializer=init_worker, initargs=worker_args)
     pending: deque[tuple[ShardJob, Future]] = deque()
     upcoming = jobs
     try:
         while True:
             while len(pending) < 2 * processes and (job := next(upcoming, None)) is not None:
-                pending.append((job, executor.submit(_run_job, job)))
+                pending.append((job, executor.submit(run_job, job)))
             if not pending:
                 break
             job, future = pending.popleft()
@@ -510,5 +299,3 @@ def _run_in_workers(jobs: Iterator[ShardJob], processes: int, worker_args: tuple
         executor.shutdown(wait=True, cancel_futures=True)
 
 
-def _json_bytes(data: Any) -> bytes:
-    return (json.dumps(data, indent=2, sort_keys=True) + "\n").encode()
