@@ -177,3 +177,20 @@ def test_exif_rotation_and_alpha_become_upright_rgb():
 def test_caption_filters(caption, reason):
     refusal = caption_refusal(caption, _config(min_caption_chars=3, max_caption_chars=30))
     assert (refusal[0] if refusal else None) == reason
+
+
+def test_a_stuck_dns_lookup_is_bounded_by_the_connect_timeout(monkeypatch):
+    import socket
+    import time
+
+    from cloob_core.data.fetch import Fetcher, FetchPolicy
+
+    def stuck(*args, **kwargs):
+        time.sleep(3)
+        raise socket.gaierror("too late")
+
+    monkeypatch.setattr(socket, "getaddrinfo", stuck)
+    started = time.monotonic()
+    result = Fetcher(FetchPolicy(connect_timeout=0.3, retries=0)).fetch("http://images.example/x.jpg")
+    assert result.reason == "dns_error" and "longer than 0.3 s" in result.detail
+    assert time.monotonic() - started < 1.5

@@ -18,6 +18,7 @@ import os
 import queue
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -78,7 +79,9 @@ class _Progress:
         from tqdm.auto import tqdm
 
         self.queue = context.Queue() if enabled else None
-        self.bar = tqdm(total=total, unit="img", desc="download", disable=not enabled, dynamic_ncols=True)
+        interactive = sys.stderr.isatty()  # in a pod's log, one line every 30 s rather than a redrawn bar
+        self.bar = tqdm(total=total, unit="img", desc="download", disable=not enabled, dynamic_ncols=interactive,
+                        mininterval=0.1 if interactive else 30.0)
         self.ok = self.done = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._pump, daemon=True) if enabled else None

@@ -11,6 +11,8 @@ from __future__ import annotations
 import ipaddress
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from urllib.parse import urljoin, urlsplit
 
@@ -69,9 +71,25 @@ def address_refusal(address: str, allow_private: bool = False) -> str | None:
     return None
 
 
-def _guarded_new_conn(conn: HTTPConnection, allow_private: bool) -> socket.socket:
+_resolver: ThreadPoolExecutor | None = None
+
+
+def _resolve(host: str, port: int, timeout: float | None) -> list:
+    """getaddrinfo with a deadline: the C resolver has none of its own that we control."""
+    global _resolver
+    if _resolver is None:
+        _resolver = ThreadPoolExecutor(max_workers=16, thread_name_prefix="dns")
+    future = _resolver.submit(socket.getaddrinfo, host, port, 0, socket.SOCK_STREAM)
     try:
-        infos = socket.getaddrinfo(conn._dns_host, conn.port, 0, socket.SOCK_STREAM)
+        return future.result(timeout=timeout)
+    except FutureTimeout:
+        raise socket.gaierror(f"DNS lookup of {host} took longer than {timeout} s") from None
+
+
+def _guarded_new_conn(conn: HTTPConnection, allow_private: bool) -> socket.socket:
+    timeout = conn.timeout if isinstance(conn.timeout, (int, float)) else None
+    try:
+        infos = _resolve(conn._dns_host, conn.port, timeout)
     except socket.gaierror as err:
         raise NameResolutionError(conn.host, conn, err) from err
     candidates, refused = [], []
