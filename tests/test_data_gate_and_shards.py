@@ -183,3 +183,14 @@ def test_reader_applies_the_models_transform_and_tokenizer(embedded_shards):
     assert tokens.shape == (50, 16) and tokens.dtype == torch.long
     with torch.no_grad():
         assert model.encode_image(images).shape == model.encode_text(tokens).shape == (50, 64)
+
+
+def test_each_epoch_reshuffles_reproducibly(embedded_shards):
+    out, _ = embedded_shards
+
+    def order(epoch, seed=0):
+        return [c for _, c in make_dataset(str(out), to_array, str, shuffle_buffer=100, seed=seed, epoch=epoch)]
+
+    first, second = order(0), order(1)
+    assert sorted(first) == sorted(second) and first != second
+    assert order(1) == second and order(0, seed=5) != first

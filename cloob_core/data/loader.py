@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import re
 import sys
 import threading
@@ -83,22 +84,29 @@ def make_dataset(
     shuffle_buffer: int = 1000,
     seed: int = 0,
     resampled: bool = False,
+    epoch: int = 0,
     epoch_samples: int | None = None,
     extra_keys: tuple[str, ...] = (),
     skip_counter: SkipCounter | None = None,
 ) -> wds.DataPipeline:
-    """Samples as ``(image, tokens, *extra)``; ``extra_keys`` picks fields of the sample's json (e.g. label)."""
+    """Samples as ``(image, tokens, *extra)``; ``extra_keys`` picks fields of the sample's json (e.g. label).
+
+    ``seed`` and ``epoch`` fix the shard order and the sample shuffle, so a run is reproducible.
+    """
     register_s3()
     urls, _ = shard_list(shards)
     handler = skip_counter or SkipCounter()
     stages: list[Any] = []
     if resampled:
-        stages.append(wds.ResampledShards(urls, seed=seed, deterministic=True))
+        stages.append(wds.ResampledShards(urls, seed=seed, deterministic=True))  # seeds include rank and worker
     else:
-        stages += [wds.SimpleShardList(urls), wds.split_by_node, wds.split_by_worker]
+        stages.append(wds.SimpleShardList(urls))
+        if shuffle_buffer > 1:  # the same shard order on every rank, a new one each epoch, then split
+            stages.append(wds.detshuffle(bufsize=len(urls), initial=len(urls), seed=seed, epoch=epoch - 1))
+        stages += [wds.split_by_node, wds.split_by_worker]
     stages.append(wds.tarfile_to_samples(handler=handler))
     if shuffle_buffer > 1:
-        stages.append(wds.shuffle(shuffle_buffer, initial=min(shuffle_buffer, 100), rng=_seeded_rng(seed)))
+        stages.append(SampleShuffle(shuffle_buffer, seed, epoch))
     stages += [
         wds.decode("pilrgb", handler=handler),
         wds.to_tuple("jpg;png;jpeg;webp", "txt", "json", handler=handler),
@@ -110,10 +118,17 @@ def make_dataset(
     return pipeline
 
 
-def _seeded_rng(seed: int) -> Any:
-    import random
+class SampleShuffle(wds.PipelineStage):
+    """Buffer shuffle seeded by (seed, epoch, rank and worker): reproducible, different in every data-loader
+    worker and every epoch (each pass over the pipeline is the next epoch)."""
 
-    return random.Random(seed)
+    def __init__(self, bufsize: int, seed: int, epoch: int = 0):
+        self.bufsize, self.seed, self.epoch = bufsize, seed, epoch
+
+    def run(self, src: Any) -> Any:
+        rng = random.Random(wds.utils.make_seed(self.seed, self.epoch, wds.utils.pytorch_worker_seed()))
+        self.epoch += 1
+        return wds.filters._shuffle(src, self.bufsize, min(self.bufsize, 100), rng)
 
 
 def _finish(image_transform: Callable, tokenize: Callable, extra_keys: tuple[str, ...]) -> Callable:
