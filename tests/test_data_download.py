@@ -270,3 +270,18 @@ def test_an_unexpected_error_costs_one_row_not_the_shard(tmp_path, monkeypatch):
     assert result.summary.stats["successes"] == 2
     assert result.summary.failures[0]["reason"] == "processing_error"
     assert "codec bug" in result.summary.failures[0]["detail"]
+
+
+def test_the_gate_stops_an_incomplete_partitioned_download(tmp_path, capsys):
+    with ImageServer() as server:
+        rows = [(server.url(f"/img/{i}.jpg"), f"photo {i}") for i in range(8)]
+        manifest = write_manifest(tmp_path / "m.csv", rows)
+        config = load_config(overrides=[*FAST, "preprocess.shard_size=2"])
+        download(str(manifest), str(tmp_path / "parts"), config, Partition(0, 2), progress=False)
+        assert main(["data", "merge-stats", "--output", str(tmp_path / "parts")]) == 0
+        assert "INCOMPLETE: 2 of 4 shards are missing" in capsys.readouterr().out
+        assert main(["data", "validate", "--shards", str(tmp_path / "parts")]) == 1
+        assert "FAIL shard_totals: expect_column_values_to_be_between [missing_shards]" in capsys.readouterr().out
+        download(str(manifest), str(tmp_path / "parts"), config, Partition(1, 2), progress=False)
+        assert main(["data", "merge-stats", "--output", str(tmp_path / "parts")]) == 0
+        assert main(["data", "validate", "--shards", str(tmp_path / "parts")]) == 0

@@ -52,8 +52,12 @@ def summarize(folder: str, records: list[ShardRecord] | None = None) -> OutputSu
     sizes = {r.tar: r.successes for r in records if r.tar}
     sides = [r.image_sides for r in records if r.image_sides]
     dropped = {reason: reasons.get(reason, 0) for reason in sorted(NOT_RETRIED)}
+    expected = _expected_shards(folder)
+    present = len({r.shard for r in records if r.round == 0})
     stats = {
         "rows": base_rows,
+        "expected_shards": expected,
+        "missing_shards": None if expected is None else expected - present,
         "successes": successes,
         "failures": len(failures),
         "success_ratio": successes / base_rows if base_rows else 0.0,
@@ -68,6 +72,15 @@ def summarize(folder: str, records: list[ShardRecord] | None = None) -> OutputSu
         "seconds_in_workers": round(sum(r.duration_s for r in records), 3),
     }
     return OutputSummary(dict(sorted(sizes.items())), stats, failures)
+
+
+def _expected_shards(folder: str) -> int | None:
+    """First-pass shard count of the whole manifest, from the settings the download recorded (None if absent)."""
+    try:
+        settings = json.loads(storage.read_bytes(storage.join(folder, "download_settings.json")))
+    except FileNotFoundError:
+        return None
+    return -(-settings["manifest_rows"] // settings["preprocess"]["shard_size"])
 
 
 def write_summary(folder: str, summary: OutputSummary) -> None:
@@ -86,7 +99,12 @@ def merge_stats(folder: str) -> OutputSummary:
 
 def format_summary(summary: OutputSummary) -> str:
     stats = summary.stats
-    lines = [
+    missing = stats.get("missing_shards")
+    lines = [] if not missing else [
+        f"INCOMPLETE: {missing} of {stats['expected_shards']} shards are missing (partitions still running, or "
+        "an interrupted run to re-run)"
+    ]
+    lines += [
         f"rows {stats['rows']}, samples written {stats['successes']} "
         f"({100 * stats['success_ratio']:.1f}%), failed or dropped {stats['failures']}, "
         f"shards {stats['shards']}",

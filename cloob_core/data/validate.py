@@ -2,8 +2,9 @@
 
 Two suites, thresholds from the ``validation`` config section:
 - manifest: URLs present and http(s), unique; captions non-empty and within length; enough rows;
-- shards: every shard has samples; its tar holds exactly the samples its record and ``sizes.json`` claim, each
-  with jpg, txt and json; stored image sides within bounds; overall success ratio above the threshold.
+- shards: every shard of the manifest is complete and has samples; its tar holds exactly the samples its record
+  and ``sizes.json`` claim, each with jpg, txt and json; stored image sides within bounds; overall success ratio
+  above the threshold.
 A failed expectation is reported with how many rows broke it and a few examples.
 """
 
@@ -135,7 +136,7 @@ def shard_table(folder: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     stats = summarize(folder, records).stats
     totals = pd.DataFrame([{
         "success_ratio": stats["success_ratio"], "shards": len(records),
-        "sizes_json_without_record": len(listed_missing),
+        "sizes_json_without_record": len(listed_missing), "missing_shards": stats["missing_shards"] or 0,
     }])
     return pd.DataFrame(rows, columns=["shard", "successes", "tar_samples", "sizes_json", "incomplete_samples",
                                        "side_min", "side_max"]), totals
@@ -155,6 +156,7 @@ def shard_expectations(gxe: Any, config: CloobConfig) -> tuple[list[Any], list[A
         gxe.ExpectColumnValuesToBeBetween(column="shards", min_value=1),
         gxe.ExpectColumnValuesToBeBetween(column="success_ratio", min_value=val.min_success_ratio),
         gxe.ExpectColumnValuesToBeBetween(column="sizes_json_without_record", max_value=0),
+        gxe.ExpectColumnValuesToBeBetween(column="missing_shards", max_value=0),
     ]
     return per_shard, totals
 
