@@ -60,9 +60,14 @@ def test_gate_passes_good_shards_and_fails_inconsistent_ones(embedded_shards, tm
     (broken / "sizes.json").write_text(json.dumps(sizes))
     code = main(["data", "validate", "--shards", str(broken), "--min-image-side", "32"])
     text = capsys.readouterr().out
-    assert code == 1 and "data gate FAILED: 2 of 10 checks" in text
+    assert code == 1 and "data gate FAILED: 2 of 11 checks" in text
     assert "FAIL shards: expect_column_pair_values_to_be_equal [sizes_json = tar_samples]" in text
     assert "FAIL shards: expect_column_values_to_be_between [side_min]" in text
+    # a tar cut short after the download (a copy gone wrong) is named, not a crash
+    (broken / "00000.tar").write_bytes((broken / "00000.tar").read_bytes()[:5000])
+    assert main(["data", "validate", "--shards", str(broken)]) == 1
+    text = capsys.readouterr().out
+    assert "FAIL shards: expect_column_values_to_be_between [unreadable_tar]" in text
 
 
 def test_gate_on_manifests(tmp_path, capsys):

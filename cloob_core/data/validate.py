@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import tarfile
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,14 +123,19 @@ def shard_table(folder: str) -> tuple[pd.DataFrame, pd.DataFrame]:
         sizes = {}
     rows = []
     for record in records:
-        tar_samples = incomplete = 0
+        tar_samples = incomplete = unreadable = 0
         if record.tar:
-            for _key, parts in tar_sample_counts(storage.join(folder, record.tar)):
-                tar_samples += 1
-                incomplete += not parts >= _SAMPLE_PARTS
+            try:
+                for _key, parts in tar_sample_counts(storage.join(folder, record.tar)):
+                    tar_samples += 1
+                    incomplete += not parts >= _SAMPLE_PARTS
+            except (tarfile.TarError, OSError, EOFError) as err:  # missing, truncated or not a tar
+                log.warning("shard %s cannot be read: %s", record.tar, err)
+                unreadable = 1
         rows.append({
             "shard": record.name, "successes": record.successes, "tar_samples": tar_samples,
             "sizes_json": sizes.get(record.tar, 0) if record.tar else 0, "incomplete_samples": incomplete,
+            "unreadable_tar": unreadable,
             "side_min": record.image_sides.get("min", 0), "side_max": record.image_sides.get("max", 0),
         })
     listed_missing = sorted(set(sizes) - {r.tar for r in records if r.tar})
@@ -138,14 +144,16 @@ def shard_table(folder: str) -> tuple[pd.DataFrame, pd.DataFrame]:
         "success_ratio": stats["success_ratio"], "shards": len(records),
         "sizes_json_without_record": len(listed_missing), "missing_shards": stats["missing_shards"] or 0,
     }])
-    return pd.DataFrame(rows, columns=["shard", "successes", "tar_samples", "sizes_json", "incomplete_samples",
-                                       "side_min", "side_max"]), totals
+    columns = ["shard", "successes", "tar_samples", "sizes_json", "incomplete_samples", "unreadable_tar",
+               "side_min", "side_max"]
+    return pd.DataFrame(rows, columns=columns), totals
 
 
 def shard_expectations(gxe: Any, config: CloobConfig) -> tuple[list[Any], list[Any]]:
     val = config.validation
     per_shard = [
         gxe.ExpectColumnValuesToBeBetween(column="successes", min_value=1),
+        gxe.ExpectColumnValuesToBeBetween(column="unreadable_tar", max_value=0),
         gxe.ExpectColumnPairValuesToBeEqual(column_A="tar_samples", column_B="successes"),
         gxe.ExpectColumnPairValuesToBeEqual(column_A="sizes_json", column_B="tar_samples"),
         gxe.ExpectColumnValuesToBeBetween(column="incomplete_samples", max_value=0),
