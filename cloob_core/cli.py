@@ -273,6 +273,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, ValueError, FileNotFoundError) as err:  # ManifestError is a ValueError
         print(f"cloob: {err}", file=sys.stderr)
         return 2
+    except Exception as err:
+        if type(err).__module__.startswith(("botocore", "boto3")):  # no bucket, no credentials, access denied
+            print(f"cloob: S3: {err}", file=sys.stderr)
+            return 2
+        raise
 
 
 if __name__ == "__main__":

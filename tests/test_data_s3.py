@@ -51,3 +51,10 @@ def test_manifest_and_shards_on_s3_then_read_back(s3_bucket):
     report = run_gate(config, shards=output, report_dir=f"s3://{s3_bucket}/reports/v1")
     assert report.passed, report.text()
     assert json.loads(storage.read_bytes(f"s3://{s3_bucket}/reports/v1/gx_results.json"))["shards"]["success"]
+
+
+def test_s3_problems_get_a_clear_message(s3_server, tmp_path, capsys):
+    from cloob_core.cli import main
+
+    code = main(["data", "download", "--manifest", "s3://no-such-bucket-here/m.csv", "--output", str(tmp_path)])
+    assert code == 2 and "NoSuchBucket" in capsys.readouterr().err
