@@ -217,6 +217,20 @@ def _add_data_commands(sub: argparse._SubParsersAction) -> None:
     shards.set_defaults(func=_cmd_data_shards)
 
 
+def _cmd_train(args: argparse.Namespace) -> int:
+    from cloob_core.training.loop import train
+
+    config = load_config(args.params, [*args.overrides, *_flag_overrides(args)], preset=args.preset)
+    result = train(config, args.output, resume=args.resume, progress=not args.no_progress)
+    metrics = result.metrics
+    print(f"objective {metrics['objective']}, {metrics['steps']} steps of {metrics['batch_size']} pairs "
+          f"({metrics['world_size']} rank(s)), final loss {metrics['final_loss']:.4f}, "
+          f"{metrics['samples_per_second']:.1f} samples/s")
+    print(f"wrote {args.output}/model (open_clip state dict + config), metrics.json, loss_history.csv, "
+          "training_curves.png, checkpoints/")
+    return 0
+
+
 def _cmd_config(args: argparse.Namespace) -> int:
     if args.params or args.overrides:
         import yaml
@@ -257,6 +271,26 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_options(config)
     config.set_defaults(func=_cmd_config)
     _add_data_commands(sub)
+
+    train = sub.add_parser(
+        "train",
+        help="pretrain with CLOOB (or another objective) on WebDataset shards; single process, torchrun or SLURM",
+        description="Train the dual encoder on shards from `cloob data`. Launch with torchrun (or under the "
+        "Kubeflow Training Operator or SLURM) for several GPUs or nodes; a plain call is one process on the CPU "
+        "or one GPU. Writes OUTPUT/model (open_clip state dict, config, tokenizer name), checkpoints/, "
+        "metrics.json, loss_history.csv, training_curves.png and tensorboard/.",
+    )
+    train.add_argument("--output", default="runs/train", help="output folder (default: runs/train)")
+    train.add_argument("--resume", metavar="latest|PATH",
+                       help="continue from a checkpoint: 'latest' (OUTPUT/checkpoints, then train.checkpoint_sync) "
+                       "or a path / s3:// URL")
+    train.add_argument("--preset", choices=["cc3m", "yfcc"],
+                       help="the paper's recipe for CC3M (batch 512, lr 1e-3, warmup 20k, beta 8) or YFCC (1024, "
+                       "5e-4, 10k, 14.3), RN50; applied over --params, under --set")
+    train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_config_options(train)
+    _add_section_flags(train, "train")
+    train.set_defaults(func=_cmd_train)
     return parser
 
 

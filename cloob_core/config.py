@@ -162,6 +162,58 @@ class ValidationConfig(_Section):
     max_image_side: int = Field(8192, ge=1, description="Largest stored image side accepted in the shards.")
 
 
+class TrainConfig(_Section):
+    """``cloob train``: the loop around the objective. Optimiser and schedule live in ``optim``."""
+
+    shards: str = Field("runs/shards/train", description="Training shards: a folder with sizes.json (local or "
+                        "s3://), a brace pattern or a .tar; from `cloob data download|shards`.")
+    batch_size: int = Field(128, ge=2, description="Global contrastive batch over all ranks (paper: 512 on CC3M, "
+                            "1024 on YFCC).")
+    epochs: float = Field(5.0, gt=0, description="Training length in passes over the shards' samples "
+                          "(used when steps is 0).")
+    steps: int = Field(0, ge=0, description="Training length in optimiser steps; 0: from epochs.")
+    accum_freq: int = Field(1, ge=1, description="Micro-batches per step; features are cached (as open_clip's "
+                            "accum_freq) so the contrastive batch stays batch_size.")
+    data_streams: int = Field(8, ge=1, description="Independent shard streams making up each batch; must divide "
+                              "batch_size and be a multiple of the number of ranks. Fixes the data order "
+                              "whatever the world size, which makes resume exact.")
+    workers: int = Field(2, ge=0, description="Data-loader worker processes per rank.")
+    shuffle_buffer: int = Field(1000, ge=0, description="Samples in each stream's shuffle buffer.")
+    augment: bool = Field(True, description="open_clip's training transform (random resized crop) instead of "
+                          "the evaluation one.")
+    seed: int = Field(0, description="Seed of initialisation, data order and augmentation.")
+    precision: Literal["fp32", "bf16", "fp16"] = Field(
+        "fp32", description="Autocast precision; fp16 adds a GradScaler. bf16 runs on CPU too."
+    )
+    grad_clip_norm: float | None = Field(None, gt=0, description="Clip the global gradient norm to this (null: off).")
+    grad_checkpointing: bool = Field(False, description="Recompute activations in backward (saves memory).")
+    compile: bool = Field(False, description="torch.compile the model.")
+    sync_batchnorm: bool = Field(False, description="SyncBatchNorm across ranks (ResNet encoders on GPUs).")
+    device: str = Field("auto", description="auto (cuda:LOCAL_RANK if available, else cpu), cpu or cuda.")
+    checkpoint_every: int = Field(100, ge=1, description="Steps between checkpoints (one is always written at "
+                                  "the end).")
+    keep_checkpoints: int = Field(3, ge=1, description="Checkpoints kept (older ones are deleted).")
+    checkpoint_sync: str | None = Field(None, description="s3:// prefix to which each checkpoint is also "
+                                        "uploaded (null: local only).")
+    log_every: int = Field(10, ge=1, description="Steps between log lines and metric updates.")
+    tensorboard: bool = Field(True, description="Write TensorBoard scalars to OUTPUT/tensorboard.")
+    metrics_port: int = Field(0, ge=0, le=65535, description="Rank 0 serves Prometheus /metrics on this port "
+                              "(0: off).")
+    metrics_host: str = Field("127.0.0.1", description="Address the /metrics server binds (0.0.0.0 in a pod).")
+    pushgateway: str | None = Field(None, description="Prometheus Pushgateway address for short runs "
+                                    "(null: no push).")
+
+
+# Named recipes of the paper (§5.1 CC3M, §5.2 YFCC; App. A.2.2). ``--preset`` applies them over the params file
+# and under --set overrides.
+PRESETS: dict[str, dict[str, Any]] = {
+    "cc3m": {"train.batch_size": 512, "optim.lr": 1e-3, "optim.warmup_steps": 20_000, "objective.beta": 8.0,
+             "model.architecture": "RN50"},
+    "yfcc": {"train.batch_size": 1024, "optim.lr": 5e-4, "optim.warmup_steps": 10_000, "objective.beta": 14.3,
+             "model.architecture": "RN50"},
+}
+
+
 class CloobConfig(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     objective: ObjectiveConfig = Field(default_factory=ObjectiveConfig)
@@ -170,6 +222,7 @@ class CloobConfig(_Section):
     preprocess: PreprocessConfig = Field(default_factory=PreprocessConfig)
     download: DownloadConfig = Field(default_factory=DownloadConfig)
     validation: ValidationConfig = Field(default_factory=ValidationConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
 
 
 def _describe(err: ValidationError) -> str:
@@ -190,8 +243,14 @@ def _parse_override(text: str) -> tuple[list[str], Any]:
     return key.strip().split("."), yaml.safe_load(raw)
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> CloobConfig:
-    """Defaults, then the YAML file at ``path`` (if given), then ``section.key=value`` overrides."""
+def load_config(
+    path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (), preset: str | None = None
+) -> CloobConfig:
+    """Defaults, then the YAML file at ``path`` (if given), then a named preset, then ``section.key=value``."""
+    if preset is not None:
+        if preset not in PRESETS:
+            raise ConfigError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
+        overrides = [f"{key}={value}" for key, value in PRESETS[preset].items()] + list(overrides)
     data: dict[str, Any] = {}
     if path is not None:
         try:

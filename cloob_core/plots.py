@@ -13,6 +13,43 @@ import matplotlib.pyplot as plt
 from cloob_core.io import atomic_write
 
 
+def _save(fig, path: str | Path, title: str) -> Path:
+    fig.suptitle(title)
+    fig.tight_layout()
+    try:
+        return atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+    finally:
+        plt.close(fig)
+
+
+def _draw_loss_and_lr(ax_loss, steps: Sequence[int], losses: Sequence[float], learning_rates: Sequence[float]) -> None:
+    steps = list(steps)
+    ax_loss.plot(steps, losses, color="tab:blue", linewidth=0.8, alpha=0.4, label="loss")
+    window = max(1, len(losses) // 25)
+    if len(losses) >= window > 1:
+        smooth = [
+            sum(losses[max(0, i - window + 1) : i + 1]) / len(losses[max(0, i - window + 1) : i + 1])
+            for i in range(len(losses))
+        ]
+        ax_loss.plot(steps, smooth, color="tab:blue", linewidth=1.8, label=f"loss ({window}-point mean)")
+    ax_loss.set_xlabel("step")
+    ax_loss.set_ylabel("training loss")
+    ax_lr = ax_loss.twinx()
+    ax_lr.plot(steps, learning_rates, color="tab:orange", linewidth=1.0, label="learning rate")
+    ax_lr.set_ylabel("learning rate")
+    handles = ax_loss.get_legend_handles_labels()[0] + ax_lr.get_legend_handles_labels()[0]
+    ax_loss.legend(handles=handles, loc="upper right", fontsize=8)
+    ax_loss.set_title("training")
+
+
+def training_curves_png(path: str | Path, steps: Sequence[int], losses: Sequence[float],
+                        learning_rates: Sequence[float], title: str) -> Path:
+    """Loss and learning rate over the steps of a training run."""
+    fig, ax = plt.subplots(figsize=(8, 4))
+    _draw_loss_and_lr(ax, steps, losses, learning_rates)
+    return _save(fig, path, title)
+
+
 def training_summary_png(
     path: str | Path,
     losses: Sequence[float],
@@ -24,23 +61,7 @@ def training_summary_png(
 ) -> Path:
     """Loss and learning rate per step beside the held-out per-class zero-shot accuracy."""
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [3, 2]})
-    steps = range(1, len(losses) + 1)
-    ax_loss.plot(steps, losses, color="tab:blue", linewidth=0.8, alpha=0.4, label="loss (step)")
-    window = max(1, len(losses) // 25)
-    if len(losses) >= window > 1:
-        smooth = [
-            sum(losses[max(0, i - window + 1) : i + 1]) / len(losses[max(0, i - window + 1) : i + 1])
-            for i in range(len(losses))
-        ]
-        ax_loss.plot(steps, smooth, color="tab:blue", linewidth=1.8, label=f"loss ({window}-step mean)")
-    ax_loss.set_xlabel("step")
-    ax_loss.set_ylabel("training loss")
-    ax_lr = ax_loss.twinx()
-    ax_lr.plot(steps, learning_rates, color="tab:orange", linewidth=1.0, label="learning rate")
-    ax_lr.set_ylabel("learning rate")
-    handles = ax_loss.get_legend_handles_labels()[0] + ax_lr.get_legend_handles_labels()[0]
-    ax_loss.legend(handles=handles, loc="upper right", fontsize=8)
-    ax_loss.set_title("training")
+    _draw_loss_and_lr(ax_loss, range(1, len(losses) + 1), losses, learning_rates)
 
     positions = range(len(classnames))
     ax_acc.bar(positions, [100 * a for a in per_class_accuracy], color="tab:green")
@@ -52,9 +73,4 @@ def training_summary_png(
     ax_acc.legend(loc="lower right", fontsize=8)
     ax_acc.set_title("per-class zero-shot accuracy")
 
-    fig.suptitle(title)
-    fig.tight_layout()
-    try:
-        return atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
-    finally:
-        plt.close(fig)
+    return _save(fig, path, title)

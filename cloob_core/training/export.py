@@ -1,0 +1,57 @@
+"""The trained model in the form open_clip loads: its state dict, its open_clip config and tokenizer name.
+
+    import open_clip, torch, json
+    open_clip.add_model_config("model/cloob-tiny.json")            # only for configs open_clip lacks
+    model = open_clip.create_model("cloob-tiny")
+    model.load_state_dict(torch.load("model/open_clip_model.pt", weights_only=True))
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import open_clip
+import torch
+
+from cloob_core.io import atomic_path, write_json
+from cloob_core.model import CLOOBModel
+
+STATE_FILE = "open_clip_model.pt"
+INFO_FILE = "model_info.json"
+
+
+def export_model(model: CLOOBModel, folder: Path, extra: dict[str, Any]) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    architecture = model.config.architecture
+    with atomic_path(folder / STATE_FILE) as tmp:
+        torch.save({k: v.detach().cpu() for k, v in model.encoder.state_dict().items()}, tmp)
+    config = open_clip.get_model_config(architecture)
+    write_json(folder / f"{architecture}.json", config)
+    preprocess = getattr(model.encoder.visual, "preprocess_cfg", {}) or {}
+    info = {
+        "architecture": architecture,
+        "open_clip_config": f"{architecture}.json",
+        "state_dict": STATE_FILE,
+        "tokenizer": architecture,  # open_clip.get_tokenizer(<this>)
+        "image_size": model.image_size,
+        "image_mean": list(preprocess.get("mean", open_clip.OPENAI_DATASET_MEAN)),
+        "image_std": list(preprocess.get("std", open_clip.OPENAI_DATASET_STD)),
+        "inv_tau": float(model.inv_tau),
+        "open_clip_version": open_clip.__version__,
+        **extra,
+    }
+    write_json(folder / INFO_FILE, info)
+    return folder
+
+
+def load_exported(folder: str | Path) -> tuple[open_clip.CLIP, dict[str, Any]]:
+    """Rebuild an exported model with plain open_clip (what the evaluation stage and CLIP_benchmark do)."""
+    folder = Path(folder)
+    info = json.loads((folder / INFO_FILE).read_text())
+    if info["architecture"] not in open_clip.list_models():
+        open_clip.add_model_config(folder / info["open_clip_config"])
+    model = open_clip.create_model(info["architecture"], pretrained=None)
+    model.load_state_dict(torch.load(folder / info["state_dict"], map_location="cpu", weights_only=True))
+    return model, info

@@ -1,0 +1,134 @@
+"""What people watch during training (rank 0 only): a progress bar, log lines, TensorBoard scalars and
+Prometheus metrics (served on ``/metrics``, and pushed to a Pushgateway for short runs)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Snapshot:
+    step: int
+    total_steps: int
+    loss: float
+    lr: float
+    inv_tau: float
+    samples_per_second: float
+    data_seconds: float
+    grad_norm: float | None
+    samples: int
+    data_errors: int
+
+
+@dataclass
+class Monitor:
+    enabled: bool
+    total_steps: int
+    start_step: int
+    output: Path
+    progress: bool = True
+    tensorboard: bool = True
+    metrics_port: int = 0
+    metrics_host: str = "127.0.0.1"
+    pushgateway: str | None = None
+    _bar: Any = None
+    _writer: Any = None
+    _server: Any = None
+    _metrics: dict[str, Any] = field(default_factory=dict)
+    _registry: Any = None
+
+    def start(self) -> Monitor:
+        if not self.enabled:
+            return self
+        from tqdm.auto import tqdm
+
+        interactive = sys.stderr.isatty()
+        self._bar = tqdm(total=self.total_steps, initial=self.start_step, unit="step", desc="train",
+                         disable=not self.progress, dynamic_ncols=interactive, mininterval=0.2 if interactive else 30)
+        if self.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(str(self.output / "tensorboard"), purge_step=self.start_step or None)
+        if self.metrics_port or self.pushgateway:
+            self._start_prometheus()
+        return self
+
+    def _start_prometheus(self) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+        self._registry = registry = CollectorRegistry()
+        self._metrics = {
+            "steps": Counter("cloob_train_steps", "Optimiser steps taken", registry=registry),
+            "samples": Counter("cloob_train_samples", "Image-text pairs trained on", registry=registry),
+            "errors": Counter("cloob_train_data_errors", "Corrupt samples skipped", registry=registry),
+            "loss": Gauge("cloob_train_loss", "Training loss (mean since the last update)", registry=registry),
+            "lr": Gauge("cloob_train_learning_rate", "Learning rate", registry=registry),
+            "rate": Gauge("cloob_train_samples_per_second", "Training throughput", registry=registry),
+            "checkpoint": Gauge("cloob_train_last_checkpoint_timestamp_seconds", "Unix time of the last checkpoint",
+                                registry=registry),
+            "progress": Gauge("cloob_train_progress_ratio", "Steps done / steps planned", registry=registry),
+        }
+        if self.metrics_port:
+            self._server, _thread = start_http_server(self.metrics_port, addr=self.metrics_host, registry=registry)
+            log.info("Prometheus metrics on http://%s:%d/metrics", self.metrics_host, self.metrics_port)
+
+    def advance(self, steps: int = 1) -> None:
+        if self._bar is not None:
+            self._bar.update(steps)
+
+    def update(self, snap: Snapshot, new_steps: int, new_samples: int, new_errors: int) -> None:
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.set_postfix(loss=f"{snap.loss:.4f}", lr=f"{snap.lr:.2e}",
+                                  samples_s=f"{snap.samples_per_second:.1f}", refresh=False)
+        if not self.progress or not sys.stderr.isatty():
+            log.info("step %d/%d loss %.4f lr %.3e %.1f samples/s", snap.step, snap.total_steps, snap.loss, snap.lr,
+                     snap.samples_per_second)
+        if self._writer is not None:
+            scalars = {"loss": snap.loss, "lr": snap.lr, "inv_tau": snap.inv_tau,
+                       "samples_per_second": snap.samples_per_second, "data_seconds": snap.data_seconds}
+            if snap.grad_norm is not None:
+                scalars["grad_norm"] = snap.grad_norm
+            for name, value in scalars.items():
+                self._writer.add_scalar(f"train/{name}", value, snap.step)
+        if self._metrics:
+            m = self._metrics
+            m["steps"].inc(new_steps)
+            m["samples"].inc(new_samples)
+            m["errors"].inc(new_errors)
+            m["loss"].set(snap.loss)
+            m["lr"].set(snap.lr)
+            m["rate"].set(snap.samples_per_second)
+            m["progress"].set(snap.step / max(snap.total_steps, 1))
+
+    def checkpointed(self) -> None:
+        if self._metrics:
+            self._metrics["checkpoint"].set(time.time())
+            self.push()
+
+    def push(self) -> None:
+        if self.pushgateway and self._registry is not None:
+            from prometheus_client import push_to_gateway
+
+            try:
+                push_to_gateway(self.pushgateway, job="cloob-train", registry=self._registry, timeout=5)
+            except OSError as err:  # monitoring must never stop training
+                log.warning("could not push metrics to %s: %s", self.pushgateway, err)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        if self._writer is not None:
+            self._writer.close()
+        self.push()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()

@@ -1,0 +1,79 @@
+"""One optimiser step, with gradient accumulation that does not shrink the contrastive batch.
+
+With ``accum_freq = k`` the local batch is cut into k micro-batches. All their features are first computed
+without gradient and cached; then each micro-batch is run again with gradient, its fresh features put in
+place of its cached ones, and the loss over the *whole* batch back-propagated. The loss is the same number in
+each pass and only the fresh micro-batch carries gradient, so the k backward passes sum to exactly the
+full-batch gradient (open_clip's ``accum_freq``). A learnable temperature takes its gradient in the first pass
+only, or it would be counted k times.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class StepParts:
+    model: nn.Module  # what forward runs through: the DDP wrapper when distributed
+    objective: nn.Module
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    device_type: str
+    precision: str = "fp32"
+    accum_freq: int = 1
+    grad_clip_norm: float | None = None
+
+    def autocast(self) -> Any:
+        dtype = AUTOCAST_DTYPES[self.precision]
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device_type, dtype=dtype)
+
+
+def accumulate_gradients(parts: StepParts, images: Tensor, tokens: Tensor) -> Tensor:
+    """Back-propagate the step's loss into ``.grad``; returns the loss (detached, no host sync)."""
+    model, k = parts.model, parts.accum_freq
+    if k == 1:
+        with parts.autocast():
+            image_features, text_features, inv_tau = model(images, tokens)
+            loss = parts.objective(image_features, text_features, inv_tau)
+        parts.scaler.scale(loss).backward()
+        return loss.detach()
+    if images.shape[0] % k:
+        raise ValueError(f"the local batch of {images.shape[0]} does not split into accum_freq={k} micro-batches")
+    image_chunks, token_chunks = images.chunk(k), tokens.chunk(k)
+    with torch.no_grad(), parts.autocast():
+        cached = [model(i, t)[:2] for i, t in zip(image_chunks, token_chunks, strict=True)]
+    no_sync = getattr(model, "no_sync", None)
+    for j in range(k):
+        sync = contextlib.nullcontext() if (no_sync is None or j == k - 1) else no_sync()
+        with sync:
+            with parts.autocast():
+                image_j, text_j, inv_tau = model(image_chunks[j], token_chunks[j])
+                image_features = torch.cat([image_j if m == j else c[0] for m, c in enumerate(cached)])
+                text_features = torch.cat([text_j if m == j else c[1] for m, c in enumerate(cached)])
+                loss = parts.objective(image_features, text_features, inv_tau if j == 0 else inv_tau.detach())
+            parts.scaler.scale(loss).backward()
+    return loss.detach()
+
+
+def optimizer_step(parts: StepParts, measure_norm: bool = False) -> Tensor | None:
+    """Unscale, clip, step, zero. Returns the gradient norm when clipping or asked (a tensor: no sync)."""
+    norm = None
+    if parts.grad_clip_norm is not None or measure_norm:
+        parts.scaler.unscale_(parts.optimizer)
+        params = [p for group in parts.optimizer.param_groups for p in group["params"] if p.grad is not None]
+        limit = parts.grad_clip_norm if parts.grad_clip_norm is not None else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(params, limit)
+    parts.scaler.step(parts.optimizer)
+    parts.scaler.update()
+    parts.optimizer.zero_grad(set_to_none=True)
+    return norm

@@ -1,0 +1,166 @@
+"""The training data order: ``data_streams`` independent shard streams, each contributing an equal chunk to
+every batch.
+
+Stream ``v`` reads shards ``v, v+V, v+2V, …`` over and over (pass ``p`` in an order seeded by (seed, p, v),
+through a shuffle buffer seeded the same way). Batch ``i`` is the concatenation, in stream order, of chunk ``i``
+of every stream; rank ``r`` of ``W`` owns the contiguous streams ``[r·V/W, (r+1)·V/W)``, so the global batch is
+the same whatever the number of ranks, and ranks never wait for one another at an epoch's end.
+
+A stream's position is (pass, samples taken from the pass's shuffled order). That pair is all a checkpoint
+needs: on resume the stream replays the pass's tar headers and shuffle without decoding a single image, and
+continues with exactly the sample that came next. Augmentation is seeded per (seed, step, stream), so it
+resumes too.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from itertools import count
+from typing import Any
+
+import torch
+import webdataset as wds
+from PIL import Image
+
+from cloob_core.data.loader import SkipCounter, register_s3, shard_list
+
+log = logging.getLogger(__name__)
+Position = tuple[int, int]  # (pass, samples of that pass consumed)
+
+
+def stream_shards(urls: list[str], streams: int) -> list[list[str]]:
+    if len(urls) < streams:
+        raise ValueError(
+            f"{len(urls)} shard(s) cannot feed {streams} data streams; write smaller shards "
+            f"(preprocess.shard_size) or lower train.data_streams"
+        )
+    return [urls[v::streams] for v in range(streams)]
+
+
+def rank_streams(streams: int, rank: int, world_size: int) -> list[int]:
+    if streams % world_size:
+        raise ValueError(f"train.data_streams ({streams}) must be a multiple of the number of ranks ({world_size})")
+    per_rank = streams // world_size
+    return list(range(rank * per_rank, (rank + 1) * per_rank))
+
+
+def raw_stream(urls: list[str], stream: int, seed: int, shuffle_buffer: int, start: Position,
+               handler: SkipCounter) -> Iterator[tuple[Position, dict[str, Any]]]:
+    """Undecoded samples of one stream, forever, each with the stream position after it."""
+    register_s3()
+    first_pass, skip = start
+    for pass_ in count(first_pass):
+        order = list(urls)
+        random.Random(wds.utils.make_seed(seed, pass_, stream)).shuffle(order)
+        samples = wds.tarfile_to_samples(handler=handler)(iter({"url": url} for url in order))
+        if shuffle_buffer > 1:
+            rng = random.Random(wds.utils.make_seed(seed, pass_, stream, 1))
+            samples = wds.filters._shuffle(samples, shuffle_buffer, min(shuffle_buffer, 100), rng)
+        taken = 0
+        for taken, sample in enumerate(samples, start=1):
+            if pass_ == first_pass and taken <= skip:
+                continue
+            yield (pass_, taken), sample
+        if taken == 0:
+            raise RuntimeError(f"data stream {stream} ({len(urls)} shards) has no readable sample")
+
+
+@dataclass
+class Chunk:
+    step: int
+    stream: int
+    images: torch.Tensor
+    tokens: torch.Tensor
+    position: Position
+    skipped: int
+
+    def pin_memory(self) -> Chunk:  # called by the DataLoader's pin-memory thread on GPU runs
+        self.images, self.tokens = self.images.pin_memory(), self.tokens.pin_memory()
+        return self
+
+
+class StreamChunks(torch.utils.data.IterableDataset):
+    """Per step, one chunk of ``chunk_size`` decoded samples from each stream of this rank (split over the
+    data-loader workers)."""
+
+    def __init__(self, urls: list[str], streams: int, owned: list[int], chunk_size: int, start_step: int,
+                 positions: dict[int, Position], transform: Callable, tokenizer: Callable, seed: int,
+                 shuffle_buffer: int):
+        super().__init__()
+        self.per_stream = stream_shards(urls, streams)
+        self.owned, self.chunk_size, self.start_step = owned, chunk_size, start_step
+        self.positions, self.transform, self.tokenizer = positions, transform, tokenizer
+        self.seed, self.shuffle_buffer = seed, shuffle_buffer
+
+    def __iter__(self) -> Iterator[Chunk]:
+        info = torch.utils.data.get_worker_info()
+        mine = self.owned if info is None else self.owned[info.id :: info.num_workers]
+        if not mine:
+            return
+        handler = SkipCounter()
+        sources = {
+            v: raw_stream(self.per_stream[v], v, self.seed, self.shuffle_buffer, self.positions.get(v, (0, 0)),
+                          handler)
+            for v in mine
+        }
+        for step in count(self.start_step):
+            for v in mine:
+                yield self._chunk(step, v, sources[v], handler)
+
+    def _chunk(self, step: int, stream: int, source: Iterator, handler: SkipCounter) -> Chunk:
+        torch.manual_seed(wds.utils.make_seed(self.seed, step, stream))  # augmentation resumes exactly
+        images, texts, position, skipped = [], [], None, 0
+        while len(images) < self.chunk_size:
+            position, sample = next(source)
+            try:
+                image = Image.open(io.BytesIO(_first(sample, ("jpg", "jpeg", "png", "webp"))))
+                image = self.transform(image.convert("RGB"))
+                text = sample["txt"].decode("utf-8") if isinstance(sample["txt"], bytes) else str(sample["txt"])
+            except Exception as err:  # a corrupt sample is skipped and counted, never fatal
+                handler(err)
+                skipped += 1
+                continue
+            images.append(image)
+            texts.append(text)
+        tokens = self.tokenizer(texts)
+        return Chunk(step, stream, torch.stack(images), tokens, position, skipped)
+
+
+def _first(sample: dict[str, Any], keys: tuple[str, ...]) -> bytes:
+    for key in keys:
+        if key in sample:
+            return sample[key]
+    raise KeyError(f"sample {sample.get('__key__')} has none of {keys}")
+
+
+@dataclass
+class Batch:
+    step: int
+    images: torch.Tensor
+    tokens: torch.Tensor
+    positions: dict[int, Position]
+    skipped: int
+
+
+def assemble(chunks: Iterator[Chunk], owned: list[int]) -> Iterator[Batch]:
+    """Chunks from any worker, in any order, to this rank's batches in step order and stream order."""
+    pending: dict[int, dict[int, Chunk]] = {}
+    next_step = None
+    for chunk in chunks:
+        if next_step is None:
+            next_step = chunk.step
+        pending.setdefault(chunk.step, {})[chunk.stream] = chunk
+        while next_step in pending and len(pending[next_step]) == len(owned):
+            parts = [pending[next_step][v] for v in owned]
+            del pending[next_step]
+            yield Batch(next_step, torch.cat([p.images for p in parts]), torch.cat([p.tokens for p in parts]),
+                        {p.stream: p.position for p in parts}, sum(p.skipped for p in parts))
+            next_step += 1
+
+
+def sample_count(location: str | list[str]) -> tuple[list[str], int | None]:
+    return shard_list(location)

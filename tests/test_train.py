@@ -1,0 +1,226 @@
+"""`cloob train` on CPU: learning, exact resume after SIGKILL, DDP = single process, accumulation = full batch,
+S3 checkpoints, live Prometheus metrics."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+
+from cloob_core.cli import main
+from cloob_core.config import ConfigError, load_config
+from cloob_core.data.local_shards import build_shards
+from cloob_core.training.env import detect
+from cloob_core.training.export import load_exported
+from cloob_core.training.loop import train
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    """The embedded training split as 16 shards of 250 pairs (28x28 digits, as `cloob data shards` writes them)."""
+    out = tmp_path_factory.mktemp("train") / "shards"
+    config = load_config(overrides=["preprocess.resize_mode=no", "preprocess.shard_size=250"])
+    build_shards("embedded", str(out), config, split="train", progress=False)
+    return out
+
+
+def cli(shards: Path, output: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "cloob_core.cli", "train", "--shards", str(shards), "--output", str(output),
+            "--no-progress", "--no-tensorboard", *extra]
+
+
+def exported_state(output: Path) -> dict[str, torch.Tensor]:
+    return torch.load(output / "model" / "open_clip_model.pt", weights_only=True)
+
+
+def assert_identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    different = [k for k in a if not torch.equal(a[k], b[k])]
+    assert not different, f"{len(different)} tensors differ, e.g. {different[:3]}"
+
+
+def test_a_tiny_model_learns_and_exports_for_open_clip(shards, tmp_path):
+    config = load_config(overrides=[f"train.shards={shards}", "train.epochs=2", "train.log_every=5",
+                                    "train.tensorboard=false"])
+    result = train(config, tmp_path / "run", progress=False)
+    history = [line.split(",") for line in (tmp_path / "run" / "loss_history.csv").read_text().splitlines()[1:]]
+    losses = [float(loss) for _, loss, _ in history]
+    assert len(history) == 62 // 5 + 1 and losses[-1] < 0.85 * losses[0]
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["steps"] == 62 and metrics["final_loss"] == losses[-1]
+    assert (tmp_path / "run" / "training_curves.png").read_bytes().startswith(b"\x89PNG")
+    # the export is plain open_clip: the same embeddings as the trained model
+    model, info = load_exported(tmp_path / "run" / "model")
+    assert info["tokenizer"] == "cloob-tiny" and info["inv_tau"] == pytest.approx(30.0)
+    images = torch.randn(4, 3, 32, 32)
+    trained = result.model.eval()
+    with torch.no_grad():
+        assert torch.allclose(model.eval().encode_image(images, normalize=True), trained.encode_image(images))
+
+
+def test_sigkill_mid_run_then_resume_is_bit_identical(shards, tmp_path):
+    settings = ["--steps", "24", "--batch-size", "64", "--checkpoint-every", "4", "--log-every", "4",
+                "--workers", "2"]
+    reference = subprocess.run(cli(shards, tmp_path / "whole", *settings), capture_output=True, text=True)
+    assert reference.returncode == 0, reference.stderr
+    run = subprocess.Popen(cli(shards, tmp_path / "killed", *settings), start_new_session=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    checkpoints = tmp_path / "killed" / "checkpoints"
+    deadline = time.monotonic() + 120
+    while not (checkpoints / "step-00000012.pt").exists():
+        assert run.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    os.killpg(run.pid, signal.SIGKILL)  # mid-epoch (an epoch of 4000 pairs is 62 steps of 64)
+    run.wait()
+    assert not (tmp_path / "killed" / "model").exists()
+    resumed = subprocess.run(cli(shards, tmp_path / "killed", *settings, "--resume", "latest"),
+                             capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming from" in resumed.stderr
+    assert_identical(exported_state(tmp_path / "killed"), exported_state(tmp_path / "whole"))
+    whole_history = (tmp_path / "whole" / "loss_history.csv").read_text()
+    assert (tmp_path / "killed" / "loss_history.csv").read_text() == whole_history
+
+
+def test_two_rank_ddp_equals_one_process_with_the_same_global_batch(shards, tmp_path):
+    settings = ["--steps", "6", "--batch-size", "32", "--data-streams", "4", "--workers", "1", "--log-every", "2",
+                "--set", "model.architecture=cloob-tiny-vit"]  # LayerNorm only: no per-rank BatchNorm statistics
+    single = subprocess.run(cli(shards, tmp_path / "one", *settings), capture_output=True, text=True)
+    assert single.returncode == 0, single.stderr
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    ddp = subprocess.run([*launcher, *cli(shards, tmp_path / "two", *settings)[1:]], capture_output=True,
+                         text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    assert "(2 rank(s)" in ddp.stdout
+    one, two = exported_state(tmp_path / "one"), exported_state(tmp_path / "two")
+    # Same data, same global batch, same loss; only the float32 summation order differs (gather, all-reduce).
+    worst = max((one[k] - two[k]).abs().max().item() for k in one)
+    print(f"largest parameter difference after 6 steps: {worst:.2e}")
+    assert worst < 2e-5, worst
+
+
+def test_gradient_accumulation_equals_the_full_batch():
+    from cloob_core.losses import build_objective
+    from cloob_core.model import build_model
+    from cloob_core.optim import build_optimizer
+    from cloob_core.training.step import StepParts, accumulate_gradients
+
+    torch.manual_seed(0)
+    config = load_config(overrides=["model.architecture=cloob-tiny-vit", "model.learn_inv_tau=true"])
+    images, tokens = torch.randn(24, 3, 32, 32, dtype=torch.float64), torch.randint(1, 400, (24, 16))
+    grads = {}
+    for k in (1, 2, 4):
+        torch.manual_seed(0)
+        model = build_model(config.model).double()
+        parts = StepParts(model, build_objective("cloob", beta=8.0), build_optimizer(model, config.optim),
+                          torch.amp.GradScaler("cpu", enabled=False), "cpu", accum_freq=k)
+        loss = accumulate_gradients(parts, images, tokens)
+        grads[k] = (loss, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    full_loss, full = grads[1]
+    assert "encoder.logit_scale" in full  # the learnable temperature gets its gradient once, not k times
+    for k in (2, 4):
+        loss, accumulated = grads[k]
+        assert torch.allclose(loss, full_loss, rtol=0, atol=1e-12)
+        for name, grad in full.items():
+            assert torch.allclose(accumulated[name], grad, rtol=1e-9, atol=1e-12), name
+
+
+def test_checkpoints_go_to_s3_and_resume_from_there(shards, tmp_path, s3_bucket):
+    mirror = f"s3://{s3_bucket}/run-1/checkpoints"
+    settings = ["--batch-size", "64", "--checkpoint-every", "3", "--keep-checkpoints", "2", "--log-every", "3",
+                "--workers", "0", "--checkpoint-sync", mirror]
+    assert main(["train", "--shards", str(shards), "--output", str(tmp_path / "a"), "--no-progress",
+                 "--no-tensorboard", "--steps", "6", *settings]) == 0
+    from cloob_core import storage
+
+    assert storage.list_names(mirror) == ["step-00000003.pt", "step-00000006.pt"]  # kept the last 2
+    (tmp_path / "a" / "checkpoints" / "step-00000006.pt").unlink()  # the pod's disk is gone
+    (tmp_path / "a" / "checkpoints" / "step-00000003.pt").unlink()
+    assert main(["train", "--shards", str(shards), "--output", str(tmp_path / "a"), "--no-progress",
+                 "--no-tensorboard", "--steps", "9", "--resume", f"{mirror}/step-00000006.pt", *settings]) == 0
+    assert main(["train", "--shards", str(shards), "--output", str(tmp_path / "b"), "--no-progress",
+                 "--no-tensorboard", "--steps", "9", *settings]) == 0
+    assert_identical(exported_state(tmp_path / "a"), exported_state(tmp_path / "b"))
+
+
+def test_an_incompatible_checkpoint_is_refused(shards, tmp_path, capsys):
+    base = ["train", "--shards", str(shards), "--output", str(tmp_path), "--no-progress", "--no-tensorboard",
+            "--steps", "2", "--batch-size", "32", "--workers", "0"]
+    assert main(base) == 0
+    capsys.readouterr()
+    assert main([*base, "--steps", "4", "--resume", "latest", "--set", "model.architecture=cloob-tiny-vit"]) == 2
+    err = capsys.readouterr().err
+    assert "incompatible configuration" in err and "model.architecture: 'cloob-tiny' in the checkpoint" in err
+
+
+def test_prometheus_metrics_rise_during_a_run(shards, tmp_path):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    run = subprocess.Popen(cli(shards, tmp_path, "--steps", "400", "--batch-size", "32", "--log-every", "2",
+                               "--workers", "1", "--metrics-port", str(port)),
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        def scrape() -> dict[str, float]:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+                except OSError:
+                    assert time.monotonic() < deadline and run.poll() is None
+                    time.sleep(0.2)
+                    continue
+                values = dict(line.rsplit(" ", 1) for line in text.splitlines() if line.startswith("cloob_train_"))
+                if float(values.get("cloob_train_steps_total", 0)) > 0:
+                    return {k: float(v) for k, v in values.items()}
+                time.sleep(0.2)
+
+        first = scrape()
+        time.sleep(2.0)
+        second = scrape()
+    finally:
+        run.terminate()
+        run.wait(timeout=30)
+    assert second["cloob_train_steps_total"] > first["cloob_train_steps_total"]
+    assert second["cloob_train_samples_total"] == 32 * second["cloob_train_steps_total"]
+    assert second["cloob_train_samples_per_second"] > 0 and 0 < second["cloob_train_loss"] < 10
+    assert "cloob_train_data_errors_total" in second
+
+
+@pytest.mark.parametrize(
+    ("environ", "expected"),
+    [
+        ({}, (0, 1, 0)),
+        ({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "TORCHELASTIC_RUN_ID": "x"}, (3, 8, 1)),
+        ({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "job-master-0"}, (1, 2, 0)),  # PyTorchJob
+        ({"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1"}, (5, 8, 1)),
+        ({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}, (0, 1, 0)),
+    ],
+)
+def test_launchers_are_detected(environ, expected):
+    env = detect(environ)
+    assert (env.rank, env.world_size, env.local_rank) == expected
+
+
+def test_bad_settings_fail_with_the_key_named(shards, tmp_path):
+    with pytest.raises(ConfigError, match="must be a multiple of train.data_streams"):
+        train(load_config(overrides=[f"train.shards={shards}", "train.batch_size=36"]), tmp_path)
+    with pytest.raises(ValueError, match="cannot feed 32 data streams"):
+        train(load_config(overrides=[f"train.shards={shards}", "train.data_streams=32"]), tmp_path)
+
+
+def test_bf16_autocast_on_cpu(shards, tmp_path):
+    config = load_config(overrides=[f"train.shards={shards}", "train.steps=3", "train.batch_size=32",
+                                    "train.precision=bf16", "train.workers=0", "train.tensorboard=false",
+                                    "train.accum_freq=2", "train.grad_clip_norm=1.0"])
+    result = train(config, tmp_path, progress=False)
+    assert 0 < result.metrics["final_loss"] < 10
