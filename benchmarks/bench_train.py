@@ -1,0 +1,143 @@
+"""Training-step throughput on the CPU: our CLOOB step, our CLIP step, and open_clip_train's CLIP step.
+
+All three train the same model configuration with the same AdamW settings on the same random batch:
+- ours, CLOOB: `CLOOBModel` + `CLOOBLoss` through `cloob_core.training.step` (the step `cloob train` runs);
+- ours, CLIP: the same with our `ClipLoss` (InfoNCE);
+- open_clip_train: `open_clip.create_model` + `open_clip.ClipLoss(output_dict=True)` + the loop body of
+  open_clip_train's `train_one_epoch` (autocast, sum of losses, backward, step, clamp logit_scale).
+
+Throughput: the three run interleaved in one process (rounds of a few steps each, so every variant sees the
+same machine state), median samples/s per variant. Peak memory: each variant alone in its own process (max
+RSS on the CPU; max allocated on CUDA).
+
+    python benchmarks/bench_train.py [--model cloob-tiny] [--batch 256] [--steps 5] [--rounds 12]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+
+def build_variant(variant: str, model_name: str, batch: int):
+    """(step function, device) for one variant, on its own model and optimiser."""
+    import open_clip
+    import torch
+
+    from cloob_core.config import load_config
+    from cloob_core.losses import build_objective
+    from cloob_core.model import build_model, register_project_configs
+    from cloob_core.optim import build_optimizer
+    from cloob_core.training.step import StepParts, accumulate_gradients, optimizer_step
+
+    torch.manual_seed(0)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    config = load_config(overrides=[f"model.architecture={model_name}"])
+    register_project_configs()
+    size = open_clip.get_model_config(model_name)["vision_cfg"]["image_size"]
+    context = open_clip.get_model_config(model_name)["text_cfg"]["context_length"]
+    images = torch.randn(batch, 3, size, size, device=device)
+    tokens = torch.randint(1, 49000, (batch, context), device=device)
+
+    if variant == "open_clip_train":
+        model = open_clip.create_model(model_name, pretrained=None, output_dict=True).to(device)
+        loss_fn = open_clip.ClipLoss()
+        optimizer = build_optimizer(model, config.optim)
+
+        def step() -> None:
+            model_out = model(images, tokens)
+            losses = loss_fn(**model_out, output_dict=True)
+            total = sum(losses.values())
+            optimizer.zero_grad()
+            total.backward()
+            optimizer.step()
+            with torch.no_grad():
+                model.logit_scale.clamp_(0, math.log(100))
+    else:
+        model = build_model(config.model).to(device)
+        objective = build_objective("cloob" if variant == "ours_cloob" else "clip", beta=8.0)
+        parts = StepParts(model, objective, build_optimizer(model, config.optim),
+                          torch.amp.GradScaler(device.type, enabled=False), device.type)
+
+        def step() -> None:
+            accumulate_gradients(parts, images, tokens)
+            optimizer_step(parts)
+            model.clamp_inv_tau_()
+
+    model.train()
+    return step, device
+
+
+def _sync(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def peak_memory(variant: str, model_name: str, batch: int, steps: int) -> int:
+    """Peak bytes of one variant alone: max RSS of its own process (CUDA: max allocated)."""
+    import torch
+
+    step, device = build_variant(variant, model_name, batch)
+    for _ in range(steps):
+        step()
+    _sync(device)
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated()
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="cloob-tiny")
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=5, help="steps per variant per round")
+    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--memory-of", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.memory_of:
+        print(json.dumps({"peak_bytes": peak_memory(args.memory_of, args.model, args.batch, 3)}))
+        return
+
+    variants = ("ours_cloob", "ours_clip", "open_clip_train")
+    steps = {v: build_variant(v, args.model, args.batch) for v in variants}
+    for step, _device in steps.values():  # warm up every variant
+        step()
+        step()
+    device = steps["ours_cloob"][1]
+    rates: dict[str, list[float]] = {v: [] for v in variants}
+    for _ in range(args.rounds):  # interleaved rounds: every variant sees the same machine state
+        for variant in variants:
+            step, _ = steps[variant]
+            _sync(device)
+            started = time.perf_counter()
+            for _ in range(args.steps):
+                step()
+            _sync(device)
+            rates[variant].append(args.steps * args.batch / (time.perf_counter() - started))
+    memory = {}
+    for variant in variants:
+        out = subprocess.run([sys.executable, __file__, "--memory-of", variant, "--model", args.model,
+                              "--batch", str(args.batch)], check=True, capture_output=True, text=True)
+        memory[variant] = json.loads(out.stdout.strip().splitlines()[-1])["peak_bytes"]
+    median = {v: statistics.median(r) for v, r in rates.items()}
+    print(f"training step, {args.model}, batch {args.batch}, fp32 on {device}; median of {args.rounds} interleaved "
+          f"rounds of {args.steps} steps; peak memory of each variant alone")
+    print(f"  {'variant':<18} {'samples/s':>10} {'peak memory':>12}")
+    for variant in variants:
+        print(f"  {variant:<18} {median[variant]:>10.1f} {memory[variant] / 2**20:>9.0f} MiB")
+    cloob, clip, anchor = (median[v] for v in variants)
+    print(f"  CLOOB / CLIP (ours)            : {cloob / clip:.2f}  (goal >= 0.95; paper Table A9: 141/148 GPU-h)")
+    print(f"  ours CLIP / open_clip_train    : {clip / anchor:.2f}  (goal >= 1.0)")
+    print(f"  ours CLOOB / open_clip_train   : {cloob / anchor:.2f}")
+
+
+if __name__ == "__main__":
+    main()
