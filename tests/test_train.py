@@ -224,3 +224,15 @@ def test_bf16_autocast_on_cpu(shards, tmp_path):
                                     "train.accum_freq=2", "train.grad_clip_norm=1.0"])
     result = train(config, tmp_path, progress=False)
     assert 0 < result.metrics["final_loss"] < 10
+
+
+def test_train_from_a_params_file(shards, tmp_path, capsys):
+    import yaml
+
+    params = yaml.safe_load(Path("params.yaml").read_text())
+    params["train"].update(shards=str(shards), steps=3, batch_size=32, workers=0, tensorboard=False, log_every=1)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    assert main(["train", "--params", str(tmp_path / "params.yaml"), "--output", str(tmp_path / "run"),
+                 "--no-progress"]) == 0
+    assert "objective cloob, 3 steps of 32 pairs (1 rank(s))" in capsys.readouterr().out
+    assert len((tmp_path / "run" / "loss_history.csv").read_text().splitlines()) == 4
