@@ -135,13 +135,16 @@ def test_gradient_accumulation_equals_the_full_batch():
 
 
 def test_checkpoints_go_to_s3_and_resume_from_there(shards, tmp_path, s3_bucket):
+    from cloob_core import storage
+
+    for path in shards.iterdir():  # the shards on S3 too
+        storage.write_bytes(f"s3://{s3_bucket}/shards/{path.name}", path.read_bytes())
+    shards = f"s3://{s3_bucket}/shards"
     mirror = f"s3://{s3_bucket}/run-1/checkpoints"
     settings = ["--batch-size", "64", "--checkpoint-every", "3", "--keep-checkpoints", "2", "--log-every", "3",
                 "--workers", "0", "--checkpoint-sync", mirror]
     assert main(["train", "--shards", str(shards), "--output", str(tmp_path / "a"), "--no-progress",
                  "--no-tensorboard", "--steps", "6", *settings]) == 0
-    from cloob_core import storage
-
     assert storage.list_names(mirror) == ["step-00000003.pt", "step-00000006.pt"]  # kept the last 2
     (tmp_path / "a" / "checkpoints" / "step-00000006.pt").unlink()  # the pod's disk is gone
     (tmp_path / "a" / "checkpoints" / "step-00000003.pt").unlink()
@@ -212,15 +215,16 @@ def test_launchers_are_detected(environ, expected):
 
 
 def test_bad_settings_fail_with_the_key_named(shards, tmp_path):
-    with pytest.raises(ConfigError, match="must be a multiple of train.data_streams"):
+    with pytest.raises(ConfigError, match=r"must be a multiple of train\.data_streams"):
         train(load_config(overrides=[f"train.shards={shards}", "train.batch_size=36"]), tmp_path)
     with pytest.raises(ValueError, match="cannot feed 32 data streams"):
         train(load_config(overrides=[f"train.shards={shards}", "train.data_streams=32"]), tmp_path)
 
 
-def test_bf16_autocast_on_cpu(shards, tmp_path):
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_on_cpu(shards, tmp_path, precision):
     config = load_config(overrides=[f"train.shards={shards}", "train.steps=3", "train.batch_size=32",
-                                    "train.precision=bf16", "train.workers=0", "train.tensorboard=false",
+                                    f"train.precision={precision}", "train.workers=0", "train.tensorboard=false",
                                     "train.accum_freq=2", "train.grad_clip_norm=1.0"])
     result = train(config, tmp_path, progress=False)
     assert 0 < result.metrics["final_loss"] < 10
@@ -230,9 +234,39 @@ def test_train_from_a_params_file(shards, tmp_path, capsys):
     import yaml
 
     params = yaml.safe_load(Path("params.yaml").read_text())
-    params["train"].update(shards=str(shards), steps=3, batch_size=32, workers=0, tensorboard=False, log_every=1)
+    params["train"].update(shards=str(shards), steps=3, batch_size=32, workers=0, log_every=1)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     assert main(["train", "--params", str(tmp_path / "params.yaml"), "--output", str(tmp_path / "run"),
                  "--no-progress"]) == 0
     assert "objective cloob, 3 steps of 32 pairs (1 rank(s))" in capsys.readouterr().out
     assert len((tmp_path / "run" / "loss_history.csv").read_text().splitlines()) == 4
+    assert list((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_metrics_are_pushed_to_a_pushgateway(shards, tmp_path):
+    import http.server
+    import threading
+
+    received = []
+
+    class Gateway(http.server.BaseHTTPRequestHandler):
+        def do_PUT(self):
+            received.append((self.path, self.rfile.read(int(self.headers["Content-Length"])).decode()))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Gateway)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        config = load_config(overrides=[f"train.shards={shards}", "train.steps=4", "train.batch_size=32",
+                                        "train.workers=0", "train.tensorboard=false", "train.checkpoint_every=2",
+                                        f"train.pushgateway=127.0.0.1:{server.server_address[1]}"])
+        train(config, tmp_path, progress=False)
+    finally:
+        server.shutdown()
+    assert len(received) == 3  # two checkpoints and the end
+    path, body = received[-1]
+    assert path == "/metrics/job/cloob-train" and "cloob_train_steps_total 4.0" in body

@@ -112,6 +112,7 @@ def train(config: CloobConfig, output: str | Path, resume: str | None = None, pr
         checkpoint.check_compatible(state["config"], config.model_dump(), source)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
         scaler.load_state_dict(state["scaler"])
         checkpoint.set_rng_state(state["rng"])
         start_step = int(state["step"])
@@ -185,7 +186,8 @@ def train(config: CloobConfig, output: str | Path, resume: str | None = None, pr
                 window_steps, window_errors, window_data = 0, 0, 0.0
                 window_start = time.perf_counter()
             if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == steps:
-                _save_checkpoint(config, env, output, model, optimizer, scaler, step + 1, positions, history)
+                _save_checkpoint(config, env, output, model, optimizer, scheduler, scaler, step + 1, positions,
+                                 history)
                 monitor.checkpointed()
     finally:
         monitor.close()
@@ -211,8 +213,8 @@ def train(config: CloobConfig, output: str | Path, resume: str | None = None, pr
     return TrainResult(output, metrics, model)
 
 
-def _save_checkpoint(config: CloobConfig, env: DistEnv, output: Path, model, optimizer, scaler, step: int,
-                     positions: dict, history: list) -> None:
+def _save_checkpoint(config: CloobConfig, env: DistEnv, output: Path, model, optimizer, scheduler, scaler,
+                     step: int, positions: dict, history: list) -> None:
     if env.distributed:  # every rank knows only its own streams' positions
         gathered: list[dict] = [{} for _ in range(env.world_size)]
         dist.all_gather_object(gathered, positions)
@@ -222,6 +224,7 @@ def _save_checkpoint(config: CloobConfig, env: DistEnv, output: Path, model, opt
             "step": step,
             "model": model.state_dict(),
             "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),  # a pure function of the step; kept for inspection and tools
             "scaler": scaler.state_dict(),
             "positions": {str(v): list(p) for v, p in sorted(positions.items())},
             "rng": checkpoint.rng_state(),
