@@ -222,6 +222,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     config = load_config(args.params, [*args.overrides, *_flag_overrides(args)], preset=args.preset)
     result = train(config, args.output, resume=args.resume, progress=not args.no_progress)
+    if not result.is_main:
+        return 0
     metrics = result.metrics
     print(f"objective {metrics['objective']}, {metrics['steps']} steps of {metrics['batch_size']} pairs "
           f"({metrics['world_size']} rank(s)), final loss {metrics['final_loss']:.4f}, "

@@ -38,6 +38,7 @@ class TrainResult:
     output: Path
     metrics: dict[str, Any]
     model: Any  # the trained CLOOBModel (on the training device)
+    is_main: bool = True
 
 
 def plan_steps(config: CloobConfig, total_samples: int | None) -> int:
@@ -210,7 +211,8 @@ def train(config: CloobConfig, output: str | Path, resume: str | None = None, pr
         _write_outputs(output, model, config, metrics, history)
     if env.distributed:
         dist.barrier()
-    return TrainResult(output, metrics, model)
+        dist.destroy_process_group()
+    return TrainResult(output, metrics, model, env.is_main)
 
 
 def _save_checkpoint(config: CloobConfig, env: DistEnv, output: Path, model, optimizer, scheduler, scaler,
