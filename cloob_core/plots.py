@@ -24,9 +24,11 @@ def _save(fig, path: str | Path, title: str) -> Path:
 
 def _draw_loss_and_lr(ax_loss, steps: Sequence[int], losses: Sequence[float], learning_rates: Sequence[float]) -> None:
     steps = list(steps)
-    ax_loss.plot(steps, losses, color="tab:blue", linewidth=0.8, alpha=0.4, label="loss")
+    sparse = len(losses) < 50  # a few logged points: draw them plainly, no smoothing
+    ax_loss.plot(steps, losses, color="tab:blue", linewidth=1.5 if sparse else 0.8, alpha=1.0 if sparse else 0.4,
+                 label="loss", marker="." if sparse else None)
     window = max(1, len(losses) // 25)
-    if len(losses) >= window > 1:
+    if not sparse and len(losses) >= window > 1:
         smooth = [
             sum(losses[max(0, i - window + 1) : i + 1]) / len(losses[max(0, i - window + 1) : i + 1])
             for i in range(len(losses))
