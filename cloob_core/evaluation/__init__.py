@@ -1,0 +1,1 @@
+"""``cloob eval``: zero-shot, linear probe, retrieval and the paper's embedding diagnostics."""

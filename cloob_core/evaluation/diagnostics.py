@@ -1,0 +1,79 @@
+"""The paper's analyses of the embedding spaces (CLOOB §3-§5, App. A.2.7): why CLOOB's embeddings differ.
+
+- effective number of eigenvalues: how many of the sorted covariance eigenvalues carry 99% of the variance
+  (more = richer covariance structure, which Hopfield retrieval amplifies);
+- Ajne's A_n uniformity statistic (App. Eq. A177): ``n/4 - 1/(pi n) sum_{i<j} arccos(x_i . x_j)``; about 1/4 for
+  uniformly spread embeddings, n/4 for collapsed ones;
+- alignment of matched pairs (mean cosine, and Wang & Isola's mean squared distance);
+- cosine similarity of matched pairs vs the top-k unmatched pairs per anchor (App. Fig. A2);
+- InfoNCE saturation: the mean softmax probability p1 of the positive (paper §4: InfoNCE saturates as p1 -> 1).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+
+@torch.no_grad()
+def eigen_spectrum(embeddings: Tensor) -> Tensor:
+    """Eigenvalues of the embeddings' covariance, largest first (float64)."""
+    x = embeddings.double()
+    x = x - x.mean(dim=0, keepdim=True)
+    covariance = x.T @ x / max(x.shape[0] - 1, 1)
+    return torch.linalg.eigvalsh(covariance).flip(0).clamp_min(0.0)
+
+
+def effective_eigenvalues(spectrum: Tensor, share: float = 0.99) -> int:
+    """The fewest leading eigenvalues whose sum reaches ``share`` of the total."""
+    total = spectrum.sum()
+    if total <= 0:
+        return 0
+    cumulative = spectrum.cumsum(0) / total
+    return int(torch.searchsorted(cumulative, torch.tensor(share, dtype=cumulative.dtype) - 1e-12).item()) + 1
+
+
+@torch.no_grad()
+def ajne_statistic(embeddings: Tensor, block: int = 2048) -> float:
+    """Ajne's A_n on L2-normalised rows (App. Eq. A177), computed in blocks (no n x n matrix at once)."""
+    x = torch.nn.functional.normalize(embeddings.double(), dim=-1)
+    n = x.shape[0]
+    angle_sum = 0.0
+    for start in range(0, n, block):
+        rows = x[start : start + block]
+        cosines = (rows @ x.T).clamp(-1.0, 1.0)
+        angles = torch.arccos(cosines)
+        # keep j > i only: columns after each row's own index
+        index = torch.arange(start, start + rows.shape[0], device=x.device)[:, None]
+        angles = angles.masked_fill(torch.arange(n, device=x.device)[None, :] <= index, 0.0)
+        angle_sum += float(angles.sum())
+    return n / 4.0 - angle_sum / (math.pi * n)
+
+
+@torch.no_grad()
+def alignment(image_features: Tensor, text_features: Tensor) -> dict[str, float]:
+    x = torch.nn.functional.normalize(image_features.double(), dim=-1)
+    y = torch.nn.functional.normalize(text_features.double(), dim=-1)
+    return {"matched_cosine_mean": float((x * y).sum(dim=-1).mean()),
+            "matched_squared_distance_mean": float((x - y).pow(2).sum(dim=-1).mean())}
+
+
+@torch.no_grad()
+def matched_vs_unmatched(image_features: Tensor, text_features: Tensor, top_k: int = 10) -> tuple[Tensor, Tensor]:
+    """Cosine of each matched pair, and of each anchor's ``top_k`` most similar unmatched texts."""
+    scores = image_features.double() @ text_features.double().T
+    matched = scores.diagonal().clone()
+    k = min(top_k, scores.shape[1] - 1)
+    unmatched = scores.fill_diagonal_(float("-inf")).topk(k, dim=1).values.flatten()
+    return matched, unmatched
+
+
+@torch.no_grad()
+def positive_probability(image_features: Tensor, text_features: Tensor, inv_tau: float) -> float:
+    """Mean p1 = softmax(inv_tau * x_i . y_j)_ii over anchors, both directions averaged."""
+    logits = inv_tau * (image_features.double() @ text_features.double().T)
+    image_to_text = logits.softmax(dim=1).diagonal().mean()
+    text_to_image = logits.softmax(dim=0).diagonal().mean()
+    return float((image_to_text + text_to_image) / 2)

@@ -1,0 +1,120 @@
+"""The evaluation's math on inputs with known answers, and the linear probe against scikit-learn."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+
+from cloob_core.evaluation.diagnostics import (
+    ajne_statistic,
+    alignment,
+    effective_eigenvalues,
+    eigen_spectrum,
+    matched_vs_unmatched,
+    positive_probability,
+)
+from cloob_core.evaluation.linear_probe import LAMBDA_GRID, accuracy, fit_logistic, search_lambda
+from cloob_core.evaluation.retrieval import retrieval_metrics
+
+
+def blobs(seed: int, n: int, d: int, classes: int, spread: float = 0.3):
+    generator = torch.Generator().manual_seed(seed)
+    centers = torch.randn(classes, d, generator=generator)
+    labels = torch.randint(0, classes, (n,), generator=generator)
+    features = centers[labels] * spread + torch.randn(n, d, generator=generator)
+    return torch.nn.functional.normalize(features, dim=1), labels
+
+
+@pytest.mark.parametrize(("seed", "n", "d", "classes"), [(0, 4000, 128, 20), (1, 3000, 64, 10), (2, 2000, 256, 50)])
+@pytest.mark.parametrize("lam", [1e-4, 1e-2, 1.0, 100.0])
+def test_linear_probe_matches_scikit_learn_at_the_same_lambda(seed, n, d, classes, lam):
+    from sklearn.linear_model import LogisticRegression
+
+    x, y = blobs(seed, n, d, classes)
+    train, test = slice(0, 3 * n // 4), slice(3 * n // 4, n)
+    ours = accuracy(fit_logistic(x[train], y[train], classes, lam), x[test], y[test])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # sklearn's FutureWarnings about multi_class
+        reference = LogisticRegression(C=1 / lam, max_iter=10_000, tol=1e-8).fit(
+            x[train].double().numpy(), y[train].numpy()
+        )
+    theirs = reference.score(x[test].double().numpy(), y[test].numpy())
+    assert abs(ours - theirs) <= 0.005 + 1e-9, (ours, theirs)
+
+
+def test_lambda_search_visits_clips_grid_and_breaks_ties_towards_more_regularisation():
+    # Constant features: every lambda predicts the majority class, so every accuracy ties -> the largest lambda.
+    x = torch.ones(60, 4)
+    y = torch.tensor([0] * 40 + [1] * 20)
+    result = search_lambda(x, y, x, y, 2)
+    assert result.lam == LAMBDA_GRID[-1] == pytest.approx(1e6)
+    assert set(result.tried) >= {LAMBDA_GRID[i] for i in range(0, 97, 16)}  # 1e-6, 1e-4, ..., 1e6
+    # Separable blobs with label noise on the validation side: the peak is interior and refined to 1/8 decade.
+    x, y = blobs(3, 1500, 32, 5, spread=0.6)
+    result = search_lambda(x[:1000], y[:1000], x[1000:], y[1000:], 5)
+    best = max(result.tried.values())
+    assert result.validation_accuracy == best
+    assert result.lam == max(lam for lam, acc in result.tried.items() if acc == best)
+    assert len(result.tried) <= 7 + 2 * 4  # the initial decades, then two neighbours per halving
+    assert math.log10(result.lam) * 8 == pytest.approx(round(math.log10(result.lam) * 8))
+
+
+def test_retrieval_ranks_with_several_captions_per_image():
+    images = torch.eye(3)  # image i points along axis i
+    # captions 0,1 -> image 0; caption 2 -> image 1; caption 3 -> image 2
+    texts = torch.tensor([[0.1, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.9, 0.5]])
+    metrics = retrieval_metrics(images, texts, torch.tensor([0, 0, 1, 2]))
+    # text -> image ranks: caption0 prefers image1 (rank 2), caption1 rank 1, caption2 rank 1, caption3 rank 2
+    assert metrics["text_to_image_R@1"] == 0.5 and metrics["text_to_image_R@5"] == 1.0
+    assert metrics["text_to_image_mean_rank"] == 1.5 and metrics["text_to_image_median_rank"] == 1.0
+    # image -> text: image0's best own caption (caption1, 1.0) is top -> rank 1; image1: caption0 (1.0) and
+    # caption3 (0.9) beat caption2? caption2 scores 1.0 = caption0's 1.0 (tie, not counted) -> rank 1;
+    # image2: own caption3 scores 0.5, no other text scores above 0.5 on axis 2 -> rank 1
+    assert metrics["image_to_text_R@1"] == 1.0 and metrics["image_to_text_mean_rank"] == 1.0
+
+
+def test_retrieval_worst_case_ranks():
+    images = torch.eye(4)
+    texts = torch.eye(4).flip(0)  # every caption points at the wrong image
+    metrics = retrieval_metrics(images, texts, torch.arange(4))
+    assert metrics["text_to_image_mean_rank"] == 2.0  # correct image scores 0, one image scores 1
+    with pytest.raises(ValueError, match="every image needs at least one caption"):
+        retrieval_metrics(images, texts[:3], torch.arange(3))
+
+
+def test_effective_eigenvalues_isotropic_vs_rank_k():
+    generator = torch.Generator().manual_seed(0)
+    isotropic = torch.randn(20000, 16, generator=generator, dtype=torch.float64)
+    assert effective_eigenvalues(eigen_spectrum(isotropic)) == 16
+    basis = torch.linalg.qr(torch.randn(16, 3, generator=generator, dtype=torch.float64)).Q
+    rank3 = torch.randn(5000, 3, generator=generator, dtype=torch.float64) @ basis.T
+    spectrum = eigen_spectrum(rank3)
+    assert effective_eigenvalues(spectrum) == 3 and spectrum[3:].abs().max() < 1e-10
+    assert effective_eigenvalues(torch.tensor([90.0, 9.0, 1.0], dtype=torch.float64)) == 2  # 99% reached at 2
+    assert effective_eigenvalues(torch.tensor([90.0, 8.9, 1.1], dtype=torch.float64)) == 3
+    assert effective_eigenvalues(torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64)) == 1
+
+
+def test_ajne_statistic_uniform_vs_collapsed():
+    generator = torch.Generator().manual_seed(1)
+    uniform = torch.randn(3000, 32, generator=generator)
+    assert ajne_statistic(uniform) == pytest.approx(0.25, abs=0.1)
+    collapsed = torch.ones(1000, 32)
+    assert ajne_statistic(collapsed) == pytest.approx(1000 / 4, rel=1e-3)
+    orthonormal = torch.eye(64)
+    assert ajne_statistic(orthonormal) == pytest.approx(64 / 4 - (64 * 63 / 2) * (math.pi / 2) / (math.pi * 64))
+    assert ajne_statistic(uniform, block=100) == pytest.approx(ajne_statistic(uniform, block=5000))
+
+
+def test_alignment_similarities_and_saturation():
+    x = torch.nn.functional.normalize(torch.randn(50, 8, generator=torch.Generator().manual_seed(2)), dim=1)
+    assert alignment(x, x) == {"matched_cosine_mean": pytest.approx(1.0), "matched_squared_distance_mean":
+                               pytest.approx(0.0, abs=1e-12)}
+    matched, unmatched = matched_vs_unmatched(x, x, top_k=10)
+    assert matched.shape == (50,) and unmatched.shape == (500,) and unmatched.max() < 1.0
+    identity = torch.eye(10)
+    assert positive_probability(identity, identity, 30.0) == pytest.approx(math.e**30 / (math.e**30 + 9))
+    assert positive_probability(identity, identity, 1e-9) == pytest.approx(0.1)
