@@ -233,6 +233,112 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _eval_inputs(args: argparse.Namespace, source: str, split: str):
+    from cloob_core.evaluation.inputs import load_images
+
+    return load_images(source, split=split, label_key=args.label_key, class_file=args.classnames)
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from cloob_core.evaluation import stages
+    from cloob_core.evaluation.inputs import load_model
+
+    model = load_model(args.model, args.architecture, args.weights, args.device)
+    output = Path(args.output)
+    cache = None if args.no_cache else Path(args.cache or output / ".cache")
+    progress = not args.no_progress
+    if args.eval_command == "zeroshot":
+        images = _eval_inputs(args, args.data, args.split)
+        metrics = stages.zeroshot(model, images, output, cache, args.hopfield_beta, progress)
+        print(f"{images.name} zero-shot ({metrics['embeddings']} embeddings): top-1 {100 * metrics['top1']:.2f}%, "
+              f"top-5 {100 * metrics.get('top5', float('nan')):.2f}%, mean per-class recall "
+              f"{100 * metrics['mean_per_class_recall']:.2f}% (chance {100 * metrics['chance']:.1f}%)")
+    elif args.eval_command == "linear-probe":
+        train = _eval_inputs(args, args.train_data, args.train_split)
+        test = _eval_inputs(args, args.test_data or args.train_data, args.test_split)
+        validation = _eval_inputs(args, args.val_data, args.val_split) if args.val_data else None
+        metrics = stages.linear_probe_stage(model, train, test, output, cache, validation, args.few_shot, args.seed,
+                                            progress)
+        print(f"{test.name} linear probe: top-1 {100 * metrics['top1']:.2f}% with lambda {metrics['lambda_']:.3g} "
+              f"(validation {100 * metrics['validation_accuracy']:.2f}%, {metrics['train_size']} training images)")
+    elif args.eval_command == "retrieval":
+        images = _eval_inputs(args, args.data, args.split)
+        metrics = stages.retrieval(model, images, output, cache, progress)
+        print(f"{images.name} retrieval ({metrics['images']} images, {metrics['captions']} captions): "
+              + ", ".join(f"{k} {100 * v:.1f}%" for k, v in metrics.items() if "R@" in k))
+    else:
+        images = _eval_inputs(args, args.data, args.split)
+        metrics = stages.diagnostics(model, images, output, cache, progress=progress)
+        print(f"{images.name} diagnostics: effective eigenvalues image {metrics['effective_eigenvalues_image']}, "
+              f"text {metrics['effective_eigenvalues_text']}; Ajne A_n image {metrics['ajne_image']:.3f}, text "
+              f"{metrics['ajne_text']:.3f}; p1 {metrics['positive_probability_p1']:.3f}")
+    print(f"wrote results, plots and report.md to {output}")
+    return 0
+
+
+def _add_eval_commands(sub: argparse._SubParsersAction) -> None:
+    evaluate = sub.add_parser("eval", help="evaluate a model: zeroshot, linear-probe, retrieval, diagnostics",
+                              description="Evaluate a `cloob train` export (or an open_clip architecture with a "
+                              "weights file). Results go to OUTPUT as CLIP_benchmark-style JSON per data set and "
+                              "task, metrics.json (for DVC), PNG plots and report.md.")
+    eval_sub = evaluate.add_subparsers(dest="eval_command", metavar="TASK", required=True)
+    data_help = ("'embedded' (the held-out digits), an ImageFolder tree (SPLIT/ inside it is used if present), "
+                 "WebDataset shards (folder with sizes.json, .tar, s3://) or a .csv of image,caption rows")
+
+    def common(task: argparse.ArgumentParser) -> None:
+        task.add_argument("--model", metavar="DIR", help="`cloob train` model folder (OUTPUT/model), local or s3://")
+        task.add_argument("--architecture", help="open_clip config name (with --weights instead of --model)")
+        task.add_argument("--weights", metavar="FILE", help="state-dict file for --architecture")
+        task.add_argument("--output", default="runs/eval", help="results folder (default: runs/eval)")
+        task.add_argument("--cache", metavar="DIR", help="feature cache (default: OUTPUT/.cache)")
+        task.add_argument("--no-cache", action="store_true", help="do not cache features")
+        task.add_argument("--classnames", metavar="JSON",
+                          help='{"classnames": [...], "templates": ["a photo of a {c}.", ...]} for the data')
+        task.add_argument("--label-key", default="label", help="class field in shard json (default: label)")
+        task.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+        task.add_argument("--no-progress", action="store_true", help="no progress bars")
+        task.set_defaults(func=_cmd_eval)
+
+    zs = eval_sub.add_parser("zeroshot", help="prompt-ensemble zero-shot classification",
+                             description="Zero-shot classification with a prompt ensemble: top-1, top-5, mean "
+                             "per-class recall, per-class accuracy, confusion matrix.")
+    zs.add_argument("--data", default="embedded", help=data_help + " (default: embedded)")
+    zs.add_argument("--split", default="test", help="split (default: test)")
+    zs.add_argument("--hopfield-beta", type=float, metavar="BETA",
+                    help="score Hopfield-retrieved embeddings (memory: the evaluated images) instead of raw ones")
+    common(zs)
+
+    lp = eval_sub.add_parser("linear-probe", help="L-BFGS logistic regression with CLIP's lambda search",
+                             description="Linear probe on cached image features: lambda by CLIP's parametric "
+                             "binary search on the validation split (or a random half of train), refit on "
+                             "train(+val), scored on test.")
+    lp.add_argument("--train-data", default="embedded", help=data_help + " (default: embedded)")
+    lp.add_argument("--train-split", default="train")
+    lp.add_argument("--test-data", help="test images (default: --train-data)")
+    lp.add_argument("--test-split", default="test")
+    lp.add_argument("--val-data", help="validation images (default: a random half of train)")
+    lp.add_argument("--val-split", default="val")
+    lp.add_argument("--few-shot", type=int, metavar="K", help="train on K images per class")
+    lp.add_argument("--seed", type=int, default=0)
+    common(lp)
+
+    rt = eval_sub.add_parser("retrieval", help="image<->text retrieval R@1/5/10, mean and median rank",
+                             description="Image-to-text and text-to-image retrieval; several captions per image "
+                             "count as several correct answers.")
+    rt.add_argument("--data", default="embedded", help=data_help + " (default: embedded)")
+    rt.add_argument("--split", default="test")
+    common(rt)
+
+    dg = eval_sub.add_parser("diagnostics", help="the paper's embedding analyses (eigenvalues, uniformity, ...)",
+                             description="Effective eigenvalues and spectra, Ajne uniformity, alignment, matched vs "
+                             "top-10 unmatched similarities, InfoNCE saturation p1.")
+    dg.add_argument("--data", default="embedded", help=data_help + " (default: embedded)")
+    dg.add_argument("--split", default="test")
+    common(dg)
+
+
 def _cmd_config(args: argparse.Namespace) -> int:
     if args.params or args.overrides:
         import yaml
@@ -293,6 +399,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_options(train)
     _add_section_flags(train, "train")
     train.set_defaults(func=_cmd_train)
+    _add_eval_commands(sub)
     return parser
 
 

@@ -40,3 +40,11 @@ def write_text(path: str | Path, text: str) -> Path:
 
 def write_json(path: str | Path, data: Any) -> Path:
     return write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def read_json_or(path: str | Path, default: Any) -> Any:
+    """The JSON at ``path``, or ``default`` when there is no such file yet."""
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        return default

@@ -11,6 +11,12 @@ from torch import Tensor
 Tokenizer = Callable[[Sequence[str]], Tensor]
 
 
+def ensemble(prompt_embeddings: Tensor) -> Tensor:
+    """``[C, T, d]`` prompt embeddings -> ``[C, d]``: each normalised, averaged per class, re-normalised (CLIP)."""
+    mean = torch.nn.functional.normalize(prompt_embeddings, dim=-1).mean(dim=1)
+    return torch.nn.functional.normalize(mean, dim=-1)
+
+
 @torch.no_grad()
 def class_embeddings(
     encode_text: Callable[[Tensor], Tensor],
@@ -18,16 +24,11 @@ def class_embeddings(
     classnames: Sequence[str],
     templates: Sequence[str],
 ) -> Tensor:
-    """``[C, d]`` class embeddings: each prompt embedding normalised, averaged per class, re-normalised."""
+    """``[C, d]`` class embeddings of a prompt ensemble (all prompts embedded in one batch)."""
     if not classnames or not templates:
         raise ValueError("zero-shot classification needs at least one class name and one template")
-    rows = []
-    for name in classnames:
-        prompts = encode_text(tokenizer([template.format(name) for template in templates]))
-        prompts = prompts / prompts.norm(dim=-1, keepdim=True)
-        mean = prompts.mean(dim=0)
-        rows.append(mean / mean.norm())
-    return torch.stack(rows)
+    prompts = [template.format(name) for name in classnames for template in templates]
+    return ensemble(encode_text(tokenizer(prompts)).view(len(classnames), len(templates), -1))
 
 
 def classification_metrics(scores: Tensor, labels: Tensor, num_classes: int) -> dict[str, object]:
@@ -41,8 +42,11 @@ def classification_metrics(scores: Tensor, labels: Tensor, num_classes: int) -> 
         members = labels == c
         per_class.append(float((predicted[members] == c).float().mean()) if members.any() else float("nan"))
     recalls = np.array(per_class)
+    confusion = torch.zeros(num_classes, num_classes, dtype=torch.long)
+    confusion.index_put_((labels.cpu(), predicted.cpu()), torch.ones_like(labels.cpu()), accumulate=True)
     return {
         "top1": float((predicted == labels).float().mean()),
+        "confusion_matrix": confusion.tolist(),  # rows: true class, columns: predicted class
         f"top{k}": float((topk == labels[:, None]).any(dim=-1).float().mean()),
         "mean_per_class_recall": float(np.nanmean(recalls)),
         "per_class_accuracy": per_class,

@@ -1,0 +1,198 @@
+"""What an evaluation runs on: a model (our export, or any open_clip config with a local weights file) and
+labelled or captioned images (the embedded held-out split, an ImageFolder tree, WebDataset shards, or a CSV of
+image paths and captions)."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import open_clip
+import torch
+from PIL import Image
+from torch import Tensor
+
+from cloob_core import storage
+from cloob_core.model import register_project_configs
+from cloob_core.training.export import INFO_FILE, load_exported
+
+
+@dataclass
+class EvalModel:
+    model: open_clip.CLIP
+    tokenizer: Callable[[Sequence[str]], Tensor]
+    transform: Callable[[Image.Image], Tensor]
+    architecture: str
+    source: str  # what CLIP_benchmark calls "pretrained": where the weights came from
+    fingerprint: str  # identifies the weights, for feature caches
+    inv_tau: float
+
+    @torch.no_grad()
+    def encode_images(self, images: Tensor) -> Tensor:
+        return self.model.encode_image(images, normalize=True).float()
+
+    @torch.no_grad()
+    def encode_texts(self, tokens: Tensor) -> Tensor:
+        return self.model.encode_text(tokens, normalize=True).float()
+
+
+def _fingerprint(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+def _local_copy(location: str, scratch: Path) -> Path:
+    """An exported model folder on S3 is fetched into ``scratch``; a local one is used in place."""
+    if not storage.is_s3(location):
+        return Path(location)
+    for name in storage.list_names(location):
+        (scratch / name).write_bytes(storage.read_bytes(storage.join(location, name)))
+    return scratch
+
+
+def load_model(model: str | None = None, architecture: str | None = None, weights: str | None = None,
+               device: str = "cpu") -> EvalModel:
+    """``model``: a `cloob train` export (local or s3://). Or ``architecture`` + ``weights``: an open_clip config
+    name and a state-dict file (read with weights_only=True)."""
+    register_project_configs()
+    if model:
+        with tempfile.TemporaryDirectory() as scratch:
+            folder = _local_copy(model, Path(scratch))
+            if not (folder / INFO_FILE).exists():
+                raise FileNotFoundError(f"{model} is not a `cloob train` model folder (no {INFO_FILE})")
+            net, info = load_exported(folder)
+            fingerprint = _fingerprint(folder / info["state_dict"])
+        architecture, inv_tau, source = info["architecture"], float(info["inv_tau"]), model
+    elif architecture and weights:
+        net = open_clip.create_model(architecture, pretrained=None)
+        state = torch.load(weights, map_location="cpu", weights_only=True)
+        state = state.get("state_dict", state) if isinstance(state, dict) else state
+        net.load_state_dict({k.removeprefix("module."): v for k, v in state.items()})
+        fingerprint, source = _fingerprint(Path(weights)), weights
+        inv_tau = float(net.logit_scale.exp())
+    else:
+        raise ValueError("give --model (a `cloob train` export) or --architecture with --weights")
+    net = net.to(device).eval()
+    preprocess = getattr(net.visual, "preprocess_cfg", {}) or {}
+    size = net.visual.image_size
+    transform = open_clip.image_transform(size if isinstance(size, int) else size[0], is_train=False,
+                                          mean=preprocess.get("mean"), std=preprocess.get("std"))
+    return EvalModel(net, open_clip.get_tokenizer(architecture), transform, architecture, source, fingerprint,
+                     inv_tau)
+
+
+@dataclass
+class ImageSet:
+    """Images (opened lazily) with labels and/or captions; ``identity`` names it for caches and reports."""
+
+    name: str
+    identity: str
+    opener: Callable[[int], Image.Image]
+    size: int
+    labels: list[int] | None = None
+    classnames: list[str] | None = None
+    captions: list[list[str]] | None = None  # one list of captions per image
+    templates: list[str] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def read_class_file(path: str | None) -> tuple[list[str] | None, list[str] | None]:
+    """A JSON file ``{"classnames": [...], "templates": ["a photo of a {c}.", ...]}`` (either key optional)."""
+    if not path:
+        return None, None
+    data = json.loads(storage.read_bytes(path))
+    names, templates = data.get("classnames"), data.get("templates")
+    if templates is not None:
+        templates = [t.replace("{c}", "{}") for t in templates]
+    return names, templates
+
+
+def embedded_set(split: str) -> ImageSet:
+    from cloob_core.embedded_data import ZERO_SHOT_TEMPLATES, load_embedded
+
+    data = load_embedded(split)
+    return ImageSet(
+        name=f"embedded-mnist-{split}", identity=f"embedded:{split}",
+        opener=lambda i: Image.fromarray(data.images[i], mode="L").convert("RGB"), size=len(data),
+        labels=[int(v) for v in data.labels], classnames=list(data.classnames),
+        captions=[[c] for c in data.captions], templates=list(ZERO_SHOT_TEMPLATES),
+    )
+
+
+def image_folder_set(root: Path) -> ImageSet:
+    from torchvision.datasets import ImageFolder
+
+    folder = ImageFolder(str(root))
+    return ImageSet(name=root.name, identity=f"folder:{root.resolve()}:{len(folder)}",
+                    opener=lambda i: folder.loader(folder.samples[i][0]).convert("RGB"), size=len(folder),
+                    labels=[label for _, label in folder.samples], classnames=list(folder.classes))
+
+
+def shard_set(location: str, label_key: str) -> ImageSet:
+    """WebDataset shards from `cloob data`: images, captions, and the class field ``label_key`` of the json."""
+    import webdataset as wds
+
+    from cloob_core.data.loader import register_s3, shard_list
+
+    register_s3()
+    urls, _ = shard_list(location)
+    images, labels, captions, names = [], [], [], {}
+    for sample in wds.DataPipeline(wds.SimpleShardList(urls), wds.tarfile_to_samples()):
+        meta = json.loads(sample["json"])
+        images.append(sample.get("jpg") or sample.get("png"))
+        captions.append([sample["txt"].decode("utf-8")])
+        if label_key in meta:
+            labels.append(int(meta[label_key]))
+            if "classname" in meta:
+                names[int(meta[label_key])] = str(meta["classname"])
+    classnames = [names[i] for i in sorted(names)] if names and sorted(names) == list(range(len(names))) else None
+    return ImageSet(name=Path(location.rstrip("/")).name, identity=f"shards:{location}:{len(images)}",
+                    opener=lambda i: Image.open(io.BytesIO(images[i])).convert("RGB"), size=len(images),
+                    labels=labels if len(labels) == len(images) else None, classnames=classnames, captions=captions)
+
+
+def caption_csv_set(path: Path) -> ImageSet:
+    """A CSV with ``image,caption`` rows (paths relative to the CSV); repeated images have several captions."""
+    by_image: dict[str, list[str]] = {}
+    with open(path, newline="", encoding="utf-8") as handle:
+        for row in csv.DictReader(handle):
+            by_image.setdefault(row["image"], []).append(row["caption"])
+    files = list(by_image)
+    root = path.parent
+    return ImageSet(name=path.stem, identity=f"captions:{path.resolve()}:{len(files)}",
+                    opener=lambda i: Image.open(root / files[i]).convert("RGB"), size=len(files),
+                    captions=[by_image[f] for f in files])
+
+
+def load_images(source: str, split: str = "test", label_key: str = "label", class_file: str | None = None) -> ImageSet:
+    """``embedded`` (split train/test), a folder (ImageFolder; ``SPLIT/`` inside it if present), shards (a folder
+    with sizes.json, .tar, brace pattern, s3://), or a .csv of image paths and captions."""
+    if source == "embedded":
+        images = embedded_set(split)
+    elif source.endswith(".csv"):
+        images = caption_csv_set(Path(source))
+    elif storage.is_s3(source) or source.endswith(".tar") or "{" in source or (Path(source) / "sizes.json").exists():
+        images = shard_set(source, label_key)
+    elif Path(source).is_dir():
+        root = Path(source) / split if (Path(source) / split).is_dir() else Path(source)
+        images = image_folder_set(root)
+    else:
+        raise FileNotFoundError(f"{source}: not 'embedded', an image folder, shards or a captions .csv")
+    names, templates = read_class_file(class_file)
+    if names is not None:
+        if images.labels is not None and max(images.labels) >= len(names):
+            raise ValueError(f"{class_file} lists {len(names)} class names, the data has label {max(images.labels)}")
+        images.classnames = names
+    if templates is not None:
+        images.templates = templates
+    return images

@@ -1,0 +1,116 @@
+"""Results in the formats their readers use: CLIP_benchmark's JSON per (model, data set, task), a combined
+``metrics.json`` for DVC, PNG plots for people, and a Markdown page that links them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+
+from cloob_core.io import atomic_write, read_json_or, write_json, write_text
+
+
+def benchmark_record(dataset: str, model: str, pretrained: str, task: str, metrics: dict[str, Any]) -> dict:
+    """CLIP_benchmark's result layout."""
+    return {"dataset": dataset, "model": model, "pretrained": pretrained, "task": task, "metrics": metrics,
+            "language": "en"}
+
+
+def write_result(output: Path, record: dict, plots: Sequence[str] = ()) -> Path:
+    """``<dataset>_<task>.json``, merged into ``metrics.json`` (scalars only), listed in ``report.md``."""
+    name = f"{record['dataset']}_{record['task']}"
+    write_json(output / f"{name}.json", record)
+    combined = read_json_or(output / "metrics.json", {})
+    combined[name] = {k: v for k, v in record["metrics"].items() if isinstance(v, int | float)}
+    write_json(output / "metrics.json", combined)
+    entries = read_json_or(output / ".report.json", {})
+    entries[name] = {"record": f"{name}.json", "plots": list(plots), "model": record["model"],
+                     "pretrained": record["pretrained"],
+                     "scalars": combined[name]}
+    write_json(output / ".report.json", entries)
+    write_text(output / "report.md", _markdown(entries))
+    return output / f"{name}.json"
+
+
+def _markdown(entries: dict[str, dict]) -> str:
+    lines = ["# Evaluation report", ""]
+    for name, entry in sorted(entries.items()):
+        lines += [f"## {name}", "", f"model `{entry['model']}` from `{entry['pretrained']}`; "
+                  f"full result: [{entry['record']}]({entry['record']})", "", "| metric | value |", "|---|---|"]
+        lines += [f"| {k} | {v:.4f} |" if isinstance(v, float) else f"| {k} | {v} |"
+                  for k, v in entry["scalars"].items()]
+        lines.append("")
+        lines += [f"![{plot}]({plot})" for plot in entry["plots"]]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _save(fig, path: Path) -> str:
+    fig.tight_layout()
+    try:
+        atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+    finally:
+        plt.close(fig)
+    return path.name
+
+
+def per_class_png(path: Path, classnames: Sequence[str], accuracy: Sequence[float], chance: float, title: str) -> str:
+    width = max(6.0, min(0.25 * len(classnames), 30.0))
+    fig, ax = plt.subplots(figsize=(width, 4))
+    ax.bar(range(len(classnames)), [100 * a for a in accuracy], color="tab:green")
+    if len(classnames) <= 60:
+        ax.set_xticks(range(len(classnames)), list(classnames), rotation=90 if len(classnames) > 12 else 0)
+    ax.axhline(100 * chance, color="gray", linestyle="--", label=f"chance {100 * chance:.1f}%")
+    ax.set_ylim(0, 100)
+    ax.set_ylabel("accuracy (%)")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def confusion_png(path: Path, confusion: Sequence[Sequence[int]], classnames: Sequence[str], title: str) -> str:
+    matrix = np.asarray(confusion, dtype=float)
+    rows = matrix.sum(axis=1, keepdims=True)
+    normalised = np.divide(matrix, rows, out=np.zeros_like(matrix), where=rows > 0)
+    size = max(5.0, min(0.3 * len(classnames), 20.0))
+    fig, ax = plt.subplots(figsize=(size + 1, size))
+    image = ax.imshow(normalised, cmap="viridis", vmin=0, vmax=1)
+    if len(classnames) <= 40:
+        ax.set_xticks(range(len(classnames)), list(classnames), rotation=90)
+        ax.set_yticks(range(len(classnames)), list(classnames))
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
+    ax.set_title(title)
+    fig.colorbar(image, ax=ax, label="share of the true class")
+    return _save(fig, path)
+
+
+def spectra_png(path: Path, spectra: dict[str, np.ndarray], effective: dict[str, int], title: str) -> str:
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, values in spectra.items():
+        values = np.asarray(values)
+        ax.semilogy(np.arange(1, len(values) + 1), np.maximum(values / values.sum(), 1e-12),
+                    label=f"{name} ({effective[name]} eigenvalues reach 99%)")
+    ax.set_xlabel("eigenvalue rank")
+    ax.set_ylabel("share of variance")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def similarity_png(path: Path, matched: np.ndarray, unmatched: np.ndarray, top_k: int, title: str) -> str:
+    fig, ax = plt.subplots(figsize=(7, 4))
+    bins = np.linspace(min(matched.min(), unmatched.min()), max(matched.max(), unmatched.max()), 60)
+    ax.hist(unmatched, bins=bins, alpha=0.6, density=True, label=f"top-{top_k} unmatched per image")
+    ax.hist(matched, bins=bins, alpha=0.6, density=True, label="matched pairs")
+    ax.set_xlabel("cosine similarity")
+    ax.set_ylabel("density")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    return _save(fig, path)

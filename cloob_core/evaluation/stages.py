@@ -1,0 +1,148 @@
+"""The four `cloob eval` stages as plain functions: inputs in, CLIP_benchmark-style results and plots out."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cloob_core.evaluation import diagnostics as diag
+from cloob_core.evaluation.features import class_embeddings, image_features, text_features
+from cloob_core.evaluation.inputs import EvalModel, ImageSet
+from cloob_core.evaluation.linear_probe import accuracy, few_shot_indices, linear_probe
+from cloob_core.evaluation.reports import (
+    benchmark_record,
+    confusion_png,
+    per_class_png,
+    similarity_png,
+    spectra_png,
+    write_result,
+)
+from cloob_core.evaluation.retrieval import retrieval_metrics
+from cloob_core.losses import hopfield_retrieval
+from cloob_core.zeroshot import classification_metrics
+
+log = logging.getLogger(__name__)
+
+
+def _need(images: ImageSet, *fields: str) -> None:
+    missing = [f for f in fields if getattr(images, f) is None]
+    if missing:
+        hints = {"labels": "a class per image (ImageFolder, shards with a class field, embedded)",
+                 "classnames": "class names (--classnames FILE)", "templates": "prompt templates (--classnames FILE "
+                 "with a 'templates' list)", "captions": "captions (shards, a captions .csv, embedded)"}
+        raise ValueError(f"{images.name}: this task needs " + "; ".join(hints[f] for f in missing))
+
+
+def zeroshot(model: EvalModel, images: ImageSet, output: Path, cache: Path | None, hopfield_beta: float | None = None,
+             progress: bool = True) -> dict[str, Any]:
+    """Prompt-ensemble zero-shot classification. With ``hopfield_beta``, image and class embeddings are first
+    retrieved from the memory of the evaluated images' embeddings (U_x against U_y, as in Eq. 5)."""
+    _need(images, "labels", "classnames", "templates")
+    features = image_features(model, images, cache, progress=progress)
+    classes = class_embeddings(model, images.classnames, images.templates, cache)
+    if hopfield_beta is not None:
+        features, classes = (hopfield_retrieval(features, features, hopfield_beta),
+                             hopfield_retrieval(classes, features, hopfield_beta))
+    metrics = classification_metrics(features @ classes.T, torch.tensor(images.labels), len(images.classnames))
+    metrics["embeddings"] = "hopfield" if hopfield_beta is not None else "raw"
+    output.mkdir(parents=True, exist_ok=True)
+    task = "zeroshot_classification"
+    plots = [
+        per_class_png(output / f"{images.name}_{task}_per_class.png", images.classnames,
+                      metrics["per_class_accuracy"], metrics["chance"], f"{images.name}: zero-shot per class"),
+        confusion_png(output / f"{images.name}_{task}_confusion.png", metrics["confusion_matrix"],
+                      images.classnames, f"{images.name}: zero-shot confusion"),
+    ]
+    record = benchmark_record(images.name, model.architecture, model.source, task, metrics)
+    write_result(output, record, plots)
+    return metrics
+
+
+def linear_probe_stage(model: EvalModel, train: ImageSet, test: ImageSet, output: Path, cache: Path | None,
+                       validation: ImageSet | None = None, few_shot: int | None = None, seed: int = 0,
+                       progress: bool = True) -> dict[str, Any]:
+    for images in (train, test, *( [validation] if validation else [])):
+        _need(images, "labels")
+    num_classes = max(max(train.labels), max(test.labels)) + 1
+    train_x = image_features(model, train, cache, progress=progress)
+    train_y = torch.tensor(train.labels)
+    if few_shot:
+        keep = few_shot_indices(train_y, few_shot, torch.Generator().manual_seed(seed))
+        train_x, train_y = train_x[keep], train_y[keep]
+    test_x, test_y = image_features(model, test, cache, progress=progress), torch.tensor(test.labels)
+    val_x = val_y = None
+    if validation is not None:
+        val_x, val_y = image_features(model, validation, cache, progress=progress), torch.tensor(validation.labels)
+    fit, search = linear_probe(train_x, train_y, test_x, test_y, num_classes, val_x, val_y, seed=seed)
+    scores = fit.predict_scores(test_x)
+    metrics = classification_metrics(scores, test_y, num_classes)
+    metrics.update(lambda_=search.lam, validation_accuracy=search.validation_accuracy,
+                   lambda_search={f"{k:.3g}": v for k, v in search.tried.items()}, train_size=len(train_y),
+                   few_shot=few_shot or 0)
+    metrics["top1_check"] = accuracy(fit, test_x, test_y)
+    output.mkdir(parents=True, exist_ok=True)
+    names = test.classnames or [str(c) for c in range(num_classes)]
+    task = "linear_probe"
+    plots = [per_class_png(output / f"{test.name}_{task}_per_class.png", names, metrics["per_class_accuracy"],
+                           metrics["chance"], f"{test.name}: linear probe per class (lambda {search.lam:.3g})")]
+    write_result(output, benchmark_record(test.name, model.architecture, model.source, task, metrics), plots)
+    return metrics
+
+
+def _pairs(model: EvalModel, images: ImageSet, cache: Path | None, progress: bool):
+    _need(images, "captions")
+    image_x = image_features(model, images, cache, progress=progress)
+    texts = [caption for captions in images.captions for caption in captions]
+    owner = torch.tensor([i for i, captions in enumerate(images.captions) for _ in captions])
+    text_y = text_features(model, texts, cache, f"captions|{images.identity}")
+    return image_x, text_y, owner
+
+
+def retrieval(model: EvalModel, images: ImageSet, output: Path, cache: Path | None,
+              progress: bool = True) -> dict[str, Any]:
+    image_x, text_y, owner = _pairs(model, images, cache, progress)
+    metrics = retrieval_metrics(image_x, text_y, owner)
+    metrics.update(images=len(image_x), captions=len(text_y))
+    write_result(output, benchmark_record(images.name, model.architecture, model.source, "zeroshot_retrieval",
+                                          metrics))
+    return metrics
+
+
+def diagnostics(model: EvalModel, images: ImageSet, output: Path, cache: Path | None, top_k: int = 10,
+                progress: bool = True) -> dict[str, Any]:
+    """The paper's embedding analyses on matched image-caption pairs (the first caption of each image)."""
+    image_x, text_y, owner = _pairs(model, images, cache, progress)
+    first = torch.tensor([int(torch.nonzero(owner == i)[0]) for i in range(len(image_x))])
+    text_x = text_y[first]
+    spectra = {"image": diag.eigen_spectrum(image_x), "text": diag.eigen_spectrum(text_x)}
+    effective = {name: diag.effective_eigenvalues(values) for name, values in spectra.items()}
+    matched, unmatched = diag.matched_vs_unmatched(image_x, text_x, top_k)
+    metrics = {
+        "effective_eigenvalues_image": effective["image"],
+        "effective_eigenvalues_text": effective["text"],
+        "ajne_image": diag.ajne_statistic(image_x),
+        "ajne_text": diag.ajne_statistic(text_x),
+        **diag.alignment(image_x, text_x),
+        "matched_similarity_mean": float(matched.mean()),
+        f"top{top_k}_unmatched_similarity_mean": float(unmatched.mean()),
+        "positive_probability_p1": diag.positive_probability(image_x, text_x, model.inv_tau),
+        "inv_tau": model.inv_tau,
+        "pairs": len(image_x),
+        "spectrum_image": spectra["image"].tolist(),
+        "spectrum_text": spectra["text"].tolist(),
+    }
+    output.mkdir(parents=True, exist_ok=True)
+    task = "diagnostics"
+    plots = [
+        spectra_png(output / f"{images.name}_{task}_eigen_spectra.png", {k: v.numpy() for k, v in spectra.items()},
+                    effective, f"{images.name}: covariance eigen-spectra"),
+        similarity_png(output / f"{images.name}_{task}_similarities.png", matched.numpy(), unmatched.numpy(), top_k,
+                       f"{images.name}: matched vs top-{top_k} unmatched"),
+    ]
+    write_result(output, benchmark_record(images.name, model.architecture, model.source, task, metrics), plots)
+    return metrics
+
+
