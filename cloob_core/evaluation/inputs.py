@@ -79,7 +79,7 @@ def load_model(model: str | None = None, architecture: str | None = None, weight
         state = state.get("state_dict", state) if isinstance(state, dict) else state
         net.load_state_dict({k.removeprefix("module."): v for k, v in state.items()})
         fingerprint, source = _fingerprint(Path(weights)), weights
-        inv_tau = float(net.logit_scale.exp())
+        inv_tau = float(net.logit_scale.detach().exp())
     else:
         raise ValueError("give --model (a `cloob train` export) or --architecture with --weights")
     net = net.to(device).eval()

@@ -93,6 +93,10 @@ def linear_probe_stage(model: EvalModel, train: ImageSet, test: ImageSet, output
 
 
 def _pairs(model: EvalModel, images: ImageSet, cache: Path | None, progress: bool):
+    if images.captions is None and None not in (images.labels, images.classnames, images.templates):
+        # a labelled set without captions (an ImageFolder): its class prompt is every image's caption
+        images.captions = [[images.templates[0].format(images.classnames[label])] for label in images.labels]
+        log.info("%s has no captions: using '%s' with each image's class name", images.name, images.templates[0])
     _need(images, "captions")
     image_x = image_features(model, images, cache, progress=progress)
     texts = [caption for captions in images.captions for caption in captions]
