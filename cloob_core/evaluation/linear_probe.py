@@ -80,8 +80,9 @@ class SearchResult:
 
 
 def search_lambda(train_x: Tensor, train_y: Tensor, val_x: Tensor, val_y: Tensor, num_classes: int,
-                  max_iter: int = 1000) -> SearchResult:
-    """CLIP's parametric binary search over ``LAMBDA_GRID``; see the module docstring."""
+                  max_iter: int = 1000, tolerance: float = 1e-6) -> SearchResult:
+    """CLIP's parametric binary search over ``LAMBDA_GRID``; see the module docstring. Every fit converges
+    (``tolerance``), so each lambda is judged by the model it defines, whatever the path to it."""
     scores: dict[int, float] = {}
     fits: dict[int, ProbeFit] = {}
 
@@ -90,7 +91,8 @@ def search_lambda(train_x: Tensor, train_y: Tensor, val_x: Tensor, val_y: Tensor
             # warm start from the nearest lambda already fitted
             nearest = min(fits, key=lambda j: abs(j - index), default=None)
             fit = fit_logistic(train_x, train_y, num_classes, LAMBDA_GRID[index],
-                               init=fits.get(nearest) if nearest is not None else None, max_iter=max_iter)
+                               init=fits.get(nearest) if nearest is not None else None, max_iter=max_iter,
+                               tolerance=tolerance)
             fits[index] = fit
             scores[index] = accuracy(fit, val_x, val_y)
             log.debug("lambda %.3g: validation accuracy %.4f (%d iterations)", LAMBDA_GRID[index], scores[index],
