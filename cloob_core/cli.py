@@ -294,8 +294,9 @@ def _add_eval_commands(sub: argparse._SubParsersAction) -> None:
         task.add_argument("--output", default="runs/eval", help="results folder (default: runs/eval)")
         task.add_argument("--cache", metavar="DIR", help="feature cache (default: OUTPUT/.cache)")
         task.add_argument("--no-cache", action="store_true", help="do not cache features")
-        task.add_argument("--classnames", metavar="JSON",
-                          help='{"classnames": [...], "templates": ["a photo of a {c}.", ...]} for the data')
+        task.add_argument("--classnames", metavar="JSON|NAME",
+                          help='a JSON file {"classnames": [...], "templates": ["a photo of a {c}.", ...]}, or a '
+                          "packaged set of the paper's data sets (cifar10, imagenet, pets, ...)")
         task.add_argument("--label-key", default="label", help="class field in shard json (default: label)")
         task.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
         task.add_argument("--no-progress", action="store_true", help="no progress bars")

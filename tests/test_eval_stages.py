@@ -157,3 +157,14 @@ def test_exported_model_folder_must_be_ours(tmp_path, capsys):
     Path(tmp_path / "nothing").mkdir()
     assert run("zeroshot", "--model", str(tmp_path / "nothing"), "--output", str(tmp_path / "o")) == 2
     assert "not a `cloob train` model folder" in capsys.readouterr().err
+
+
+def test_packaged_class_names_and_templates():
+    from cloob_core.evaluation.inputs import packaged_class_sets, read_class_file
+
+    sets = packaged_class_sets()
+    assert {"imagenet", "imagenet_v2", "cifar10", "pets", "flowers102", "caltech101", "eurosat"} <= set(sets)
+    names, templates = read_class_file("imagenet")
+    assert len(names) == 1000 and len(templates) == 80 and all("{}" in t for t in templates)
+    names, templates = read_class_file("pets")
+    assert len(names) == 37 and names[0] == "Abyssinian"

@@ -11,6 +11,7 @@ import json
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -106,11 +107,21 @@ class ImageSet:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def packaged_class_sets() -> list[str]:
+    """Names of the class-name/template sets shipped in ``cloob_core/zeroshot_metadata`` (the paper's data sets)."""
+    return sorted(p.name.removesuffix(".json") for p in resources.files("cloob_core.zeroshot_metadata").iterdir()
+                  if p.name.endswith(".json"))
+
+
 def read_class_file(path: str | None) -> tuple[list[str] | None, list[str] | None]:
-    """A JSON file ``{"classnames": [...], "templates": ["a photo of a {c}.", ...]}`` (either key optional)."""
+    """A JSON file ``{"classnames": [...], "templates": ["a photo of a {c}.", ...]}`` (either key optional), or
+    the name of a packaged set (``cifar10``, ``imagenet``, ...; see :func:`packaged_class_sets`)."""
     if not path:
         return None, None
-    data = json.loads(storage.read_bytes(path))
+    if not storage.is_s3(path) and not Path(path).exists() and path in packaged_class_sets():
+        data = json.loads((resources.files("cloob_core.zeroshot_metadata") / f"{path}.json").read_text())
+    else:
+        data = json.loads(storage.read_bytes(path))
     names, templates = data.get("classnames"), data.get("templates")
     if templates is not None:
         templates = [t.replace("{c}", "{}") for t in templates]
