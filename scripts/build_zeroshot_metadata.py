@@ -29,6 +29,27 @@ PAPER_SETS = {
 KNOWN_CLASSES = {  # the data sets' own label lists
     "cifar10": ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"],
     "stl10": ["airplane", "bird", "car", "cat", "deer", "dog", "horse", "monkey", "ship", "truck"],
+    # CIFAR-100's fine labels, underscores as spaces (as CLIP prompts them)
+    "cifar100": [
+        "apple", "aquarium fish", "baby", "bear", "beaver", "bed", "bee", "beetle", "bicycle", "bottle", "bowl", "boy",
+        "bridge", "bus", "butterfly", "camel", "can", "castle", "caterpillar", "cattle", "chair", "chimpanzee",
+        "clock", "cloud", "cockroach", "couch", "crab", "crocodile", "cup", "dinosaur", "dolphin", "elephant",
+        "flatfish", "forest", "fox", "girl", "hamster", "house", "kangaroo", "keyboard", "lamp", "lawn mower",
+        "leopard", "lion", "lizard", "lobster", "man", "maple tree", "motorcycle", "mountain", "mouse", "mushroom",
+        "oak tree", "orange", "orchid", "otter", "palm tree", "pear", "pickup truck", "pine tree", "plain", "plate",
+        "poppy", "porcupine", "possum", "rabbit", "raccoon", "ray", "road", "rocket", "rose", "sea", "seal", "shark",
+        "shrew", "skunk", "skyscraper", "snail", "snake", "spider", "squirrel", "streetcar", "sunflower",
+        "sweet pepper", "table", "tank", "telephone", "television", "tiger", "tractor", "train", "trout", "tulip",
+        "turtle", "wardrobe", "whale", "willow tree", "wolf", "woman", "worm",
+    ],
+    # DTD's 47 texture categories
+    "dtd": [
+        "banded", "blotchy", "braided", "bubbly", "bumpy", "chequered", "cobwebbed", "cracked", "crosshatched",
+        "crystalline", "dotted", "fibrous", "flecked", "freckled", "frilly", "gauzy", "grid", "grooved", "honeycombed",
+        "interlaced", "knitted", "lacelike", "lined", "marbled", "matted", "meshed", "paisley", "perforated", "pitted",
+        "pleated", "polka-dotted", "porous", "potholed", "scaly", "smeared", "spiralled", "sprinkled", "stained",
+        "stratified", "striped", "studded", "swirly", "veined", "waffled", "woven", "wrinkled", "zigzagged",
+    ],
 }
 
 
