@@ -250,11 +250,16 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     cache = None if args.no_cache else Path(args.cache or output / ".cache")
     progress = not args.no_progress
     if args.eval_command == "zeroshot":
-        images = _eval_inputs(args, args.data, args.split)
-        metrics = stages.zeroshot(model, images, output, cache, args.hopfield_beta, progress)
-        print(f"{images.name} zero-shot ({metrics['embeddings']} embeddings): top-1 {100 * metrics['top1']:.2f}%, "
-              f"top-5 {100 * metrics.get('top5', float('nan')):.2f}%, mean per-class recall "
-              f"{100 * metrics['mean_per_class_recall']:.2f}% (chance {100 * metrics['chance']:.1f}%)")
+        test_sets = [_eval_inputs(args, data, args.split) for data in args.data]
+        for images in test_sets:
+            metrics = stages.zeroshot(model, images, output, cache, args.hopfield_beta, progress)
+            top_k = next((key for key in metrics if key.startswith("top") and key != "top1"), "top1")
+            print(f"{images.name} zero-shot ({metrics['embeddings']} embeddings): top-1 {100 * metrics['top1']:.2f}%, "
+                  f"top-{top_k[3:]} {100 * metrics[top_k]:.2f}%, mean per-class recall "
+                  f"{100 * metrics['mean_per_class_recall']:.2f}% (chance {100 * metrics['chance']:.1f}%)")
+        if len(test_sets) > 1:
+            mean = stages.mean_over_test_sets(model, test_sets, output, args.name or "mean")
+            print(f"{args.name or 'mean'} over {len(test_sets)} test sets: top-1 {100 * mean['top1']:.2f}%")
     elif args.eval_command == "linear-probe":
         train = _eval_inputs(args, args.train_data, args.train_split)
         test = _eval_inputs(args, args.test_data or args.train_data, args.test_split)
@@ -305,7 +310,10 @@ def _add_eval_commands(sub: argparse._SubParsersAction) -> None:
     zs = eval_sub.add_parser("zeroshot", help="prompt-ensemble zero-shot classification",
                              description="Zero-shot classification with a prompt ensemble: top-1, top-5, mean "
                              "per-class recall, per-class accuracy, confusion matrix.")
-    zs.add_argument("--data", default="embedded", help=data_help + " (default: embedded)")
+    zs.add_argument("--data", nargs="+", default=["embedded"],
+                    help=data_help + "; several give each set's metrics and their mean, as for ImageNet-V2's "
+                    "three test sets (default: embedded)")
+    zs.add_argument("--name", help="data set name for the mean over several --data test sets")
     zs.add_argument("--split", default="test", help="split (default: test)")
     zs.add_argument("--hopfield-beta", type=float, metavar="BETA",
                     help="score Hopfield-retrieved embeddings (memory: the evaluated images) instead of raw ones")

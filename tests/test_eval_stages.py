@@ -168,3 +168,22 @@ def test_packaged_class_names_and_templates():
     assert len(names) == 1000 and len(templates) == 80 and all("{}" in t for t in templates)
     names, templates = read_class_file("pets")
     assert len(names) == 37 and names[0] == "Abyssinian"
+
+
+def test_several_test_sets_and_their_mean(trained, tmp_path, capsys):
+    root = tmp_path / "sets"
+    for variant in ("matched", "threshold"):
+        for label, folder in enumerate(("c0", "c1")):
+            (root / variant / folder).mkdir(parents=True)
+            for i in range(4):
+                (root / variant / folder / f"{i}.jpg").write_bytes(photo_bytes(10 * label + i + len(variant)))
+    names = tmp_path / "classes.json"
+    names.write_text(json.dumps({"classnames": ["china", "flower"], "templates": ["a photo of {c}."]}))
+    assert run("zeroshot", "--model", str(trained), "--data", str(root / "matched"), str(root / "threshold"),
+               "--classnames", str(names), "--name", "two-sets", "--output", str(tmp_path / "out")) == 0
+    combined = json.loads((tmp_path / "out" / "two-sets_zeroshot_classification.json").read_text())["metrics"]
+    per_set = [json.loads((tmp_path / "out" / f"{v}_zeroshot_classification.json").read_text())["metrics"]["top1"]
+               for v in ("matched", "threshold")]
+    assert combined["top1"] == pytest.approx(sum(per_set) / 2)
+    assert set(combined["test_sets"]) == {"matched", "threshold"}
+    assert "two-sets over 2 test sets" in capsys.readouterr().out

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +60,19 @@ def zeroshot(model: EvalModel, images: ImageSet, output: Path, cache: Path | Non
     ]
     record = benchmark_record(images.name, model.architecture, model.source, task, metrics)
     write_result(output, record, plots)
+    return metrics
+
+
+def mean_over_test_sets(model: EvalModel, test_sets: list[ImageSet], output: Path, name: str) -> dict[str, Any]:
+    """The paper's figure for data sets with several test sets: each set's zero-shot metrics and their mean."""
+    task = "zeroshot_classification"
+    per_set = {images.name: json.loads((output / f"{images.name}_{task}.json").read_text())["metrics"]
+               for images in test_sets}
+    keys = [key for key in next(iter(per_set.values()))
+            if (key.startswith("top") or key == "mean_per_class_recall") and all(key in m for m in per_set.values())]
+    metrics: dict[str, Any] = {key: statistics.fmean(m[key] for m in per_set.values()) for key in keys}
+    metrics["test_sets"] = {set_name: {k: m[k] for k in keys if k in m} for set_name, m in per_set.items()}
+    write_result(output, benchmark_record(name, model.architecture, model.source, task, metrics))
     return metrics
 
 
