@@ -2,8 +2,10 @@
 zero-shot data sets, as facts carried over from their published sources.
 
 Sources: CLIP_benchmark's `en_classnames.json` and `en_zeroshot_classification_templates.json` (MIT licence;
-the wheel is fetched with `pip download`), open_clip's ImageNet class names and OpenAI templates (MIT), and the
-CIFAR-10 / STL-10 class lists of their data sets. Each file records its source. Run from the repository root:
+the wheel is fetched with `pip download`), open_clip's ImageNet class names and OpenAI templates (MIT), and, for
+sets CLIP_benchmark has no names for, the lists of OpenAI CLIP's `data/prompts.md` (MIT) written out below.
+Class order is the data sets' label order as those sources give it. Each file records its source. Run from the
+repository root:
 
     .venv/bin/python scripts/build_zeroshot_metadata.py
 """
@@ -26,6 +28,7 @@ PAPER_SETS = {
     "fgvc_aircraft": "fgvc_aircraft", "food101": "food101", "pets": "pets", "resisc45": "resisc45", "stl10": "stl10",
     "sun397": "sun397",
 }
+KNOWN_SOURCES = {name: "OpenAI CLIP data/prompts.md (MIT)" for name in ("food101", "fgvc_aircraft", "cifar100")}
 KNOWN_CLASSES = {  # the data sets' own label lists
     "cifar10": ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"],
     "stl10": ["airplane", "bird", "car", "cat", "deer", "dog", "horse", "monkey", "ship", "truck"],
@@ -41,6 +44,38 @@ KNOWN_CLASSES = {  # the data sets' own label lists
         "shrew", "skunk", "skyscraper", "snail", "snake", "spider", "squirrel", "streetcar", "sunflower",
         "sweet pepper", "table", "tank", "telephone", "television", "tiger", "tractor", "train", "trout", "tulip",
         "turtle", "wardrobe", "whale", "willow tree", "wolf", "woman", "worm",
+    ],
+    # Food-101, as CLIP's data/prompts.md lists them (underscores as spaces)
+    "food101": [
+        "apple pie", "baby back ribs", "baklava", "beef carpaccio", "beef tartare", "beet salad", "beignets",
+        "bibimbap", "bread pudding", "breakfast burrito", "bruschetta", "caesar salad", "cannoli", "caprese salad",
+        "carrot cake", "ceviche", "cheese plate", "cheesecake", "chicken curry", "chicken quesadilla",
+        "chicken wings", "chocolate cake", "chocolate mousse", "churros", "clam chowder", "club sandwich",
+        "crab cakes", "creme brulee", "croque madame", "cup cakes", "deviled eggs", "donuts", "dumplings", "edamame",
+        "eggs benedict", "escargots", "falafel", "filet mignon", "fish and chips", "foie gras", "french fries",
+        "french onion soup", "french toast", "fried calamari", "fried rice", "frozen yogurt", "garlic bread",
+        "gnocchi", "greek salad", "grilled cheese sandwich", "grilled salmon", "guacamole", "gyoza", "hamburger",
+        "hot and sour soup", "hot dog", "huevos rancheros", "hummus", "ice cream", "lasagna", "lobster bisque",
+        "lobster roll sandwich", "macaroni and cheese", "macarons", "miso soup", "mussels", "nachos", "omelette",
+        "onion rings", "oysters", "pad thai", "paella", "pancakes", "panna cotta", "peking duck", "pho", "pizza",
+        "pork chop", "poutine", "prime rib", "pulled pork sandwich", "ramen", "ravioli", "red velvet cake", "risotto",
+        "samosa", "sashimi", "scallops", "seaweed salad", "shrimp and grits", "spaghetti bolognese",
+        "spaghetti carbonara", "spring rolls", "steak", "strawberry shortcake", "sushi", "tacos", "takoyaki",
+        "tiramisu", "tuna tartare", "waffles",
+    ],
+    # FGVC-Aircraft variants, as CLIP's data/prompts.md lists them
+    "fgvc_aircraft": [
+        "707-320", "727-200", "737-200", "737-300", "737-400", "737-500", "737-600", "737-700", "737-800", "737-900",
+        "747-100", "747-200", "747-300", "747-400", "757-200", "757-300", "767-200", "767-300", "767-400", "777-200",
+        "777-300", "A300B4", "A310", "A318", "A319", "A320", "A321", "A330-200", "A330-300", "A340-200", "A340-300",
+        "A340-500", "A340-600", "A380", "ATR-42", "ATR-72", "An-12", "BAE 146-200", "BAE 146-300", "BAE-125",
+        "Beechcraft 1900", "Boeing 717", "C-130", "C-47", "CRJ-200", "CRJ-700", "CRJ-900", "Cessna 172", "Cessna 208",
+        "Cessna 525", "Cessna 560", "Challenger 600", "DC-10", "DC-3", "DC-6", "DC-8", "DC-9-30", "DH-82", "DHC-1",
+        "DHC-6", "DHC-8-100", "DHC-8-300", "DR-400", "Dornier 328", "E-170", "E-190", "E-195", "EMB-120", "ERJ 135",
+        "ERJ 145", "Embraer Legacy 600", "Eurofighter Typhoon", "F-16A/B", "F/A-18", "Falcon 2000", "Falcon 900",
+        "Fokker 100", "Fokker 50", "Fokker 70", "Global Express", "Gulfstream IV", "Gulfstream V", "Hawk T1", "Il-76",
+        "L-1011", "MD-11", "MD-80", "MD-87", "MD-90", "Metroliner", "Model B200", "PA-28", "SR-20", "Saab 2000",
+        "Saab 340", "Spitfire", "Tornado", "Tu-134", "Tu-154", "Yak-42",
     ],
     # DTD's 47 texture categories
     "dtd": [
@@ -83,7 +118,7 @@ def main() -> None:
                 entry["sources"].append("CLIP_benchmark 1.6.2 en_classnames.json (MIT)")
             elif dataset in KNOWN_CLASSES:
                 entry["classnames"] = KNOWN_CLASSES[dataset]
-                entry["sources"].append(f"{dataset} label list")
+                entry["sources"].append(KNOWN_SOURCES.get(dataset, f"{dataset} label list"))
             if key in templates:
                 entry["templates"] = templates[key]
                 entry["sources"].append("CLIP_benchmark 1.6.2 en_zeroshot_classification_templates.json (MIT)")
