@@ -3,7 +3,8 @@ zero-shot data sets, as facts carried over from their published sources.
 
 Sources: CLIP_benchmark's `en_classnames.json` and `en_zeroshot_classification_templates.json` (MIT licence;
 the wheel is fetched with `pip download`), open_clip's ImageNet class names and OpenAI templates (MIT), and, for
-sets CLIP_benchmark has no names for, the lists of OpenAI CLIP's `data/prompts.md` (MIT) written out below.
+sets CLIP_benchmark has no names for, the lists of OpenAI CLIP's `data/prompts.md` (MIT) written out below and
+in scripts/clip_prompt_lists.json.
 Class order is the data sets' label order as those sources give it. Each file records its source. Run from the
 repository root:
 
@@ -103,6 +104,7 @@ def main() -> None:
     from open_clip.zero_shot_metadata import IMAGENET_CLASSNAMES, OPENAI_IMAGENET_TEMPLATES
 
     names, templates = clip_benchmark_json()
+    clip_lists = json.loads((Path(__file__).parent / "clip_prompt_lists.json").read_text())
     OUT.mkdir(parents=True, exist_ok=True)
     index = {}
     for dataset, key in PAPER_SETS.items():
@@ -119,9 +121,15 @@ def main() -> None:
             elif dataset in KNOWN_CLASSES:
                 entry["classnames"] = KNOWN_CLASSES[dataset]
                 entry["sources"].append(KNOWN_SOURCES.get(dataset, f"{dataset} label list"))
+            elif "classnames" in clip_lists.get(dataset, {}):
+                entry["classnames"] = clip_lists[dataset]["classnames"]
+                entry["sources"].append("OpenAI CLIP data/prompts.md (MIT), via scripts/clip_prompt_lists.json")
             if key in templates:
                 entry["templates"] = templates[key]
                 entry["sources"].append("CLIP_benchmark 1.6.2 en_zeroshot_classification_templates.json (MIT)")
+            elif "templates" in clip_lists.get(dataset, {}):
+                entry["templates"] = clip_lists[dataset]["templates"]
+                entry["sources"].append("OpenAI CLIP data/prompts.md (MIT), via scripts/clip_prompt_lists.json")
         index[dataset] = {"classnames": len(entry.get("classnames", [])), "templates": len(entry.get("templates", []))}
         if "classnames" in entry or "templates" in entry:
             (OUT / f"{dataset}.json").write_text(json.dumps(entry, indent=1, ensure_ascii=False) + "\n")

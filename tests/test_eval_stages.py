@@ -168,6 +168,15 @@ def test_packaged_class_names_and_templates():
     assert len(names) == 1000 and len(templates) == 80 and all("{}" in t for t in templates)
     names, templates = read_class_file("pets")
     assert len(names) == 37 and names[0] == "Abyssinian"
+    # the paper's 20 zero-shot sets, each with its published number of classes and at least one template
+    expected = {"birdsnap": 500, "country211": 211, "flowers102": 102, "gtsrb": 43, "ucf101": 101,
+                "stanford_cars": 196, "imagenet": 1000, "imagenet_v2": 1000, "caltech101": 102, "cifar10": 10,
+                "cifar100": 100, "dtd": 47, "eurosat": 10, "fer2013": 7, "fgvc_aircraft": 100, "food101": 101,
+                "pets": 37, "resisc45": 45, "stl10": 10, "sun397": 397}
+    for name, count in expected.items():
+        names, templates = read_class_file(name)
+        assert len(names) == len(set(names)) == count, name
+        assert templates and all(t.count("{}") == 1 for t in templates), name
 
 
 def test_several_test_sets_and_their_mean(trained, tmp_path, capsys):
