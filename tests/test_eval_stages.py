@@ -175,7 +175,9 @@ def test_packaged_class_names_and_templates():
                 "pets": 37, "resisc45": 45, "stl10": 10, "sun397": 397}
     for name, count in expected.items():
         names, templates = read_class_file(name)
-        assert len(names) == len(set(names)) == count, name
+        assert len(names) == count, name
+        if not name.startswith("imagenet"):  # CLIP's ImageNet list names two pairs of classes alike (crane, maillot)
+            assert len(set(names)) == count, name
         assert templates and all(t.count("{}") == 1 for t in templates), name
 
 
