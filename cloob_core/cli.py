@@ -333,19 +333,17 @@ def _add_eval_commands(sub: argparse._SubParsersAction) -> None:
     lp.add_argument("--seed", type=int, default=0)
     common(lp)
 
-    rt = eval_sub.add_parser("retrieval", help="image<->text retrieval R@1/5/10, mean and median rank",
-                             description="Image-to-text and text-to-image retrieval; several captions per image "
-                             "count as several correct answers.")
-    rt.add_argument("--data", default="embedded", help=data_help + " (default: embedded)")
-    rt.add_argument("--split", default="test")
-    common(rt)
-
-    dg = eval_sub.add_parser("diagnostics", help="the paper's embedding analyses (eigenvalues, uniformity, ...)",
-                             description="Effective eigenvalues and spectra, Ajne uniformity, alignment, matched vs "
-                             "top-10 unmatched similarities, InfoNCE saturation p1.")
-    dg.add_argument("--data", default="embedded", help=data_help + " (default: embedded)")
-    dg.add_argument("--split", default="test")
-    common(dg)
+    for name, summary, description in (
+        ("retrieval", "image<->text retrieval R@1/5/10, mean and median rank",
+         "Image-to-text and text-to-image retrieval; several captions per image count as several correct answers."),
+        ("diagnostics", "the paper's embedding analyses (eigenvalues, uniformity, ...)",
+         "Effective eigenvalues and spectra, Ajne uniformity, alignment, matched vs top-10 unmatched similarities, "
+         "InfoNCE saturation p1."),
+    ):
+        task = eval_sub.add_parser(name, help=summary, description=description)
+        task.add_argument("--data", default="embedded", help=data_help + " (default: embedded)")
+        task.add_argument("--split", default="test")
+        common(task)
 
 
 def _cmd_config(args: argparse.Namespace) -> int:

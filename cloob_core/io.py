@@ -38,8 +38,13 @@ def write_text(path: str | Path, text: str) -> Path:
     return atomic_write(path, lambda tmp: tmp.write_text(text))
 
 
+def json_bytes(data: Any, **options: Any) -> bytes:
+    """The project's JSON file format: indented, keys sorted, newline-terminated (stable bytes for resumes)."""
+    return (json.dumps(data, indent=2, sort_keys=True, **options) + "\n").encode()
+
+
 def write_json(path: str | Path, data: Any) -> Path:
-    return write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+    return atomic_write(path, lambda tmp: tmp.write_bytes(json_bytes(data)))
 
 
 def read_json_or(path: str | Path, default: Any) -> Any:

@@ -13,8 +13,10 @@ import matplotlib.pyplot as plt
 from cloob_core.io import atomic_write
 
 
-def _save(fig, path: str | Path, title: str) -> Path:
-    fig.suptitle(title)
+def save_png(fig, path: str | Path, title: str | None = None) -> Path:
+    """Lay out, write atomically, close."""
+    if title:
+        fig.suptitle(title)
     fig.tight_layout()
     try:
         return atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
@@ -49,7 +51,7 @@ def training_curves_png(path: str | Path, steps: Sequence[int], losses: Sequence
     """Loss and learning rate over the steps of a training run."""
     fig, ax = plt.subplots(figsize=(8, 4))
     _draw_loss_and_lr(ax, steps, losses, learning_rates)
-    return _save(fig, path, title)
+    return save_png(fig, path, title)
 
 
 def training_summary_png(
@@ -75,4 +77,4 @@ def training_summary_png(
     ax_acc.legend(loc="lower right", fontsize=8)
     ax_acc.set_title("per-class zero-shot accuracy")
 
-    return _save(fig, path, title)
+    return save_png(fig, path, title)

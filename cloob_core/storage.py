@@ -11,9 +11,6 @@ from __future__ import annotations
 import functools
 import os
 import shutil
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
@@ -106,23 +103,6 @@ def delete(location: str | os.PathLike) -> None:
 def ensure_folder(folder: str | os.PathLike) -> None:
     if not is_s3(folder):
         Path(folder).mkdir(parents=True, exist_ok=True)
-
-
-@contextmanager
-def atomic_local_file(location: str | os.PathLike, scratch: str | os.PathLike | None = None) -> Iterator[Path]:
-    """Yield a local temporary path; on success it becomes ``location`` (renamed locally, uploaded to S3)."""
-    if not is_s3(location):
-        with atomic_path(location) as tmp:
-            yield tmp
-        return
-    fd, name = tempfile.mkstemp(dir=scratch, suffix=".upload")
-    os.close(fd)
-    tmp = Path(name)
-    try:
-        yield tmp
-        upload_file(tmp, str(location))
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def upload_file(local: str | os.PathLike, location: str) -> None:

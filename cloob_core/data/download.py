@@ -11,7 +11,6 @@ and every publish is atomic, the completed shards always form a prefix of the pl
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import multiprocessing
 import os
@@ -35,7 +34,7 @@ from cloob_core import storage
 from cloob_core.config import CloobConfig
 from cloob_core.data.fetch import FetchPolicy
 from cloob_core.data.manifest import Manifest, ManifestError, Partition, row_key
-from cloob_core.data.plan import check_settings, json_bytes, plan_round, retry_plan_name, retry_round, settings_of
+from cloob_core.data.plan import check_settings, plan_round, retry_plan_name, retry_round, settings_of
 from cloob_core.data.shards import (
     FAILURES_SUFFIX,
     STATS_SUFFIX,
@@ -46,6 +45,7 @@ from cloob_core.data.shards import (
 )
 from cloob_core.data.summary import OutputSummary, merge_stats, summarize
 from cloob_core.data.worker import HttpSource, JobResult, ShardJob, init_worker, run_job
+from cloob_core.io import json_bytes
 
 log = logging.getLogger(__name__)
 
@@ -176,8 +176,8 @@ class _Finaliser:
             storage.upload_file(staging, storage.join(self.output, tar_name))
         else:
             staging.unlink(missing_ok=True)
-        stats = (json.dumps(record.to_json(), indent=1, sort_keys=True) + "\n").encode()
-        storage.write_bytes(storage.join(self.output, job.name + STATS_SUFFIX), stats)  # the completion mark
+        stats = storage.join(self.output, job.name + STATS_SUFFIX)
+        storage.write_bytes(stats, json_bytes(record.to_json()))  # the completion mark
         return record
 
 

@@ -11,8 +11,9 @@ from typing import Any
 from cloob_core import storage
 from cloob_core.config import CloobConfig
 from cloob_core.data.manifest import Manifest, Partition
-from cloob_core.data.shards import ShardRecord, shard_name
+from cloob_core.data.shards import SETTINGS_FILE, ShardRecord, shard_name
 from cloob_core.data.summary import NOT_RETRIED, latest_failures
+from cloob_core.io import json_bytes
 
 
 def plan_round(manifest: Manifest, output: str, records: list[ShardRecord], partition: Partition,
@@ -52,9 +53,6 @@ def retry_round(output: str, partition: Partition, records: list[ShardRecord]) -
             return last
         return last + 1
     return 1
-
-
-SETTINGS_FILE = "download_settings.json"
 
 
 class SettingsMismatch(ValueError):
@@ -101,7 +99,4 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def read_json(location: str) -> Any:
     return json.loads(storage.read_bytes(location))
 
-
-def json_bytes(data: Any) -> bytes:
-    return (json.dumps(data, indent=2, sort_keys=True) + "\n").encode()
 

@@ -22,6 +22,7 @@ from cloob_core import storage
 
 STATS_SUFFIX = "_stats.json"
 FAILURES_SUFFIX = "_failures.jsonl"
+SETTINGS_FILE = "download_settings.json"  # what shaped the shards; checked on resume, read by merge-stats
 _NAME = re.compile(r"^(?P<base>\d{5,})(?:-retry(?P<round>\d{2,}))?$")
 
 

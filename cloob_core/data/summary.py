@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from cloob_core import storage
-from cloob_core.data.shards import ShardRecord, jsonl_bytes, read_failures, read_records
+from cloob_core.data.shards import SETTINGS_FILE, ShardRecord, jsonl_bytes, read_failures, read_records
+from cloob_core.io import json_bytes
 
 # Rows dropped as duplicates are not failures to retry: retrying them would duplicate samples.
 NOT_RETRIED = frozenset({"duplicate_url", "duplicate_content"})
@@ -77,16 +78,15 @@ def summarize(folder: str, records: list[ShardRecord] | None = None) -> OutputSu
 def _expected_shards(folder: str) -> int | None:
     """First-pass shard count of the whole manifest, from the settings the download recorded (None if absent)."""
     try:
-        settings = json.loads(storage.read_bytes(storage.join(folder, "download_settings.json")))
+        settings = json.loads(storage.read_bytes(storage.join(folder, SETTINGS_FILE)))
     except FileNotFoundError:
         return None
     return -(-settings["manifest_rows"] // settings["preprocess"]["shard_size"])
 
 
 def write_summary(folder: str, summary: OutputSummary) -> None:
-    storage.write_bytes(storage.join(folder, "sizes.json"), (json.dumps(summary.sizes, indent=2) + "\n").encode())
-    storage.write_bytes(storage.join(folder, "stats.json"),
-                        (json.dumps(summary.stats, indent=2, sort_keys=True) + "\n").encode())
+    storage.write_bytes(storage.join(folder, "sizes.json"), json_bytes(summary.sizes))
+    storage.write_bytes(storage.join(folder, "stats.json"), json_bytes(summary.stats))
     storage.write_bytes(storage.join(folder, "failures.jsonl"), jsonl_bytes(summary.failures))
 
 

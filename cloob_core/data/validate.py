@@ -24,6 +24,7 @@ from cloob_core.config import CloobConfig
 from cloob_core.data.manifest import read_manifest
 from cloob_core.data.shards import read_records, tar_sample_counts
 from cloob_core.data.summary import summarize
+from cloob_core.io import json_bytes
 
 log = logging.getLogger(__name__)
 _SAMPLE_PARTS = {"jpg", "txt", "json"}
@@ -191,7 +192,7 @@ def run_gate(config: CloobConfig, manifest: str | None = None, shards: str | Non
     if report_dir:
         storage.ensure_folder(report_dir)
         storage.write_bytes(storage.join(report_dir, "gx_results.json"),
-                            (json.dumps(report.raw, indent=2, default=str) + "\n").encode())
+                            json_bytes(report.raw, default=str))
         storage.write_bytes(storage.join(report_dir, "summary.md"), ("```\n" + report.text() + "\n```\n").encode())
     log.info("data gate %s", "passed" if report.passed else "failed")
     return report

@@ -13,7 +13,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from cloob_core.io import atomic_write, read_json_or, write_json, write_text
+from cloob_core.io import read_json_or, write_json, write_text
+from cloob_core.plots import save_png
 
 
 def benchmark_record(dataset: str, model: str, pretrained: str, task: str, metrics: dict[str, Any]) -> dict:
@@ -52,12 +53,7 @@ def _markdown(entries: dict[str, dict]) -> str:
 
 
 def _save(fig, path: Path) -> str:
-    fig.tight_layout()
-    try:
-        atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
-    finally:
-        plt.close(fig)
-    return path.name
+    return save_png(fig, path).name
 
 
 def per_class_png(path: Path, classnames: Sequence[str], accuracy: Sequence[float], chance: float, title: str) -> str:

@@ -19,6 +19,7 @@ import torch
 
 from cloob_core import storage
 from cloob_core.config import ConfigError
+from cloob_core.io import atomic_path
 
 log = logging.getLogger(__name__)
 _NAME = re.compile(r"^step-(\d{8})\.pt$")
@@ -52,14 +53,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 def save(state: dict[str, Any], folder: Path, step: int, keep: int, mirror: str | None = None) -> Path:
     path = folder / checkpoint_name(step)
-    folder.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=folder, prefix=f".{path.name}.", suffix=".tmp", delete=False) as handle:
-        tmp = Path(handle.name)
-    try:
+    with atomic_path(path) as tmp:
         torch.save(state, tmp)
-        storage.upload_file(tmp, str(path))
-    finally:
-        tmp.unlink(missing_ok=True)
     if mirror:
         if storage.is_s3(mirror):
             storage.upload_file(path, storage.join(mirror, path.name))  # an upload; the local file stays

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from cloob_core.config import CloobConfig, ConfigError
+from cloob_core.data.loader import shard_list
 from cloob_core.io import write_json, write_text
 from cloob_core.losses import build_objective
 from cloob_core.model import build_model, build_tokenizer
@@ -28,7 +29,7 @@ from cloob_core.training.env import DistEnv, choose_device, detect, init_process
 from cloob_core.training.export import export_model
 from cloob_core.training.monitor import Monitor, Snapshot
 from cloob_core.training.step import StepParts, accumulate_gradients, optimizer_step
-from cloob_core.training.streams import StreamChunks, assemble, rank_streams, sample_count
+from cloob_core.training.streams import StreamChunks, assemble, rank_streams
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +88,7 @@ def train(config: CloobConfig, output: str | Path, resume: str | None = None, pr
     device = choose_device(cfg.device, env)
     init_process_group(env, device)
     chunk_size = _check_batch(config, env)
-    urls, total_samples = sample_count(cfg.shards)
+    urls, total_samples = shard_list(cfg.shards)
     steps = plan_steps(config, total_samples)
     owned = rank_streams(cfg.data_streams, env.rank, env.world_size)
 

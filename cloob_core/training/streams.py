@@ -26,7 +26,7 @@ import torch
 import webdataset as wds
 from PIL import Image
 
-from cloob_core.data.loader import SkipCounter, register_s3, shard_list
+from cloob_core.data.loader import SkipCounter, register_s3
 
 log = logging.getLogger(__name__)
 Position = tuple[int, int]  # (pass, samples of that pass consumed)
@@ -161,6 +161,3 @@ def assemble(chunks: Iterator[Chunk], owned: list[int]) -> Iterator[Batch]:
                         {p.stream: p.position for p in parts}, sum(p.skipped for p in parts))
             next_step += 1
 
-
-def sample_count(location: str | list[str]) -> tuple[list[str], int | None]:
-    return shard_list(location)
