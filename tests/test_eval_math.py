@@ -8,6 +8,7 @@ import warnings
 import pytest
 import torch
 
+from cloob_core.evaluation import logistic
 from cloob_core.evaluation.diagnostics import (
     ajne_statistic,
     alignment,
@@ -17,6 +18,7 @@ from cloob_core.evaluation.diagnostics import (
     positive_probability,
 )
 from cloob_core.evaluation.linear_probe import LAMBDA_GRID, accuracy, fit_logistic, search_lambda
+from cloob_core.evaluation.logistic import FeatureGeometry, fit_logistic_batch
 from cloob_core.evaluation.retrieval import retrieval_metrics
 
 
@@ -43,6 +45,66 @@ def test_linear_probe_matches_scikit_learn_at_the_same_lambda(seed, n, d, classe
         )
     theirs = reference.score(x[test].double().numpy(), y[test].numpy())
     assert abs(ours - theirs) <= 0.005 + 1e-9, (ours, theirs)
+
+
+def cone(seed: int, n: int, d: int, classes: int):
+    """Embedding-like features: a narrow cone around a common mean with a steep spectrum (ill-conditioned)."""
+    generator = torch.Generator().manual_seed(seed)
+    scales = torch.arange(1, d + 1, dtype=torch.float32) ** -1.0
+    centers = torch.randn(classes, d, generator=generator) * scales * 0.3
+    labels = torch.randint(0, classes, (n,), generator=generator)
+    mean = torch.nn.functional.normalize(torch.randn(d, generator=generator), dim=0) * 2 * scales.norm()
+    features = centers[labels] + torch.randn(n, d, generator=generator) * scales + mean
+    return torch.nn.functional.normalize(features, dim=1), labels
+
+
+@pytest.mark.parametrize("lam", [1e-3, 1.0, 30.0])
+def test_probabilities_match_scikit_learn_on_ill_conditioned_embeddings(lam):
+    """Centring and preconditioning change the path, not the optimum: the fitted model's probabilities equal
+    scikit-learn's converged ones on features where the mean dominates and the spectrum spans decades."""
+    from sklearn.linear_model import LogisticRegression
+
+    x, y = cone(4, 1500, 48, 6)
+    fit = fit_logistic(x[:1000], y[:1000], 6, lam)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        reference = LogisticRegression(C=1 / lam, max_iter=100_000, tol=1e-10).fit(x[:1000].double().numpy(),
+                                                                                   y[:1000].numpy())
+    ours = torch.softmax(fit.predict_scores(x[1000:]), dim=1)
+    theirs = torch.from_numpy(reference.predict_proba(x[1000:].double().numpy()))
+    assert (ours - theirs).abs().max() < 1e-4, float((ours - theirs).abs().max())
+    assert fit.iterations < 200  # plain L-BFGS needs thousands here; the preconditioner is what makes it fast
+
+
+def test_objective_gradient_is_the_gradient_of_the_plain_objective():
+    """The written-out gradient (centred-bias coordinates, chunked rows) against autograd of
+    ``mean CE(x W^T + b) + lam/(2n) ||W||^2`` with ``b = b' - W mu``."""
+    x, y = cone(5, 300, 16, 4)
+    x = x.double()
+    lams = torch.tensor([0.5, 7.0], dtype=torch.float64)
+    geometry = FeatureGeometry.of(x)
+    objective = logistic._Objective(x, y, 4, lams, geometry)
+    theta = torch.randn(2, 4 * 16 + 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    loss, grad = objective(theta, torch.arange(2))
+    for k in range(2):
+        params = theta[k].clone().requires_grad_(True)
+        weight, centred_bias = params[: 4 * 16].view(4, 16), params[4 * 16 :]
+        plain = torch.nn.functional.cross_entropy(x @ weight.T + centred_bias - weight @ geometry.mean, y)
+        plain = plain + lams[k] / (2 * len(y)) * weight.pow(2).sum()
+        plain.backward()
+        assert float(loss[k]) == pytest.approx(float(plain.detach()), rel=1e-12)
+        torch.testing.assert_close(grad[k], params.grad, rtol=1e-10, atol=1e-12)
+
+
+def test_a_batch_of_lambdas_fits_each_as_alone_and_row_chunks_do_not_matter(monkeypatch):
+    x, y = blobs(6, 800, 32, 5)
+    lams = [1e-2, 1.0, 100.0]
+    together = fit_logistic_batch(x, y, 5, lams)
+    monkeypatch.setattr(logistic, "CHUNK_ELEMENTS", 64)  # ~13 rows per chunk
+    for lam, fit in zip(lams, together, strict=True):
+        alone = fit_logistic(x, y, 5, lam)
+        torch.testing.assert_close(torch.softmax(alone.predict_scores(x), 1), torch.softmax(fit.predict_scores(x), 1),
+                                   rtol=0, atol=1e-5)
 
 
 def test_lambda_search_visits_clips_grid_and_breaks_ties_towards_more_regularisation():
