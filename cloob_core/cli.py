@@ -31,7 +31,7 @@ def _add_config_options(parser: argparse.ArgumentParser) -> None:
         metavar="SECTION.KEY=VALUE",
         action="append",
         default=[],
-        help="override one value, e.g. --set objective.name=clip (repeatable)",
+        help="override one value, e.g. --set train.objective=clip (repeatable)",
     )
 
 
@@ -148,16 +148,38 @@ def _cmd_data_shards(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_data_acquire(args: argparse.Namespace) -> int:
+    from cloob_core.data.acquire import acquire
+
+    result = acquire(_config_of(args), args.output)
+    print(f"acquired {result.rows} rows from {result.source}: {result.manifest}")
+    return 0
+
+
 def _add_data_commands(sub: argparse._SubParsersAction) -> None:
-    data = sub.add_parser("data", help="data stages: download, validate, shards, merge-stats",
+    data = sub.add_parser("data", help="data stages: acquire, download, validate, shards, merge-stats",
                           description="Data stages: manifest -> shards, the validation gate, local folders -> shards.")
     data_sub = data.add_subparsers(dest="data_command", metavar="STAGE", required=True)
+
+    acquire = data_sub.add_parser(
+        "acquire",
+        help="fix the run's image-text pairs as OUTPUT/manifest.parquet (embedded default or a manifest)",
+        description="The pipeline's first stage: write the manifest the gate and the shard build read. "
+        "acquire.source 'embedded' lists the packaged digit pairs (rows embedded:SPLIT/INDEX, fetched from the "
+        "package by `cloob data download`); otherwise it is a manifest file, local or s3://, kept with all its "
+        "columns.",
+    )
+    acquire.add_argument("--output", required=True, metavar="DIR", help="output folder, local path or s3:// URL")
+    _add_config_options(acquire)
+    _add_section_flags(acquire, "acquire")
+    acquire.set_defaults(func=_cmd_data_acquire)
 
     dl = data_sub.add_parser(
         "download",
         help="download a manifest of image URLs and captions into WebDataset shards (resumable)",
         description="Fetch, check, resize and shard the images of a manifest (CSV, TSV, parquet or JSONL; local "
-        "or s3://). Re-running the same command resumes: complete shards are skipped. Writes per shard "
+        "or s3://; http(s) URLs, or embedded:SPLIT/INDEX rows from `cloob data acquire`). Re-running the same "
+        "command resumes: complete shards are skipped. Writes per shard "
         "NNNNN.tar, NNNNN_stats.json and NNNNN_failures.jsonl; for the output sizes.json, stats.json and "
         "failures.jsonl. Exit status 130 after an interrupt (the output stays resumable).",
     )
@@ -344,6 +366,43 @@ def _add_eval_commands(sub: argparse._SubParsersAction) -> None:
         task.add_argument("--data", default="embedded", help=data_help + " (default: embedded)")
         task.add_argument("--split", default="test")
         common(task)
+
+    report = eval_sub.add_parser("report", help="one report over several evaluation folders, with a summary",
+                                 description="Combine the results of evaluation folders (e.g. one per task, as the "
+                                 "DVC pipeline writes them) into OUTPUT/metrics.json, OUTPUT/report.md with the "
+                                 "plots beside it, and print the summary table.")
+    report.add_argument("--inputs", nargs="+", required=True, metavar="DIR", help="evaluation output folders")
+    report.add_argument("--output", required=True, metavar="DIR", help="report folder")
+    report.set_defaults(func=_cmd_eval_report)
+
+    summary = eval_sub.add_parser("summary", help="print the summary table of a report's metrics.json",
+                                  description="Print the headline numbers of a `cloob eval report` folder.")
+    summary.add_argument("--metrics", default="reports/metrics.json", help="default: reports/metrics.json")
+    summary.set_defaults(func=_cmd_eval_summary)
+
+
+def _cmd_eval_summary(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from cloob_core.evaluation.reports import summary_table
+
+    path = Path(args.metrics)
+    if not path.is_file():
+        raise ConfigError(f"{path} does not exist; run the pipeline (dvc repro) or `cloob eval report` first")
+    print(summary_table(json.loads(path.read_text())))
+    return 0
+
+
+def _cmd_eval_report(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from cloob_core.evaluation.reports import combine_reports, summary_table
+
+    combined = combine_reports([Path(p) for p in args.inputs], Path(args.output))
+    print(summary_table(combined))
+    print(f"wrote {args.output}/metrics.json and {args.output}/report.md")
+    return 0
 
 
 def _cmd_config(args: argparse.Namespace) -> int:

@@ -44,20 +44,14 @@ class ModelConfig(_Section):
 
 
 class ObjectiveConfig(_Section):
-    name: str = Field("cloob", description="Objective from the registry: cloob, clip, infoloob, infonce_hopfield.")
+    """Hyperparameters of the objectives; which one trains is ``train.objective``."""
+
     beta: float = Field(
         8.0,
         gt=0.0,
         description="Inverse temperature of the Hopfield retrieval; 8 for CC3M, 14.3 for YFCC (paper §5.1-5.2). "
         "Used by the Hopfield objectives only.",
     )
-
-    @field_validator("name")
-    @classmethod
-    def _known_objective(cls, name: str) -> str:
-        if name not in OBJECTIVE_NAMES:
-            raise ValueError(f"unknown objective {name!r}; choose one of {sorted(OBJECTIVE_NAMES)}")
-        return name
 
 
 class OptimConfig(_Section):
@@ -110,7 +104,8 @@ class PreprocessConfig(_Section):
     )
     min_caption_chars: int = Field(1, ge=0, description="Drop captions shorter than this (1 drops empty captions).")
     max_caption_chars: int | None = Field(2000, ge=1, description="Drop captions longer than this (null: no limit).")
-    shard_size: int = Field(10_000, ge=1, description="Manifest rows per shard (img2dataset's default 10000).")
+    shard_size: int = Field(500, ge=1, description="Manifest rows per shard. 500 gives the embedded default's 4000 "
+                            "training pairs 8 shards, one per data stream; web-scale sets use img2dataset's 10000.")
     dedup_content: bool = Field(True, description="Keep identical image bytes (sha256) once; later copies are dropped.")
 
 
@@ -144,6 +139,15 @@ class DownloadConfig(_Section):
     dedup_urls: bool = Field(True, description="Fetch a URL repeated in the manifest once; later rows are dropped.")
 
 
+class AcquireConfig(_Section):
+    """``cloob data acquire``: where the pipeline's image-text pairs come from."""
+
+    source: str = Field("embedded", description="'embedded' (the packaged MNIST digit pairs, split below) or a "
+                        "manifest of image URLs and captions (CSV/TSV/parquet/JSONL, local path or s3://).")
+    split: Literal["train", "test", "all"] = Field("train", description="Embedded split to train on; the "
+                                                   "evaluation keeps the held-out 'test' split.")
+
+
 class ValidationConfig(_Section):
     """Thresholds of the data gate (``cloob data validate``)."""
 
@@ -165,7 +169,9 @@ class ValidationConfig(_Section):
 class TrainConfig(_Section):
     """``cloob train``: the loop around the objective. Optimiser and schedule live in ``optim``."""
 
-    shards: str = Field("runs/shards/train", description="Training shards: a folder with sizes.json (local or "
+    objective: str = Field("cloob", description="Objective from the registry: cloob, clip, infoloob, "
+                           "infonce_hopfield (the paper's ablation grid). Also used by `cloob demo`.")
+    shards: str = Field("data/shards", description="Training shards: a folder with sizes.json (local or "
                         "s3://), a brace pattern or a .tar; from `cloob data download|shards`.")
     batch_size: int = Field(128, ge=2, description="Global contrastive batch over all ranks (paper: 512 on CC3M, "
                             "1024 on YFCC).")
@@ -203,6 +209,13 @@ class TrainConfig(_Section):
     pushgateway: str | None = Field(None, description="Prometheus Pushgateway address for short runs "
                                     "(null: no push).")
 
+    @field_validator("objective")
+    @classmethod
+    def _known_objective(cls, name: str) -> str:
+        if name not in OBJECTIVE_NAMES:
+            raise ValueError(f"unknown objective {name!r}; choose one of {sorted(OBJECTIVE_NAMES)}")
+        return name
+
 
 # Named recipes of the paper (§5.1 CC3M, §5.2 YFCC; App. A.2.2). ``--preset`` applies them over the params file
 # and under --set overrides.
@@ -220,6 +233,7 @@ class CloobConfig(_Section):
     optim: OptimConfig = Field(default_factory=OptimConfig)
     demo: DemoConfig = Field(default_factory=DemoConfig)
     preprocess: PreprocessConfig = Field(default_factory=PreprocessConfig)
+    acquire: AcquireConfig = Field(default_factory=AcquireConfig)
     download: DownloadConfig = Field(default_factory=DownloadConfig)
     validation: ValidationConfig = Field(default_factory=ValidationConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)

@@ -17,15 +17,15 @@ def test_params_yaml_is_the_defaults():
 def test_paper_defaults():
     config = CloobConfig()
     assert config.model.inv_tau == 30.0 and not config.model.learn_inv_tau
-    assert config.objective.name == "cloob" and config.objective.beta == 8.0
+    assert config.train.objective == "cloob" and config.objective.beta == 8.0
     assert config.optim.weight_decay == 0.1
 
 
 def test_file_then_overrides(tmp_path):
     path = tmp_path / "p.yaml"
-    path.write_text("objective:\n  name: clip\ndemo:\n  epochs: 3\n")
+    path.write_text("train:\n  objective: clip\ndemo:\n  epochs: 3\n")
     config = load_config(path, ["demo.epochs=5", "model.learn_inv_tau=true"])
-    assert config.objective.name == "clip"
+    assert config.train.objective == "clip"
     assert config.demo.epochs == 5
     assert config.model.learn_inv_tau is True
     assert config.demo.batch_size == CloobConfig().demo.batch_size
@@ -34,7 +34,7 @@ def test_file_then_overrides(tmp_path):
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["objective.name=simclr"], "objective.name"),
+        (["train.objective=simclr"], "train.objective"),
         (["objective.beta=-1"], "objective.beta"),
         (["model.inv_tau=500"], "model.inv_tau"),
         (["demo.epochs=many"], "demo.epochs"),

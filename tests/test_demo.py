@@ -59,6 +59,6 @@ def test_cli_config_prints_params_yaml_defaults(capsys):
 
 
 def test_cli_rejects_bad_config_with_exit_2(capsys, tmp_path):
-    assert main(["demo", "--output", str(tmp_path), "--set", "objective.name=simclr"]) == 2
-    assert "objective.name" in capsys.readouterr().err
+    assert main(["demo", "--output", str(tmp_path), "--set", "train.objective=simclr"]) == 2
+    assert "train.objective" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())  # nothing was written

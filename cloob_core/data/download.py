@@ -200,7 +200,10 @@ def download(
     dl, pre = config.download, config.preprocess
     if not isinstance(manifest, Manifest):
         manifest = Manifest.load(manifest, dl.url_col, dl.caption_col, dl.input_format)
-    source = source or HttpSource(FetchPolicy.from_config(dl))
+    if source is None:
+        from cloob_core.data.local_shards import embedded_source_for  # it imports this module
+
+        source = embedded_source_for(manifest.frame[manifest.url_col]) or HttpSource(FetchPolicy.from_config(dl))
     storage.ensure_folder(output)
     check_settings(output, settings_of(manifest, config))
     _clean_stale_staging(output)

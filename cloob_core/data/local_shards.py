@@ -82,6 +82,19 @@ def embedded_frame(split: str) -> tuple[pd.DataFrame, EmbeddedSource]:
     return pd.DataFrame(rows), EmbeddedSource(images)
 
 
+def embedded_source_for(urls: pd.Series) -> EmbeddedSource | None:
+    """The embedded set as a fetch source when every URL names it (``cloob data acquire``'s default)."""
+    from cloob_core.embedded_data import load_embedded
+
+    if len(urls) == 0 or not urls.str.startswith(EMBEDDED_PREFIX).all():
+        return None
+    splits = sorted({url.removeprefix(EMBEDDED_PREFIX).partition("/")[0] for url in urls})
+    unknown = [name for name in splits if name not in ("train", "test")]
+    if unknown:
+        raise ManifestError(f"embedded rows name unknown split(s) {unknown}; the embedded set has train and test")
+    return EmbeddedSource({name: load_embedded(name).images for name in splits})
+
+
 def folder_frame(root: Path) -> pd.DataFrame:
     """Images under ``root`` (sorted, recursive) with the caption of a sidecar ``<stem>.txt``; the parent
     folder's name is kept as ``classname`` (ImageFolder layout)."""

@@ -1,7 +1,8 @@
 """``cloob data validate``: the gate between data and GPU hours, as Great Expectations (1.x) suites.
 
 Two suites, thresholds from the ``validation`` config section:
-- manifest: URLs present and http(s), unique; captions non-empty and within length; enough rows;
+- manifest: URLs present and http(s) (or rows of the embedded set), unique; captions non-empty and within
+  length; enough rows;
 - shards: every shard of the manifest is complete and has samples; its tar holds exactly the samples its record
   and ``sizes.json`` claim, each with jpg, txt and json; stored image sides within bounds; overall success ratio
   above the threshold.
@@ -28,6 +29,7 @@ from cloob_core.io import json_bytes
 
 log = logging.getLogger(__name__)
 _SAMPLE_PARTS = {"jpg", "txt", "json"}
+URL_PATTERN = r"^(https?://[^\s/]+\S*|embedded:(train|test)/\d+)$"  # the embedded rows of `cloob data acquire`
 
 
 @dataclass
@@ -107,7 +109,7 @@ def manifest_expectations(gxe: Any, config: CloobConfig) -> list[Any]:
     mostly = 1.0 - val.max_bad_row_fraction
     return [
         gxe.ExpectTableRowCountToBeBetween(min_value=val.min_rows),
-        gxe.ExpectColumnValuesToMatchRegex(column=dl.url_col, regex=r"^https?://[^\s/]+\S*$", mostly=mostly),
+        gxe.ExpectColumnValuesToMatchRegex(column=dl.url_col, regex=URL_PATTERN, mostly=mostly),
         gxe.ExpectColumnValuesToBeUnique(column=dl.url_col, mostly=mostly),
         gxe.ExpectColumnValuesToMatchRegex(column=dl.caption_col, regex=r"\S", mostly=mostly),
         gxe.ExpectColumnValueLengthsToBeBetween(column=dl.caption_col, min_value=1,
@@ -194,5 +196,9 @@ def run_gate(config: CloobConfig, manifest: str | None = None, shards: str | Non
         storage.write_bytes(storage.join(report_dir, "gx_results.json"),
                             json_bytes(report.raw, default=str))
         storage.write_bytes(storage.join(report_dir, "summary.md"), ("```\n" + report.text() + "\n```\n").encode())
+        # The verdict alone, without thresholds or observed values: what a later stage may depend on, so that
+        # retuning a threshold re-runs the gate, not everything after it.
+        storage.write_bytes(storage.join(report_dir, "gate.json"),
+                            json_bytes({"passed": report.passed, "suites": sorted(report.raw)}))
     log.info("data gate %s", "passed" if report.passed else "failed")
     return report

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from cloob_core.io import read_json_or, write_json, write_text
+from cloob_core.io import atomic_write, read_json_or, write_json, write_text
 from cloob_core.plots import save_png
 
 
@@ -37,6 +38,47 @@ def write_result(output: Path, record: dict, plots: Sequence[str] = ()) -> Path:
     write_json(output / ".report.json", entries)
     write_text(output / "report.md", _markdown(entries))
     return output / f"{name}.json"
+
+
+def combine_reports(inputs: Sequence[Path], output: Path) -> dict[str, dict]:
+    """One report over several evaluation folders (the DVC pipeline runs each task into its own, since DVC outputs
+    may not overlap): their scalars in ``OUTPUT/metrics.json``, their records in ``OUTPUT/results/``, their plots
+    in ``OUTPUT/figures/`` (a folder DVC shows as image plots), and ``OUTPUT/report.md`` linking both. Returns the
+    scalars by result name."""
+    entries: dict[str, dict] = {}
+    for folder in inputs:
+        found = read_json_or(folder / ".report.json", None)
+        if not found:
+            raise FileNotFoundError(f"{folder} holds no evaluation results (no .report.json); run `cloob eval` "
+                                    "into it first")
+        for name, entry in found.items():
+            if name in entries:
+                raise ValueError(f"result {name} appears in two input folders")
+            moved = {**entry, "record": f"results/{entry['record']}", "plots": [f"figures/{p}" for p in entry["plots"]]}
+            for source, target in zip((entry["record"], *entry["plots"]), (moved["record"], *moved["plots"]),
+                                      strict=True):
+                atomic_write(output / target, lambda tmp, src=folder / source: shutil.copyfile(src, tmp))
+            entries[name] = moved
+    combined = {name: entry["scalars"] for name, entry in sorted(entries.items())}
+    write_json(output / "metrics.json", combined)
+    write_text(output / "report.md", _markdown(entries))
+    return combined
+
+
+HEADLINE = ("top1", "mean_per_class_recall", "lambda_", "image_to_text_R@1", "text_to_image_R@1",
+            "effective_eigenvalues_image", "effective_eigenvalues_text", "positive_probability_p1")
+
+
+def summary_table(combined: dict[str, dict]) -> str:
+    """The headline numbers of each result, one line each, for a terminal."""
+    lines = ["evaluation summary"]
+    width = max((len(name) for name in combined), default=0)
+    for name, scalars in combined.items():
+        shown = [(key, scalars[key]) for key in HEADLINE if key in scalars]
+        cells = [f"{key} {100 * value:.2f}%" if key in ("top1", "mean_per_class_recall") or "R@" in key
+                 else f"{key} {value:.4g}" for key, value in shown]
+        lines.append(f"  {name:<{width}}  " + ", ".join(cells))
+    return "\n".join(lines)
 
 
 def _markdown(entries: dict[str, dict]) -> str:

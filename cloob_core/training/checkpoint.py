@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 _NAME = re.compile(r"^step-(\d{8})\.pt$")
 
 # Settings a resumed run must share with its checkpoint: they fix parameter shapes or the data order.
-MUST_MATCH = ("model.architecture", "objective.name", "train.batch_size", "train.data_streams", "train.seed",
+MUST_MATCH = ("model.architecture", "train.objective", "train.batch_size", "train.data_streams", "train.seed",
               "train.shuffle_buffer", "train.augment")
 
 

@@ -70,6 +70,10 @@ def _check_batch(config: CloobConfig, env: DistEnv) -> int:
 def resolve_resume(resume: str | None, output: Path, mirror: str | None) -> str | None:
     """``latest``: the newest checkpoint in OUTPUT/checkpoints, else in the S3 mirror; or an explicit path."""
     if resume is None:
+        earlier = checkpoint.latest(str(output / "checkpoints"))
+        if earlier is not None:  # its retention would mix the two runs, and `--resume latest` pick the wrong one
+            raise ConfigError(f"{output}/checkpoints holds checkpoints of an earlier run (newest {earlier}); pass "
+                              "--resume latest to continue it, or choose another --output")
         return None
     if resume != "latest":
         return resume
@@ -102,7 +106,7 @@ def train(config: CloobConfig, output: str | Path, resume: str | None = None, pr
     preprocess = getattr(model.encoder.visual, "preprocess_cfg", {}) or {}
     transform = open_clip.image_transform(model.image_size, is_train=cfg.augment, mean=preprocess.get("mean"),
                                           std=preprocess.get("std"))
-    objective = build_objective(config.objective.name, beta=config.objective.beta)
+    objective = build_objective(config.train.objective, beta=config.objective.beta)
     optimizer = build_optimizer(model, config.optim)
     scheduler = build_scheduler(optimizer, config.optim, steps)
     scaler = torch.amp.GradScaler(device.type, enabled=cfg.precision == "fp16")
@@ -243,7 +247,7 @@ def _save_checkpoint(config: CloobConfig, env: DistEnv, output: Path, model, opt
 
 
 def _write_outputs(output: Path, model, config: CloobConfig, metrics: dict, history: list) -> None:
-    export_model(model, output / "model", {"objective": config.objective.name, "beta": config.objective.beta,
+    export_model(model, output / "model", {"objective": config.train.objective, "beta": config.objective.beta,
                                            "steps": metrics["steps"]})
     write_json(output / "metrics.json", metrics)
     write_text(output / "loss_history.csv",
@@ -251,4 +255,4 @@ def _write_outputs(output: Path, model, config: CloobConfig, metrics: dict, hist
     if history:
         steps, losses, lrs = zip(*history, strict=True)
         training_curves_png(output / "training_curves.png", steps, losses, lrs,
-                            f"cloob train: {config.objective.name}, {config.model.architecture}")
+                            f"cloob train: {config.train.objective}, {config.model.architecture}")

@@ -1,0 +1,131 @@
+"""The DVC pipeline end to end on the embedded default, in a temporary copy of the repository: `dvc repro`, a
+parameter change that re-runs exactly the affected stages, an experiment with the CLIP objective, and
+`dvc push` / `dvc pull` of every output to a real S3-compatible server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+STAGES = ["acquire", "validate", "shards", "validate_shards", "train", "eval_zeroshot", "eval_linear_probe",
+          "eval_retrieval", "eval_diagnostics", "report"]
+
+
+def run(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> str:
+    done = subprocess.run(args, cwd=cwd, env=env or os.environ.copy(), capture_output=True, text=True, timeout=900)
+    message = f"{' '.join(args)} exited {done.returncode}\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+    assert done.returncode == 0, message
+    return done.stdout + done.stderr
+
+
+def stages_run(output: str) -> list[str]:
+    return re.findall(r"Running stage '([\w-]+)'", output)
+
+
+def environment() -> dict[str, str]:
+    env = os.environ.copy()
+    env["PATH"] = f"{BIN}{os.pathsep}{env['PATH']}"  # `cloob` and `dvc` of this environment
+    env.update(DVC_NO_ANALYTICS="1", GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@example.com", GIT_COMMITTER_NAME="t",
+               GIT_COMMITTER_EMAIL="t@example.com")
+    return env
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory) -> Path:
+    """The repository's files (tracked or not ignored) in a fresh git repo, with a shorter training run."""
+    root = tmp_path_factory.mktemp("pipeline")
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                            capture_output=True, text=True, check=True).stdout.split("\0")
+    for name in filter(None, listed):
+        source = REPO / name
+        if source.is_file() and not name.startswith(("data/", "models/", "eval/", "reports/", "dvc.lock")):
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, root / name)
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["train"]["epochs"] = 3.0  # CI time (the default is 5); the pipeline's shape is what is tested here
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    env = environment()
+    run(["git", "init", "-q"], root, env)
+    run(["git", "add", "-A"], root, env)
+    run(["git", "commit", "-qm", "copy"], root, env)
+    return root
+
+
+@pytest.fixture(scope="module")
+def reproduced(repo: Path) -> tuple[Path, str]:
+    return repo, run(["dvc", "repro"], repo, environment())
+
+
+def test_dvc_repro_runs_every_stage_and_reports(reproduced):
+    repo, output = reproduced
+    ran = stages_run(output)
+    assert sorted(ran) == sorted(STAGES) and ran[:5] == STAGES[:5] and ran[-1] == "report", output
+    assert "evaluation summary" in output
+    metrics = json.loads((repo / "reports" / "metrics.json").read_text())
+    zeroshot = metrics["embedded-mnist-test_zeroshot_classification"]
+    assert zeroshot["top1"] > 2 * zeroshot["chance"]  # 10 digit classes: chance 10%; 3 epochs give ~40%
+    assert metrics["embedded-mnist-test_linear_probe"]["top1"] > 0.5
+    assert {"embedded-mnist-test_zeroshot_retrieval", "embedded-mnist-test_diagnostics"} <= set(metrics)
+    assert (repo / "reports" / "report.md").read_text().count("figures/") >= 4
+    assert json.loads((repo / "data" / "validation" / "gate.json").read_text())["passed"] is True
+    shown = run(["dvc", "metrics", "show"], repo, environment())
+    assert "reports/metrics.json" in shown and "top1" in shown
+    assert "up to date" in run(["dvc", "status"], repo, environment()).lower()
+
+
+def test_a_parameter_change_reruns_exactly_the_affected_stages(reproduced):
+    repo, _ = reproduced
+    env = environment()
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["validation"]["min_rows"] = 2  # the gate's threshold: only the gates re-run
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    output = run(["dvc", "repro"], repo, env)
+    assert stages_run(output) == ["validate", "validate_shards"], output  # verdicts unchanged: nothing else
+    params["optim"]["lr"] = 5e-4  # training: train, the evaluations and the report; not the data stages
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    status = run(["dvc", "status"], repo, env)
+    assert "train:" in status and "acquire:" not in status and "shards:" not in status, status
+    run(["git", "checkout", "params.yaml"], repo, env)
+    run(["dvc", "repro"], repo, env)  # back to the committed parameters for the tests below
+
+
+def test_dvc_experiment_with_the_clip_objective(reproduced):
+    repo, _ = reproduced
+    env = environment()
+    run(["git", "add", "-A"], repo, env)
+    run(["git", "commit", "-qm", "baseline results"], repo, env)
+    output = run(["dvc", "exp", "run", "-S", "train.objective=clip"], repo, env)
+    assert "train" in stages_run(output) and "acquire" not in stages_run(output), output
+    table = run(["dvc", "exp", "show", "--no-pager", "--md"], repo, env)
+    assert "clip" in table and "top1" in table, table
+
+
+def test_dvc_push_and_pull_through_s3(reproduced, s3_server, tmp_path):
+    repo, _ = reproduced
+    from cloob_core import storage
+
+    storage.s3_client().create_bucket(Bucket="cloob-dvc-remote")
+    env = environment()
+    run(["dvc", "remote", "add", "--local", "-f", "-d", "store", "s3://cloob-dvc-remote/cache"], repo, env)
+    run(["dvc", "remote", "modify", "--local", "store", "endpointurl", s3_server], repo, env)
+    run(["dvc", "push"], repo, env)
+    model_file = repo / "models" / "train" / "model" / "open_clip_model.pt"
+    before = model_file.read_bytes()
+    for folder in ("data", "models", "eval", ".dvc/cache"):
+        shutil.rmtree(repo / folder)
+    run(["dvc", "pull"], repo, env)
+    assert model_file.read_bytes() == before
+    assert (repo / "data" / "shards" / "sizes.json").exists()
+    # Everything cached came back; only the training checkpoints (cache: false, not worth a remote) are absent.
+    changed = [line.strip() for line in run(["dvc", "status"], repo, env).splitlines() if "deleted:" in line]
+    assert changed == ["deleted:            models/train/checkpoints"], changed
