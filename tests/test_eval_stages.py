@@ -103,9 +103,9 @@ def test_a_user_image_folder_with_a_class_name_file(trained, tmp_path, capsys):
     assert run("diagnostics", "--data", str(root), *common) == 0
     text = capsys.readouterr().out
     assert "test zero-shot" in text and "test linear probe" in text
-    zero_shot = json.loads((out / "test_zeroshot_classification.json").read_text())["metrics"]
+    zero_shot = json.loads((out / "photos-test_zeroshot_classification.json").read_text())["metrics"]
     assert len(zero_shot["per_class_accuracy"]) == 3 and zero_shot["chance"] == pytest.approx(1 / 3)
-    probe = json.loads((out / "test_linear_probe.json").read_text())["metrics"]
+    probe = json.loads((out / "photos-test_linear_probe.json").read_text())["metrics"]
     assert probe["train_size"] == 36 and 0 <= probe["top1"] <= 1
 
 

@@ -140,11 +140,11 @@ def embedded_set(split: str) -> ImageSet:
     )
 
 
-def image_folder_set(root: Path) -> ImageSet:
+def image_folder_set(root: Path, name: str) -> ImageSet:
     from torchvision.datasets import ImageFolder
 
     folder = ImageFolder(str(root))
-    return ImageSet(name=root.name, identity=f"folder:{root.resolve()}:{len(folder)}",
+    return ImageSet(name=name, identity=f"folder:{root.resolve()}:{len(folder)}",
                     opener=lambda i: folder.loader(folder.samples[i][0]).convert("RGB"), size=len(folder),
                     labels=[label for _, label in folder.samples], classnames=list(folder.classes))
 
@@ -195,8 +195,11 @@ def load_images(source: str, split: str = "test", label_key: str = "label", clas
     elif storage.is_s3(source) or source.endswith(".tar") or "{" in source or (Path(source) / "sizes.json").exists():
         images = shard_set(source, label_key)
     elif Path(source).is_dir():
-        root = Path(source) / split if (Path(source) / split).is_dir() else Path(source)
-        images = image_folder_set(root)
+        top = Path(source).resolve()
+        if (top / split).is_dir():  # results are named after the data set, with the split: digits-test
+            images = image_folder_set(top / split, f"{top.name}-{split}")
+        else:
+            images = image_folder_set(top, top.name)
     else:
         raise FileNotFoundError(f"{source}: not 'embedded', an image folder, shards or a captions .csv")
     names, templates = read_class_file(class_file)
