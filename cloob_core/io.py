@@ -10,6 +10,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
 
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
@@ -23,6 +26,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         yield tmp
         with open(tmp, "rb+") as handle:
             os.fsync(handle.fileno())
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp creates 0600; give the file the mode a plain open() would
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+pytestmark = pytest.mark.slow  # ~4.5 minutes: CI runs it (.ci/run), the default suite does not
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 STAGES = ["acquire", "validate", "shards", "validate_shards", "train", "eval_zeroshot", "eval_linear_probe",

@@ -29,7 +29,7 @@ from cloob_core.io import json_bytes
 
 log = logging.getLogger(__name__)
 _SAMPLE_PARTS = {"jpg", "txt", "json"}
-URL_PATTERN = r"^(https?://[^\s/]+\S*|embedded:(train|test)/\d+)$"  # the embedded rows of `cloob data acquire`
+URL_PATTERN = r"^(?:https?://[^\s/]+\S*|embedded:(?:train|test)/\d+)$"  # the embedded rows of `cloob data acquire`
 
 
 @dataclass

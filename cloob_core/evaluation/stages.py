@@ -50,6 +50,7 @@ def zeroshot(model: EvalModel, images: ImageSet, output: Path, cache: Path | Non
                              hopfield_retrieval(classes, features, hopfield_beta))
     metrics = classification_metrics(features @ classes.T, torch.tensor(images.labels), len(images.classnames))
     metrics["embeddings"] = "hopfield" if hopfield_beta is not None else "raw"
+    metrics["classnames"] = list(images.classnames)  # the order of per_class_accuracy and the confusion matrix
     output.mkdir(parents=True, exist_ok=True)
     task = "zeroshot_classification"
     plots = [

@@ -1,0 +1,121 @@
+"""What the Kubeflow components call. Each step runs the very `cloob` subcommand the DVC stage runs, in process,
+with the run's parameters (the text of a params.yaml) written to a file, and fills KFP's typed artifacts from
+the stage's outputs. Artifacts are duck-typed (``.path``, ``.metadata``, ``log_metric``,
+``log_confusion_matrix``), so this module does not import kfp and the steps run without it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class StageFailed(RuntimeError):
+    """A stage exited non-zero: the task fails, and the run stops before anything that depends on it."""
+
+
+Params = dict[str, Any] | str  # a params.yaml as a mapping (KFP's struct parameter) or as its text
+
+
+def _write_params(params: Params, folder: str) -> str:
+    import yaml
+
+    path = Path(folder) / "params.yaml"
+    path.write_text(params if isinstance(params, str) else yaml.safe_dump(params, sort_keys=False), encoding="utf-8")
+    return str(path)
+
+
+def run_stage(argv: Sequence[str], params: Params | None = None) -> None:
+    from cloob_core.cli import main
+
+    with tempfile.TemporaryDirectory() as tmp:
+        code = main([*argv, "--params", _write_params(params, tmp)] if params is not None else list(argv))
+    if code != 0:
+        raise StageFailed(f"cloob {' '.join(argv)} exited with status {code}")
+
+
+def acquire(params: Params, manifest_dir: str) -> None:
+    run_stage(["data", "acquire", "--output", manifest_dir], params)
+
+
+def validate(params: Params, report_dir: str, manifest_dir: str | None = None, shards_dir: str | None = None) -> None:
+    """The gate; a failure raises, so the run stops here."""
+    argv = ["data", "validate", "--report", report_dir]
+    if manifest_dir:
+        argv += ["--manifest", str(Path(manifest_dir) / "manifest.parquet")]
+    if shards_dir:
+        argv += ["--shards", shards_dir]
+    run_stage(argv, params)
+
+
+def download(params: Params, manifest_dir: str, partition: str, shards_dir: str) -> None:
+    run_stage(["data", "download", "--manifest", str(Path(manifest_dir) / "manifest.parquet"), "--output",
+               shards_dir, "--partition", partition, "--no-progress"], params)
+
+
+def merge_partitions(partition_dirs: Sequence[str], shards_dir: str) -> dict[str, Any]:
+    """Put the partitions' shards (disjoint by shard number) in one folder and rebuild its summary files."""
+    from cloob_core.data.summary import merge_stats
+
+    target = Path(shards_dir)
+    target.mkdir(parents=True, exist_ok=True)
+    for folder in partition_dirs:
+        for file in sorted(Path(folder).iterdir()):
+            if file.is_file() and file.name not in ("sizes.json", "stats.json", "failures.jsonl"):
+                shutil.copyfile(file, target / file.name)
+    summary = merge_stats(str(target))
+    return {"samples": sum(summary.sizes.values()), "shards": len(summary.sizes), "failures": len(summary.failures)}
+
+
+def train(params: Params, shards_dir: str, output_dir: str, gpus: int = 0) -> dict[str, Any]:
+    """``cloob train`` on this node: in process for one device, under torchrun with one process per GPU."""
+    argv = ["train", "--output", output_dir, "--no-progress", "--set", f"train.shards={shards_dir}"]
+    if gpus > 1:
+        with tempfile.TemporaryDirectory() as tmp:
+            command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}",
+                       "-m", "cloob_core.cli", *argv, "--params", _write_params(params, tmp)]
+            log.info("running %s", " ".join(command))
+            code = subprocess.run(command, env=os.environ.copy(), check=False).returncode
+        if code != 0:
+            raise StageFailed(f"torchrun cloob train exited with status {code}")
+    else:
+        run_stage(argv, params)
+    return json.loads((Path(output_dir) / "metrics.json").read_text())
+
+
+def evaluate(task: str, model_dir: str, output_dir: str, extra: Sequence[str] = ()) -> None:
+    run_stage(["eval", task, "--model", model_dir, "--output", output_dir, "--no-progress", *extra])
+
+
+def report(eval_dirs: Sequence[str], output_dir: str, metrics: Any = None, markdown_path: str | None = None,
+           classification: Any = None) -> dict[str, dict]:
+    """``cloob eval report``, then the scalars onto a KFP ``Metrics`` artifact, the Markdown page onto a
+    ``Markdown`` artifact and the first zero-shot confusion matrix onto a ``ClassificationMetrics`` one."""
+    run_stage(["eval", "report", "--inputs", *eval_dirs, "--output", output_dir])
+    combined = json.loads((Path(output_dir) / "metrics.json").read_text())
+    if metrics is not None:
+        for name, scalars in combined.items():
+            for key, value in scalars.items():
+                metrics.log_metric(f"{name}.{key}", float(value))
+    if markdown_path:
+        Path(markdown_path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(Path(output_dir) / "report.md", markdown_path)
+    if classification is not None:
+        for record in sorted((Path(output_dir) / "results").glob("*_zeroshot_classification.json")):
+            result = json.loads(record.read_text())
+            matrix = result["metrics"].get("confusion_matrix")
+            names = result["metrics"].get("classnames") or [str(i) for i in range(len(matrix or []))]
+            if matrix:
+                classification.log_confusion_matrix(list(names), [list(map(int, row)) for row in matrix])
+                break
+    return combined

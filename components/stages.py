@@ -1,0 +1,79 @@
+"""One component per pipeline stage. Each body only calls the stage in ``cloob_core.orchestration`` (which runs
+the same `cloob` subcommand as the DVC stage); the image already holds cloob_core, so nothing is installed at
+run time (``install_kfp_package=False``: the image carries kfp too)."""
+
+# No `from __future__ import annotations` here: KFP reads the artifact types from the live annotations.
+from kfp import dsl
+from kfp.dsl import ClassificationMetrics, Dataset, Input, Markdown, Metrics, Model, Output
+
+from components.images import CPU_IMAGE, CUDA_IMAGE
+
+
+@dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
+def acquire(params: str, manifest: Output[Dataset]):
+    """The run's image-text pairs as one manifest (the embedded default or acquire.source)."""
+    from cloob_core import orchestration
+
+    orchestration.acquire(params, manifest.path)
+
+
+@dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
+def validate_manifest(params: str, manifest: Input[Dataset], report: Output[Dataset]):
+    """The data gate on the manifest: fails the task (and stops the run) when an expectation fails."""
+    from cloob_core import orchestration
+
+    orchestration.validate(params, report.path, manifest_dir=manifest.path)
+
+
+@dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
+def download_partition(params: str, manifest: Input[Dataset], partition: str, shards: Output[Dataset]):
+    """Part I/N of the shards (shard k belongs to part k % N); resumable, so a retry continues."""
+    from cloob_core import orchestration
+
+    orchestration.download(params, manifest.path, partition, shards.path)
+
+
+@dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
+def merge_shards(parts: Input[list[Dataset]], shards: Output[Dataset]):
+    """The partitions' shards in one dataset, with sizes.json / stats.json / failures.jsonl rebuilt."""
+    from cloob_core import orchestration
+
+    shards.metadata.update(orchestration.merge_partitions([part.path for part in parts], shards.path))
+
+
+@dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
+def validate_shards(params: str, shards: Input[Dataset], report: Output[Dataset]):
+    """The data gate on the built shards: the last check before GPU hours."""
+    from cloob_core import orchestration
+
+    orchestration.validate(params, report.path, shards_dir=shards.path)
+
+
+@dsl.component(base_image=CUDA_IMAGE, install_kfp_package=False)
+def train(params: str, shards: Input[Dataset], gpus: int, model: Output[Model], metrics: Output[Metrics]):
+    """`cloob train` on one node; several GPUs run under torchrun, one process each."""
+    from cloob_core import orchestration
+
+    result = orchestration.train(params, shards.path, model.path, gpus)
+    for key in ("final_loss", "steps", "samples_per_second", "train_seconds"):
+        metrics.log_metric(key, float(result[key]))
+    model.metadata.update({"objective": result["objective"], "architecture": result["architecture"]})
+
+
+@dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
+def evaluate(task: str, model: Input[Model], results: Output[Dataset]):
+    """One `cloob eval` task (zeroshot, linear-probe, retrieval, diagnostics) on the embedded held-out split."""
+    from cloob_core import orchestration
+
+    orchestration.evaluate(task, model.path + "/model", results.path)
+
+
+@dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
+def report(zeroshot: Input[Dataset], linear_probe: Input[Dataset], retrieval: Input[Dataset],
+           diagnostics: Input[Dataset], folder: Output[Dataset], metrics: Output[Metrics],
+           confusion: Output[ClassificationMetrics], page: Output[Markdown]):
+    """The combined report: scalars as KFP metrics, the zero-shot confusion matrix, the Markdown page."""
+    from cloob_core import orchestration
+
+    orchestration.report([zeroshot.path, linear_probe.path, retrieval.path, diagnostics.path], folder.path,
+                         metrics=metrics, markdown_path=page.path, classification=confusion)

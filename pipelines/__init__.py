@@ -1,0 +1,1 @@
+"""Kubeflow pipelines of cloob-pipelines: definitions, compilation, submission and schedules."""

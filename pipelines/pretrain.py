@@ -1,0 +1,79 @@
+"""The pretraining-and-evaluation pipeline: acquire -> manifest gate -> download fanned out over partitions ->
+merge -> shard gate -> train on GPU nodes -> the four evaluations -> report. The stages are the DVC pipeline's,
+run by the components in components/stages.py."""
+
+# No `from __future__ import annotations`: KFP reads the pipeline parameter types from the live annotations.
+
+import json
+from pathlib import Path
+
+import yaml
+from kfp import dsl, kubernetes
+
+from components import stages
+
+# The repository's params.yaml as the run parameter's default, as one line of JSON (JSON is YAML): a multi-line
+# default breaks the comment header the compiler writes, and a struct parameter cannot hold nulls.
+DEFAULT_PARAMS = json.dumps(yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text("utf-8")))
+EVAL_TASKS = ("zeroshot", "linear-probe", "retrieval", "diagnostics")
+
+
+def partition_names(count: int) -> list[str]:
+    return [f"{i}/{count}" for i in range(count)]
+
+
+def with_s3_credentials(task: dsl.PipelineTask, secret: str) -> dsl.PipelineTask:
+    """S3 credentials (and endpoint, for MinIO) from a Kubernetes secret, as environment variables: never as
+    pipeline parameters, so they stay out of the run's recorded inputs. Optional, for clusters with IRSA."""
+    return kubernetes.use_secret_as_env(
+        task, secret_name=secret, optional=True,
+        secret_key_to_env={"AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY": "AWS_SECRET_ACCESS_KEY",
+                           "AWS_ENDPOINT_URL": "AWS_ENDPOINT_URL"})
+
+
+def build(partitions: int = 2, gpus: int = 1, accelerator: str = "nvidia.com/gpu", cpu: str = "8",
+          memory: str = "32Gi", shm: str = "16Gi", node_selector: dict[str, str] | None = None,
+          gpu_taint: str | None = "nvidia.com/gpu", s3_secret: str = "cloob-s3"):
+    """The pipeline function for these cluster settings (fixed at compile time: resources and scheduling are
+    part of the pod spec, not run parameters)."""
+
+    @dsl.pipeline(name="cloob-pretrain-evaluate",
+                  description="CLOOB pretraining and evaluation: data gate, sharded download, training, report.")
+    def pretrain_evaluate(params: str = DEFAULT_PARAMS):
+        acquired = with_s3_credentials(stages.acquire(params=params), s3_secret)
+        acquired.set_caching_options(False)  # the source (a URL or bucket) can change under the same name
+        gate = with_s3_credentials(stages.validate_manifest(params=params, manifest=acquired.outputs["manifest"]),
+                                   s3_secret)
+        with dsl.ParallelFor(items=partition_names(partitions), parallelism=partitions) as part:
+            downloaded = stages.download_partition(params=params, manifest=acquired.outputs["manifest"],
+                                                   partition=part)
+            downloaded.after(gate)
+            downloaded.set_retry(num_retries=3, backoff_duration="60s", backoff_factor=2)
+            with_s3_credentials(downloaded, s3_secret)
+        merged = stages.merge_shards(parts=dsl.Collected(downloaded.outputs["shards"]))
+        shard_gate = stages.validate_shards(params=params, shards=merged.outputs["shards"])
+
+        trained = stages.train(params=params, shards=merged.outputs["shards"], gpus=gpus)
+        trained.after(shard_gate)
+        trained.set_caching_options(False)  # a retraining run must train, even on unchanged inputs
+        trained.set_cpu_request(cpu).set_memory_request(memory)
+        if gpus > 0:
+            trained.set_accelerator_type(accelerator).set_accelerator_limit(gpus)
+        kubernetes.empty_dir_mount(trained, volume_name="dshm", mount_path="/dev/shm", medium="Memory",
+                                   size_limit=shm)  # DataLoader workers share batches through /dev/shm
+        if gpu_taint:
+            kubernetes.add_toleration(trained, key=gpu_taint, operator="Exists", effect="NoSchedule")
+        for key, value in (node_selector or {}).items():
+            kubernetes.add_node_selector(trained, label_key=key, label_value=value)
+        with_s3_credentials(trained, s3_secret)
+
+        results = {}
+        for task in EVAL_TASKS:
+            evaluated = stages.evaluate(task=task, model=trained.outputs["model"])
+            evaluated.set_display_name(f"eval {task}")
+            evaluated.set_retry(num_retries=2, backoff_duration="30s")
+            results[task] = evaluated.outputs["results"]
+        stages.report(zeroshot=results["zeroshot"], linear_probe=results["linear-probe"],
+                      retrieval=results["retrieval"], diagnostics=results["diagnostics"])
+
+    return pretrain_evaluate

@@ -1,0 +1,90 @@
+"""The Kubeflow pipeline: the compiled YAML carries what the cluster needs, and the whole pipeline runs locally
+with kfp.local (SubprocessRunner, this environment) on the embedded default."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # components/ and pipelines/ run from the repository root, uninstalled
+
+STAGES = {"acquire", "validate-manifest", "download-partition", "merge-shards", "validate-shards", "train",
+          "evaluate", "report"}
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory) -> dict:
+    from pipelines.__main__ import main
+
+    path = tmp_path_factory.mktemp("kfp") / "pipeline.yaml"
+    assert main(["compile", "--output", str(path), "--partitions", "3", "--gpus", "4", "--node-selector",
+                 "pool=a100"]) == 0
+    documents = list(yaml.safe_load_all(path.read_text()))
+    return {"spec": documents[0], "platform": documents[1]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]}
+
+
+def tasks_of(spec: dict) -> dict[str, dict]:
+    tasks = dict(spec["root"]["dag"]["tasks"])
+    for component in spec["components"].values():  # the ParallelFor body is a sub-DAG
+        tasks.update(component.get("dag", {}).get("tasks", {}))
+    return tasks
+
+
+def test_every_stage_is_present_and_the_gates_come_first(compiled):
+    spec = compiled["spec"]
+    tasks = tasks_of(spec)
+    assert {f"comp-{stage}" for stage in STAGES} <= {task["componentRef"]["name"] for task in tasks.values()}
+    assert set(tasks["train"]["dependentTasks"]) >= {"validate-shards", "merge-shards"}  # the shard gate first
+    loop = next(task for task in spec["root"]["dag"]["tasks"].values() if "parameterIterator" in task)
+    assert "validate-manifest" in loop["dependentTasks"]  # the manifest gate before any download
+    assert loop["iteratorPolicy"]["parallelismLimit"] == 3
+    assert json.loads(loop["parameterIterator"]["items"]["raw"]) == ["0/3", "1/3", "2/3"]
+    assert tasks["download-partition"]["retryPolicy"]["maxRetryCount"] == 3
+    assert all(tasks[name]["retryPolicy"]["maxRetryCount"] == 2 for name in tasks if name.startswith("evaluate"))
+    assert tasks["train"]["cachingOptions"] == {} or "enableCache" not in tasks["train"]["cachingOptions"]
+
+
+def test_training_runs_on_gpu_nodes_with_shared_memory_and_the_secret(compiled):
+    spec, platform = compiled["spec"], compiled["platform"]
+    resources = spec["deploymentSpec"]["executors"]["exec-train"]["container"]["resources"]
+    assert resources["accelerator"]["resourceCount"] == "4"
+    assert resources["accelerator"]["resourceType"] == "nvidia.com/gpu"
+    assert resources["resourceCpuRequest"] == "8" and resources["resourceMemoryRequest"] == "32Gi"
+    train = platform["exec-train"]
+    assert train["emptyDirMounts"] == [{"medium": "Memory", "mountPath": "/dev/shm", "sizeLimit": "16Gi",
+                                        "volumeName": "dshm"}]
+    assert train["tolerations"][0]["key"] == "nvidia.com/gpu" and train["nodeSelector"]["labels"] == {"pool": "a100"}
+    for executor in ("exec-acquire", "exec-download-partition", "exec-train"):
+        mapped = {entry["envVar"] for entry in platform[executor]["secretAsEnv"][0]["keyToEnv"]}
+        assert mapped == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL"}
+    # credentials never appear as parameters
+    assert not any("SECRET" in name.upper() for name in spec["root"]["inputDefinitions"]["parameters"])
+    images = {executor["container"]["image"] for executor in spec["deploymentSpec"]["executors"].values()}
+    assert images == {"cloob-pipelines:0.1.0-cpu", "cloob-pipelines:0.1.0-cuda"}
+    assert "pip install" not in json.dumps(spec["deploymentSpec"])  # nothing installed at run time
+
+
+@pytest.mark.slow  # ~2.5 minutes: CI runs it (.ci/run), the default suite does not
+def test_kfp_local_runs_the_whole_pipeline_on_the_embedded_default(tmp_path):
+    from kfp import local
+
+    from pipelines.pretrain import DEFAULT_PARAMS, build
+
+    params = json.loads(DEFAULT_PARAMS)
+    params["train"]["epochs"] = 3.0  # CI time
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path))
+    build(partitions=2, gpus=0)(params=json.dumps(params))
+    (report,) = tmp_path.glob("*/report/folder/metrics.json")
+    metrics = json.loads(report.read_text())
+    zeroshot = metrics["embedded-mnist-test_zeroshot_classification"]
+    assert zeroshot["top1"] > 2 * zeroshot["chance"]
+    assert metrics["embedded-mnist-test_linear_probe"]["top1"] > 0.5
+    (merged,) = tmp_path.glob("*/merge-shards/shards/sizes.json")
+    assert sum(json.loads(merged.read_text()).values()) == 4000  # both partitions' shards, merged
+    (page,) = tmp_path.glob("*/report/page")
+    assert page.read_text().startswith("# Evaluation report")
