@@ -52,12 +52,14 @@ def _add_section_flags(parser: argparse.ArgumentParser, section: str, skip: tupl
         if typing.get_origin(annotation) in (typing.Union, types.UnionType):
             annotation = next(a for a in args if a is not type(None))
             args = typing.get_args(annotation)
-        help_text = f"{field.description} (default: {field.default})"
+        help_text = f"{field.description} (default: {field.get_default(call_default_factory=True)})"
         options: dict = {"dest": f"cfg__{section}__{name}", "default": None, "help": help_text}
         if annotation is bool:
             options["action"] = argparse.BooleanOptionalAction
         elif typing.get_origin(annotation) is typing.Literal:
             options["choices"] = list(args)
+        elif typing.get_origin(annotation) is dict:
+            options["type"], options["metavar"] = json.loads, "JSON"
         else:
             options["type"] = annotation
             options["metavar"] = name.upper()
@@ -405,6 +407,48 @@ def _cmd_eval_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_promote(args: argparse.Namespace) -> int:
+    import json
+    from dataclasses import asdict
+    from pathlib import Path
+
+    from cloob_core import promotion
+    from cloob_core.io import write_json
+
+    config = _config_of(args)
+    metrics = json.loads(Path(args.metrics).read_text())
+    if args.record_production_metrics:
+        pointer = promotion.record_production_metrics(config.promote.store, metrics)
+        print(f"recorded {len(pointer['metrics'])} metrics for production model {pointer['model_id']} in "
+              f"{config.promote.store}")
+        return 0
+    if not args.model:
+        raise ConfigError("cloob promote needs --model (or --record-production-metrics)")
+    decision = promotion.promote(args.model, metrics, config.promote)
+    if args.output:
+        write_json(args.output, asdict(decision))
+    print(decision.summary())
+    return 0
+
+
+def _add_promote_command(sub: argparse._SubParsersAction) -> None:
+    promote = sub.add_parser(
+        "promote", help="the promotion gate: make a model production if it beats the current one",
+        description="Compare a model's evaluation metrics with production's; promote (copy it into the store and "
+        "move the production.json pointer atomically) when promote.metric improves by promote.min_improvement and "
+        "no guarded metric regresses beyond its tolerance. Every decision is kept in STORE/history/. Not "
+        "promoting is a normal outcome (exit status 0).")
+    promote.add_argument("--model", metavar="DIR", help="the candidate: a `cloob train` model folder")
+    promote.add_argument("--metrics", default="reports/metrics.json",
+                         help="its `cloob eval report` metrics.json (default: reports/metrics.json)")
+    promote.add_argument("--output", metavar="FILE", help="write the decision as JSON here (e.g. for DVC metrics)")
+    promote.add_argument("--record-production-metrics", action="store_true",
+                         help="instead: store --metrics as production's current metrics (after re-evaluating it)")
+    _add_config_options(promote)
+    _add_section_flags(promote, "promote")
+    promote.set_defaults(func=_cmd_promote)
+
+
 def _cmd_config(args: argparse.Namespace) -> int:
     if args.params or args.overrides:
         import yaml
@@ -466,6 +510,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_section_flags(train, "train")
     train.set_defaults(func=_cmd_train)
     _add_eval_commands(sub)
+    _add_promote_command(sub)
     return parser
 
 

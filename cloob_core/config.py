@@ -217,6 +217,21 @@ class TrainConfig(_Section):
         return name
 
 
+class PromoteConfig(_Section):
+    """``cloob promote``: the gate between a retrained model and production."""
+
+    store: str = Field("models/registry", description="Model store: a local folder or an s3:// prefix holding "
+                       "production.json (the pointer), models/<id>/ and history/.")
+    metric: str = Field("embedded-mnist-test_zeroshot_classification.top1", description="The metric that must "
+                        "improve, as RESULT.KEY of the evaluation report's metrics.json.")
+    min_improvement: float = Field(0.005, ge=0.0, description="Least improvement of `metric` over production "
+                                   "(0.005 = half a point of accuracy).")
+    guards: dict[str, float] = Field(
+        default_factory=lambda: {"embedded-mnist-test_linear_probe.top1": 0.01},
+        description="Metrics that may not regress by more than their tolerance (RESULT.KEY: tolerance). Keys ending "
+        "in _rank count lower as better.")
+
+
 # Named recipes of the paper (§5.1 CC3M, §5.2 YFCC; App. A.2.2). ``--preset`` applies them over the params file
 # and under --set overrides.
 PRESETS: dict[str, dict[str, Any]] = {
@@ -237,6 +252,7 @@ class CloobConfig(_Section):
     download: DownloadConfig = Field(default_factory=DownloadConfig)
     validation: ValidationConfig = Field(default_factory=ValidationConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
+    promote: PromoteConfig = Field(default_factory=PromoteConfig)
 
 
 def _describe(err: ValidationError) -> str:

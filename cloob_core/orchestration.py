@@ -119,3 +119,40 @@ def report(eval_dirs: Sequence[str], output_dir: str, metrics: Any = None, markd
                 classification.log_confusion_matrix(list(names), [list(map(int, row)) for row in matrix])
                 break
     return combined
+
+
+def promote(params: Params, model_dir: str, metrics_file: str, decision_metrics: Any = None) -> dict[str, Any]:
+    """`cloob promote`; the decision's numbers onto a KFP ``Metrics`` artifact. Not promoting is not a failure."""
+    with tempfile.TemporaryDirectory() as tmp:
+        output = str(Path(tmp) / "decision.json")
+        run_stage(["promote", "--model", model_dir, "--metrics", metrics_file, "--output", output], params)
+        decision = json.loads(Path(output).read_text())
+    if decision_metrics is not None:
+        decision_metrics.log_metric("promoted", float(decision["promoted"]))
+        for key in ("candidate_value", "production_value", "improvement"):
+            if decision.get(key) is not None:
+                decision_metrics.log_metric(key, float(decision[key]))
+        decision_metrics.metadata["reason"] = decision["reason"]
+    return decision
+
+
+def fetch_production(params: Params, output_dir: str) -> dict[str, Any]:
+    """The production model of ``promote.store`` into ``output_dir/model`` (the layout `cloob train` writes)."""
+    from cloob_core import storage
+    from cloob_core.config import load_config
+    from cloob_core.promotion import read_production
+
+    with tempfile.TemporaryDirectory() as tmp:
+        store = load_config(_write_params(params, tmp)).promote.store
+    pointer = read_production(store)
+    if pointer is None:
+        raise StageFailed(f"{store} has no production model yet: run the training pipeline first")
+    target = Path(output_dir) / "model"
+    target.mkdir(parents=True, exist_ok=True)
+    for name in storage.list_names(pointer["model"]):
+        (target / name).write_bytes(storage.read_bytes(storage.join(pointer["model"], name)))
+    return pointer
+
+
+def record_production_metrics(params: Params, metrics_file: str) -> None:
+    run_stage(["promote", "--record-production-metrics", "--metrics", metrics_file], params)

@@ -109,15 +109,24 @@ def upload_file(local: str | os.PathLike, location: str) -> None:
     """Publish a finished local file at ``location``: a rename (a copy first when it crosses file systems),
     or a (multipart) upload to S3, which makes the object visible only once complete."""
     if is_s3(location):
-        bucket, key = split_s3(location)
-        s3_client().upload_file(str(local), bucket, key)
+        copy_file(local, location)
         return
     try:
         os.replace(local, location)
     except OSError:
-        with atomic_path(location) as tmp:
-            shutil.copyfile(local, tmp)
+        copy_file(local, location)
         Path(local).unlink(missing_ok=True)
+
+
+def copy_file(local: str | os.PathLike, location: str) -> None:
+    """Publish a copy of a local file at ``location`` (the source stays): an atomic local copy, or a (multipart)
+    upload to S3."""
+    if is_s3(location):
+        bucket, key = split_s3(location)
+        s3_client().upload_file(str(local), bucket, key)
+        return
+    with atomic_path(location) as tmp:
+        shutil.copyfile(local, tmp)
 
 
 def write_bytes(location: str | os.PathLike, data: bytes) -> None:

@@ -77,3 +77,27 @@ def report(zeroshot: Input[Dataset], linear_probe: Input[Dataset], retrieval: In
 
     orchestration.report([zeroshot.path, linear_probe.path, retrieval.path, diagnostics.path], folder.path,
                          metrics=metrics, markdown_path=page.path, classification=confusion)
+
+
+@dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
+def promote(params: str, model: Input[Model], report: Input[Dataset], decision: Output[Metrics]):
+    """The promotion gate: production moves to the new model only when it is better (promote.* settings)."""
+    from cloob_core import orchestration
+
+    orchestration.promote(params, model.path + "/model", report.path + "/metrics.json", decision)
+
+
+@dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
+def production_model(params: str, model: Output[Model]):
+    """The model production.json in promote.store points to, for scheduled re-evaluation."""
+    from cloob_core import orchestration
+
+    model.metadata.update({"model_id": orchestration.fetch_production(params, model.path)["model_id"]})
+
+
+@dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
+def record_production_metrics(params: str, report: Input[Dataset]):
+    """Production's metrics on today's evaluation sets, so the next promotion compares like with like."""
+    from cloob_core import orchestration
+
+    orchestration.record_production_metrics(params, report.path + "/metrics.json")

@@ -1,5 +1,5 @@
-"""`python -m pipelines compile …`: the pipeline as KFP IR YAML, for the Kubeflow UI, `kfp` or a GitOps repo.
-(Submission and recurring runs: see the README's "Run on Kubernetes".)"""
+"""`python -m pipelines compile|submit|schedule …`: the pipeline as KFP YAML, a run of it on a KFP endpoint,
+and recurring runs (scheduled retraining / re-evaluation)."""
 
 from __future__ import annotations
 
@@ -15,12 +15,15 @@ from cloob_core.io import atomic_write
 def _compile(args: argparse.Namespace) -> int:
     from kfp import compiler
 
-    from pipelines.pretrain import build
+    from pipelines.pretrain import build, build_evaluation
 
     selector = dict(item.split("=", 1) for item in args.node_selector)
-    pipeline = build(partitions=args.partitions, gpus=args.gpus, accelerator=args.accelerator, cpu=args.cpu,
-                     memory=args.memory, shm=args.shm, node_selector=selector, gpu_taint=args.gpu_taint or None,
-                     s3_secret=args.s3_secret)
+    if args.pipeline == "evaluate":
+        pipeline = build_evaluation(s3_secret=args.s3_secret)
+    else:
+        pipeline = build(partitions=args.partitions, gpus=args.gpus, accelerator=args.accelerator, cpu=args.cpu,
+                         memory=args.memory, shm=args.shm, node_selector=selector,
+                         gpu_taint=args.gpu_taint or None, s3_secret=args.s3_secret)
     with tempfile.TemporaryDirectory() as tmp:  # the compiler picks the format from the file name's suffix
         compiled = Path(tmp) / "pipeline.yaml"
         compiler.Compiler().compile(pipeline, str(compiled))
@@ -29,11 +32,65 @@ def _compile(args: argparse.Namespace) -> int:
     return 0
 
 
+DEFAULT_PACKAGE = Path("pipelines/compiled/pretrain_evaluate.yaml")
+
+
+def _package(path: Path) -> str:
+    if not path.is_file():
+        raise SystemExit(f"{path} does not exist; write it first with `python -m pipelines compile --output {path}`")
+    return str(path)
+
+
+def _submit(args: argparse.Namespace) -> int:
+    from pipelines import client
+
+    parameters = client.run_parameters(args.params, args.set)
+    api = client.connect(args.host, args.namespace)
+    submitted = client.submit(api, _package(args.package), args.experiment, args.run_name, parameters,
+                              args.namespace, enable_caching=False if args.no_cache else None)
+    print(f"submitted run {submitted.run_id} in experiment {args.experiment} ({submitted.experiment_id})")
+    return 0
+
+
+def _schedule(args: argparse.Namespace) -> int:
+    from pipelines import client
+
+    api = client.connect(args.host, args.namespace)
+    if args.action == "create":
+        parameters = client.run_parameters(args.params, args.set)
+        recurring = client.schedule(api, _package(args.package), args.experiment, args.name, args.cron, parameters,
+                                    args.namespace, enabled=not args.paused)
+        print(f"created recurring run {recurring} '{args.name}' ({args.cron}, one at a time, no catch-up)")
+    elif args.action == "list":
+        for entry in client.list_schedules(api, args.experiment, args.namespace):
+            print(f"{entry['id']}  {entry['name']}  {entry['cron']}  {entry['status']}")
+    else:
+        client.delete_schedule(api, args.id)
+        print(f"deleted recurring run {args.id}")
+    return 0
+
+
+def _add_run_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--package", type=Path, default=DEFAULT_PACKAGE, help=f"compiled pipeline ({DEFAULT_PACKAGE})")
+    parser.add_argument("--params", default="params.yaml", help="configuration of the run (default params.yaml)")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="override one value (repeatable); validated before anything is sent")
+
+
+def _add_endpoint_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", required=True, help="KFP API endpoint, e.g. http://ml-pipeline-ui.kubeflow:80")
+    parser.add_argument("--namespace", help="Kubeflow profile namespace (multi-user clusters)")
+    parser.add_argument("--experiment", default="cloob", help="experiment name (created if missing; default cloob)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m pipelines", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     comp = sub.add_parser("compile", help="write the pretraining-and-evaluation pipeline as KFP YAML")
-    comp.add_argument("--output", type=Path, default=Path("pipelines/compiled/pretrain_evaluate.yaml"))
+    comp.add_argument("--pipeline", choices=["pretrain", "evaluate"], default="pretrain",
+                      help="pretrain: data -> training -> evaluation -> promotion (default); evaluate: re-evaluate "
+                      "the production model")
+    comp.add_argument("--output", type=Path, default=DEFAULT_PACKAGE)
     comp.add_argument("--partitions", type=int, default=2, help="download fan-out (default 2)")
     comp.add_argument("--gpus", type=int, default=1, help="GPUs of the training pod; >1 runs torchrun (default 1)")
     comp.add_argument("--accelerator", default="nvidia.com/gpu", help="accelerator resource (default nvidia.com/gpu)")
@@ -46,12 +103,40 @@ def build_parser() -> argparse.ArgumentParser:
                       help="taint key the training pod tolerates ('' for none)")
     comp.add_argument("--s3-secret", default="cloob-s3", help="Kubernetes secret with the S3 credentials")
     comp.set_defaults(func=_compile)
+
+    run = sub.add_parser("submit", help="start one run of a compiled pipeline")
+    _add_endpoint_options(run)
+    _add_run_options(run)
+    run.add_argument("--run-name", required=True)
+    run.add_argument("--no-cache", action="store_true", help="run every task, cached results or not")
+    run.set_defaults(func=_submit)
+
+    sched = sub.add_parser("schedule", help="recurring runs: create, list, delete")
+    actions = sched.add_subparsers(dest="action", required=True)
+    create = actions.add_parser("create", help="a recurring run (max_concurrency 1, no catch-up)")
+    _add_endpoint_options(create)
+    _add_run_options(create)
+    create.add_argument("--name", required=True, help="recurring run name, e.g. nightly-retrain")
+    create.add_argument("--cron", required=True, help="six-field cron, seconds first: '0 0 3 * * *' = 03:00 daily")
+    create.add_argument("--paused", action="store_true", help="create it disabled")
+    listing = actions.add_parser("list", help="the experiment's recurring runs")
+    _add_endpoint_options(listing)
+    delete = actions.add_parser("delete", help="delete a recurring run by id")
+    _add_endpoint_options(delete)
+    delete.add_argument("id")
+    sched.set_defaults(func=_schedule)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    from cloob_core.config import ConfigError
+
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except (ConfigError, ValueError) as err:  # a bad configuration: nothing was sent
+        print(f"pipelines: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ run by the components in components/stages.py."""
 
 import json
 from pathlib import Path
+from typing import Any
 
 import yaml
 from kfp import dsl, kubernetes
@@ -67,13 +68,38 @@ def build(partitions: int = 2, gpus: int = 1, accelerator: str = "nvidia.com/gpu
             kubernetes.add_node_selector(trained, label_key=key, label_value=value)
         with_s3_credentials(trained, s3_secret)
 
-        results = {}
-        for task in EVAL_TASKS:
-            evaluated = stages.evaluate(task=task, model=trained.outputs["model"])
-            evaluated.set_display_name(f"eval {task}")
-            evaluated.set_retry(num_retries=2, backoff_duration="30s")
-            results[task] = evaluated.outputs["results"]
-        stages.report(zeroshot=results["zeroshot"], linear_probe=results["linear-probe"],
-                      retrieval=results["retrieval"], diagnostics=results["diagnostics"])
+        reported = evaluate_and_report(trained.outputs["model"])
+        gate = stages.promote(params=params, model=trained.outputs["model"], report=reported.outputs["folder"])
+        gate.set_caching_options(False)  # production may have moved since a cached decision
+        with_s3_credentials(gate, s3_secret)
 
     return pretrain_evaluate
+
+
+def evaluate_and_report(model: Any) -> dsl.PipelineTask:  # model: a task output channel
+    """The four evaluations (retried: they only read) and the report over them."""
+    results = {}
+    for task in EVAL_TASKS:
+        evaluated = stages.evaluate(task=task, model=model)
+        evaluated.set_display_name(f"eval {task}")
+        evaluated.set_retry(num_retries=2, backoff_duration="30s")
+        results[task] = evaluated.outputs["results"]
+    return stages.report(zeroshot=results["zeroshot"], linear_probe=results["linear-probe"],
+                         retrieval=results["retrieval"], diagnostics=results["diagnostics"])
+
+
+def build_evaluation(s3_secret: str = "cloob-s3"):
+    """Scheduled re-evaluation of the production model: the same evaluations, and production's stored metrics
+    refreshed so the next promotion compares both models on the same sets."""
+
+    @dsl.pipeline(name="cloob-evaluate-production",
+                  description="Re-evaluate the production model of promote.store and record its metrics.")
+    def evaluate_production(params: str = DEFAULT_PARAMS):
+        current = with_s3_credentials(stages.production_model(params=params), s3_secret)
+        current.set_caching_options(False)  # the pointer moves
+        reported = evaluate_and_report(current.outputs["model"])
+        recorded = stages.record_production_metrics(params=params, report=reported.outputs["folder"])
+        recorded.set_caching_options(False)
+        with_s3_credentials(recorded, s3_secret)
+
+    return evaluate_production

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow  # ~4.5 minutes: CI runs it (.ci/run), the default
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 STAGES = ["acquire", "validate", "shards", "validate_shards", "train", "eval_zeroshot", "eval_linear_probe",
-          "eval_retrieval", "eval_diagnostics", "report"]
+          "eval_retrieval", "eval_diagnostics", "report", "promote"]
 
 
 def run(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> str:
@@ -70,7 +70,7 @@ def reproduced(repo: Path) -> tuple[Path, str]:
 def test_dvc_repro_runs_every_stage_and_reports(reproduced):
     repo, output = reproduced
     ran = stages_run(output)
-    assert sorted(ran) == sorted(STAGES) and ran[:5] == STAGES[:5] and ran[-1] == "report", output
+    assert sorted(ran) == sorted(STAGES) and ran[:5] == STAGES[:5] and ran[-2:] == ["report", "promote"], output
     assert "evaluation summary" in output
     metrics = json.loads((repo / "reports" / "metrics.json").read_text())
     zeroshot = metrics["embedded-mnist-test_zeroshot_classification"]
@@ -79,6 +79,10 @@ def test_dvc_repro_runs_every_stage_and_reports(reproduced):
     assert {"embedded-mnist-test_zeroshot_retrieval", "embedded-mnist-test_diagnostics"} <= set(metrics)
     assert (repo / "reports" / "report.md").read_text().count("figures/") >= 4
     assert json.loads((repo / "data" / "validation" / "gate.json").read_text())["passed"] is True
+    decision = json.loads((repo / "reports" / "promotion.json").read_text())
+    assert decision["promoted"] is True and decision["reason"] == "no production model yet"
+    pointer = json.loads((repo / "models" / "registry" / "production.json").read_text())
+    assert (repo / "models" / "registry" / "models" / pointer["model_id"] / "open_clip_model.pt").exists()
     shown = run(["dvc", "metrics", "show"], repo, environment())
     assert "reports/metrics.json" in shown and "top1" in shown
     assert "up to date" in run(["dvc", "status"], repo, environment()).lower()

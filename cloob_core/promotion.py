@@ -1,0 +1,152 @@
+"""``cloob promote``: the gate scheduled retraining needs between a new model and production.
+
+The model store (a local folder or an ``s3://`` prefix) holds:
+- ``models/<id>/``: every promoted model (the `cloob train` export) with the metrics it was promoted on; ``id`` is a
+  prefix of its weights' SHA-256, so the same weights are stored once;
+- ``production.json``: the pointer to the production model and its metrics, replaced in one atomic write (a
+  rename locally, a single PUT on S3) and only after the model's files are complete;
+- ``history/<time>-<id>.json``: every decision, promoted or not, never rewritten.
+
+A candidate is promoted when the configured metric beats production's by at least ``min_improvement`` and no
+guarded metric falls by more than its tolerance. Not promoting is a normal outcome: it is reported and recorded,
+and the command succeeds. Comparisons use the metrics production was promoted with (or re-evaluated on, see
+:func:`record_production_metrics`), so both sides must be evaluated on the same sets: a metric missing on either
+side stops the promotion with a message saying so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from cloob_core import storage
+from cloob_core.config import PromoteConfig
+from cloob_core.io import json_bytes
+
+log = logging.getLogger(__name__)
+POINTER = "production.json"
+WEIGHTS = "open_clip_model.pt"
+
+
+@dataclass
+class Decision:
+    promoted: bool
+    reason: str
+    candidate: str  # model id
+    production_before: str | None
+    metric: str
+    candidate_value: float | None = None
+    production_value: float | None = None
+    improvement: float | None = None
+    guards: dict[str, dict[str, float | bool]] = field(default_factory=dict)
+    decided_at: str = ""
+
+    def summary(self) -> str:
+        verdict = "PROMOTED" if self.promoted else "NOT PROMOTED"
+        return f"promotion gate: {verdict} model {self.candidate} — {self.reason}"
+
+
+def flatten(metrics: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """``{"RESULT": {"KEY": value}}`` (a report's metrics.json) → ``{"RESULT.KEY": value}`` for numbers."""
+    return {f"{name}.{key}": float(value) for name, scalars in metrics.items() for key, value in scalars.items()
+            if isinstance(value, int | float) and not isinstance(value, bool)}
+
+
+def model_id(model_dir: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(Path(model_dir) / WEIGHTS, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+def _lower_is_better(key: str) -> bool:
+    return key.endswith("_rank")
+
+
+def decide(candidate: dict[str, float], production: dict[str, float] | None, settings: PromoteConfig,
+           candidate_id: str, production_id: str | None) -> Decision:
+    if settings.metric not in candidate:
+        raise ValueError(f"promote.metric {settings.metric!r} is not in the candidate's metrics; it has "
+                         f"{sorted(candidate)[:12]}...")
+    decision = Decision(False, "", candidate_id, production_id, settings.metric, candidate[settings.metric])
+    if production is None:
+        decision.promoted, decision.reason = True, "no production model yet"
+        return decision
+    missing = [key for key in (settings.metric, *settings.guards) if key not in production or key not in candidate]
+    if missing:
+        decision.reason = (f"{missing} missing on one side; evaluate both models on the same sets (re-evaluate "
+                           "production with the evaluation pipeline)")
+        return decision
+    decision.production_value = production[settings.metric]
+    sign = -1.0 if _lower_is_better(settings.metric) else 1.0
+    decision.improvement = sign * (candidate[settings.metric] - production[settings.metric])
+    regressions = []
+    for key, tolerance in settings.guards.items():
+        direction = -1.0 if _lower_is_better(key) else 1.0
+        change = direction * (candidate[key] - production[key])
+        decision.guards[key] = {"candidate": candidate[key], "production": production[key], "change": change,
+                                "tolerance": tolerance, "ok": change >= -tolerance}
+        if change < -tolerance:
+            regressions.append(f"{key} fell by {-change:.4g} (> {tolerance:g})")
+    if decision.improvement < settings.min_improvement:
+        decision.reason = (f"{settings.metric} improved by {decision.improvement:+.4g}, less than "
+                           f"promote.min_improvement {settings.min_improvement:g}")
+    elif regressions:
+        decision.reason = "guarded metrics regressed: " + "; ".join(regressions)
+    else:
+        decision.promoted = True
+        decision.reason = f"{settings.metric} improved by {decision.improvement:+.4g}; guards held"
+    return decision
+
+
+def read_production(store: str) -> dict[str, Any] | None:
+    try:
+        return json.loads(storage.read_bytes(storage.join(store, POINTER)))
+    except FileNotFoundError:
+        return None
+
+
+def promote(model_dir: str | Path, metrics: dict[str, dict[str, Any]], settings: PromoteConfig) -> Decision:
+    """Decide, record the decision, and on success publish the model and move the pointer (last)."""
+    store = settings.store
+    storage.ensure_folder(store)
+    candidate_id = model_id(model_dir)
+    production = read_production(store)
+    decision = decide(flatten(metrics), production and production["metrics"], settings, candidate_id,
+                      production and production["model_id"])
+    now = datetime.now(timezone.utc)
+    decision.decided_at = now.isoformat(timespec="seconds")
+    if decision.promoted:
+        target = storage.join(store, "models", candidate_id)
+        storage.ensure_folder(target)
+        for file in sorted(Path(model_dir).iterdir()):
+            if file.is_file():
+                storage.copy_file(file, storage.join(target, file.name))
+        storage.write_bytes(storage.join(target, "metrics.json"), json_bytes(metrics))
+        pointer = {"model_id": candidate_id, "model": target, "metrics": flatten(metrics),
+                   "promoted_at": decision.decided_at, "previous": decision.production_before}
+        storage.write_bytes(storage.join(store, POINTER), json_bytes(pointer))  # the atomic switch
+    history = storage.join(store, "history")
+    storage.ensure_folder(history)
+    storage.write_bytes(storage.join(history, f"{now.strftime('%Y%m%dT%H%M%S%fZ')}-{candidate_id}.json"),
+                        json_bytes(asdict(decision)))
+    log.info(decision.summary())
+    return decision
+
+
+def record_production_metrics(store: str, metrics: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """After re-evaluating production (the scheduled evaluation pipeline): its metrics on today's sets, so the
+    next gate compares like with like. The pointer is rewritten atomically; the model does not change."""
+    production = read_production(store)
+    if production is None:
+        raise FileNotFoundError(f"{store} has no {POINTER}: nothing is in production yet")
+    production = {**production, "metrics": {**production["metrics"], **flatten(metrics)},
+                  "evaluated_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    storage.write_bytes(storage.join(store, POINTER), json_bytes(production))
+    return production

@@ -1,0 +1,107 @@
+"""The promotion gate: a better model is promoted atomically (pointer last, model complete), a worse one or one
+that breaks a guard is not, every decision is kept, and the same works on S3."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from cloob_core import promotion, storage
+from cloob_core.cli import main
+from cloob_core.config import PromoteConfig
+
+METRIC = "set_zeroshot_classification.top1"
+GUARD = "set_linear_probe.top1"
+
+
+def model(folder: Path, seed: int) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "open_clip_model.pt").write_bytes(os.urandom(64) + bytes([seed]))
+    (folder / "model_info.json").write_text(json.dumps({"seed": seed}))
+    return folder
+
+
+def metrics(top1: float, probe: float, rank: float = 10.0) -> dict:
+    return {"set_zeroshot_classification": {"top1": top1, "chance": 0.1},
+            "set_linear_probe": {"top1": probe},
+            "set_zeroshot_retrieval": {"image_to_text_mean_rank": rank}}
+
+
+def settings(store: str, guards: dict[str, float] | None = None) -> PromoteConfig:
+    return PromoteConfig(store=store, metric=METRIC, min_improvement=0.01, guards={GUARD: 0.02} if guards is None
+                         else guards)
+
+
+def test_first_model_is_promoted_then_only_a_better_one(tmp_path):
+    store = str(tmp_path / "store")
+    first = promotion.promote(model(tmp_path / "a", 1), metrics(0.50, 0.80), settings(store))
+    assert first.promoted and first.reason == "no production model yet"
+    pointer = json.loads((tmp_path / "store" / "production.json").read_text())
+    assert pointer["model_id"] == first.candidate and pointer["metrics"][METRIC] == 0.50
+    stored = tmp_path / "store" / "models" / first.candidate
+    assert (stored / "open_clip_model.pt").read_bytes() == (tmp_path / "a" / "open_clip_model.pt").read_bytes()
+
+    worse = promotion.promote(model(tmp_path / "b", 2), metrics(0.505, 0.80), settings(store))  # +0.005 < 0.01
+    assert not worse.promoted and "less than promote.min_improvement" in worse.reason
+    assert json.loads((tmp_path / "store" / "production.json").read_text())["model_id"] == first.candidate
+    assert not (tmp_path / "store" / "models" / worse.candidate).exists()
+
+    better = promotion.promote(model(tmp_path / "c", 3), metrics(0.60, 0.79), settings(store))
+    assert better.promoted and better.improvement == pytest.approx(0.10) and better.production_before == first.candidate
+    pointer = json.loads((tmp_path / "store" / "production.json").read_text())
+    assert pointer["model_id"] == better.candidate and pointer["previous"] == first.candidate
+
+    history = sorted((tmp_path / "store" / "history").iterdir())
+    assert [json.loads(p.read_text())["promoted"] for p in history] == [True, False, True]
+    assert (tmp_path / "store" / "models" / first.candidate).exists()  # the old model stays, for rollback
+
+
+def test_a_guarded_metric_that_regresses_blocks_promotion(tmp_path):
+    store = str(tmp_path / "store")
+    promotion.promote(model(tmp_path / "a", 1), metrics(0.50, 0.80, rank=10.0), settings(store))
+    blocked = promotion.promote(model(tmp_path / "b", 2), metrics(0.70, 0.77), settings(store))  # probe -0.03
+    assert not blocked.promoted and "set_linear_probe.top1 fell by 0.03" in blocked.reason
+    assert blocked.guards[GUARD]["ok"] is False
+    # lower is better for ranks: a rank that grows is a regression
+    ranked = settings(store, guards={"set_zeroshot_retrieval.image_to_text_mean_rank": 1.0})
+    worse_rank = promotion.promote(model(tmp_path / "c", 3), metrics(0.70, 0.80, rank=15.0), ranked)
+    assert not worse_rank.promoted and "mean_rank fell by 5" in worse_rank.reason
+
+
+def test_metrics_missing_on_one_side_stop_the_promotion_with_advice(tmp_path):
+    store = str(tmp_path / "store")
+    promotion.promote(model(tmp_path / "a", 1), {"set_zeroshot_classification": {"top1": 0.5}},
+                      settings(store, guards={}))
+    decision = promotion.promote(model(tmp_path / "b", 2), metrics(0.9, 0.9), settings(store))
+    assert not decision.promoted and "re-evaluate production" in decision.reason
+    promotion.record_production_metrics(store, metrics(0.5, 0.8))  # the evaluation pipeline's step
+    assert promotion.promote(model(tmp_path / "c", 3), metrics(0.9, 0.9), settings(store)).promoted
+    with pytest.raises(ValueError, match="not in the candidate's metrics"):
+        promotion.promote(model(tmp_path / "d", 4), {"other": {"top1": 1.0}}, settings(store))
+
+
+def test_cli_reports_a_failed_gate_as_a_normal_outcome(tmp_path, capsys):
+    store = tmp_path / "store"
+    for name, top1 in (("a", 0.5), ("b", 0.4)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(metrics(top1, 0.8)))
+        code = main(["promote", "--model", str(model(tmp_path / name, ord(name))), "--metrics",
+                     str(tmp_path / f"{name}.json"), "--output", str(tmp_path / f"{name}_decision.json"),
+                     "--store", str(store), "--metric", METRIC, "--guards", json.dumps({GUARD: 0.02})])
+        assert code == 0
+    assert "NOT PROMOTED" in capsys.readouterr().out.splitlines()[-1]
+    assert json.loads((tmp_path / "b_decision.json").read_text())["promoted"] is False
+
+
+def test_promotion_on_an_s3_store(tmp_path, s3_bucket):
+    store = f"s3://{s3_bucket}/registry"
+    first = promotion.promote(model(tmp_path / "a", 1), metrics(0.5, 0.8), settings(store))
+    second = promotion.promote(model(tmp_path / "b", 2), metrics(0.6, 0.8), settings(store))
+    assert first.promoted and second.promoted
+    pointer = json.loads(storage.read_bytes(f"{store}/production.json"))
+    assert pointer["model_id"] == second.candidate and pointer["model"] == f"{store}/models/{second.candidate}"
+    assert storage.read_bytes(f"{store}/models/{second.candidate}/open_clip_model.pt") == (
+        tmp_path / "b" / "open_clip_model.pt").read_bytes()
+    assert len(storage.list_names(f"{store}/history", ".json")) == 2
