@@ -14,6 +14,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # components/ and pipelines/ run from the repository root, uninstalled
 sys.path.insert(0, str(REPO / "tests"))
 
+# Expected here and said once: kfp.local runs the project's images' code in this environment, ignores pod settings
+# (resources, display names), and kfp.Client notes the server versions it supports.
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:You may be attemping to run a task that uses custom:RuntimeWarning"),
+    pytest.mark.filterwarnings("ignore:.*have no effect in the current local runner:UserWarning"),
+    pytest.mark.filterwarnings("ignore:This client only works with Kubeflow Pipeline:FutureWarning"),
+]
 STAGES = {"acquire", "validate-manifest", "download-partition", "merge-shards", "validate-shards", "train",
           "evaluate", "report", "promote"}
 
