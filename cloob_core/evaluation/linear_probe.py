@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from cloob_core.evaluation.logistic import DTYPE, TOLERANCE, FeatureGeometry, ProbeFit, fit_logistic, fit_logistic_batch
+from cloob_core.evaluation.logistic import TOLERANCE, FeatureGeometry, ProbeFit, fit_logistic, fit_logistic_batch
 
 log = logging.getLogger(__name__)
 LAMBDA_GRID = torch.logspace(-6, 6, 97, dtype=torch.float64).tolist()
@@ -41,8 +41,7 @@ def search_lambda(train_x: Tensor, train_y: Tensor, val_x: Tensor, val_y: Tensor
     """CLIP's parametric binary search over ``LAMBDA_GRID``; see the module docstring. Every fit converges
     (``tolerance``), so each lambda is judged by the model it defines, whatever the path to it."""
     scores: dict[int, float] = {}
-    train_x = train_x.to(DTYPE)  # once, not once per round
-    geometry = FeatureGeometry.of(train_x)
+    geometry = FeatureGeometry.of(train_x)  # once for all rounds
 
     def best(indices: list[int]) -> int:
         new = [i for i in indices if i not in scores]
