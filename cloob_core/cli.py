@@ -254,6 +254,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
           f"{metrics['samples_per_second']:.1f} samples/s")
     print(f"wrote {args.output}/model (open_clip state dict + config), metrics.json, loss_history.csv, "
           "training_curves.png, checkpoints/")
+    if args.publish:
+        from cloob_core import storage
+
+        copied = storage.upload_tree(args.output, args.publish, exclude=("checkpoints",))
+        print(f"published {len(copied)} files (all but checkpoints/) to {args.publish}")
     return 0
 
 
@@ -505,6 +510,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--preset", choices=["cc3m", "yfcc"],
                        help="the paper's recipe for CC3M (batch 512, lr 1e-3, warmup 20k, beta 8) or YFCC (1024, "
                        "5e-4, 10k, 14.3), RN50; applied over --params, under --set")
+    train.add_argument("--publish", metavar="URL",
+                       help="after training, rank 0 copies OUTPUT (all but checkpoints/) to this local folder or "
+                       "s3:// prefix: how pods of a multi-node job hand their result back")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_config_options(train)
     _add_section_flags(train, "train")

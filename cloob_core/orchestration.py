@@ -93,6 +93,27 @@ def train(params: Params, shards_dir: str, output_dir: str, gpus: int = 0) -> di
     return json.loads((Path(output_dir) / "metrics.json").read_text())
 
 
+def train_multinode(params: Params, shards_dir: str, shards_uri: str, output_dir: str, job: str,
+                    run_id: str) -> dict[str, Any]:
+    """``cloob train`` on several nodes as a PyTorchJob / TrainJob (``job``: JobSettings as JSON); waits for it
+    and fetches the published result into ``output_dir``, the layout the one-node step writes."""
+    from cloob_core import storage, trainjob
+
+    settings = trainjob.JobSettings.from_json(job)
+    name = trainjob.job_name(run_id)
+    workdir = storage.join(settings.workdir, name)
+    shards = shards_uri
+    if not (storage.is_s3(shards_uri) and storage.exists(storage.join(shards_uri, "sizes.json"))):
+        shards = storage.join(workdir, "shards")  # the pods cannot read this pod's artifact folder
+        log.info("copying the shards to %s for the job's pods", shards)
+        storage.upload_tree(shards_dir, shards)
+    with tempfile.TemporaryDirectory() as tmp:
+        text = Path(_write_params(params, tmp)).read_text(encoding="utf-8")
+    trainjob.run(trainjob.manifest(settings, name, text, shards, workdir), settings)
+    storage.download_tree(storage.join(workdir, "output"), output_dir)
+    return json.loads((Path(output_dir) / "metrics.json").read_text())
+
+
 def evaluate(task: str, model_dir: str, output_dir: str, extra: Sequence[str] = ()) -> None:
     run_stage(["eval", task, "--model", model_dir, "--output", output_dir, "--no-progress", *extra])
 
@@ -147,10 +168,7 @@ def fetch_production(params: Params, output_dir: str) -> dict[str, Any]:
     pointer = read_production(store)
     if pointer is None:
         raise StageFailed(f"{store} has no production model yet: run the training pipeline first")
-    target = Path(output_dir) / "model"
-    target.mkdir(parents=True, exist_ok=True)
-    for name in storage.list_names(pointer["model"]):
-        (target / name).write_bytes(storage.read_bytes(storage.join(pointer["model"], name)))
+    storage.download_tree(pointer["model"], Path(output_dir) / "model")
     return pointer
 
 

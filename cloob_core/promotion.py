@@ -125,9 +125,7 @@ def promote(model_dir: str | Path, metrics: dict[str, dict[str, Any]], settings:
     if decision.promoted:
         target = storage.join(store, "models", candidate_id)
         storage.ensure_folder(target)
-        for file in sorted(Path(model_dir).iterdir()):
-            if file.is_file():
-                storage.copy_file(file, storage.join(target, file.name))
+        storage.upload_tree(model_dir, target)
         storage.write_bytes(storage.join(target, "metrics.json"), json_bytes(metrics))
         pointer = {"model_id": candidate_id, "model": target, "metrics": flatten(metrics),
                    "promoted_at": decision.decided_at, "previous": decision.production_before}

@@ -144,3 +144,49 @@ def open_read(location: str) -> IO[bytes]:
         bucket, key = split_s3(location)
         return s3_client().get_object(Bucket=bucket, Key=key)["Body"]
     return open(location, "rb")
+
+
+def _tree_files(location: str) -> list[str]:
+    """Paths (``/``-separated, relative to ``location``) of every file under it, sorted."""
+    if is_s3(location):
+        bucket, prefix = split_s3(location)
+        prefix = prefix.rstrip("/") + "/" if prefix.strip("/") else ""
+        keys = []
+        for page in s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+            keys += [item["Key"][len(prefix):] for item in page.get("Contents", []) if not item["Key"].endswith("/")]
+        return sorted(keys)
+    root = Path(location)
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()) if root.is_dir() else []
+
+
+def upload_tree(local: str | os.PathLike, location: str, exclude: tuple[str, ...] = ()) -> list[str]:
+    """Publish a copy of every file under the local folder at ``location`` (top-level names in ``exclude`` are
+    skipped); each file appears whole. Returns the relative paths copied."""
+    copied = []
+    for name in _tree_files(str(local)):
+        if name.split("/", 1)[0] in exclude:
+            continue
+        target = join(location, *name.split("/"))
+        if not is_s3(target):
+            Path(target).parent.mkdir(parents=True, exist_ok=True)
+        copy_file(Path(local, name), target)
+        copied.append(name)
+    return copied
+
+
+def download_tree(location: str, local: str | os.PathLike) -> list[str]:
+    """Every file under ``location`` (local or s3://) into the local folder, each written atomically."""
+    names = _tree_files(location)
+    if not names:
+        raise FileNotFoundError(f"{location} holds no files")
+    for name in names:
+        target = Path(local, name)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        source = join(location, *name.split("/"))
+        if is_s3(source):
+            with atomic_path(target) as tmp:
+                bucket, key = split_s3(source)
+                s3_client().download_file(bucket, key, str(tmp))
+        else:
+            copy_file(source, str(target))
+    return names

@@ -101,3 +101,17 @@ def record_production_metrics(params: str, report: Input[Dataset]):
     from cloob_core import orchestration
 
     orchestration.record_production_metrics(params, report.path + "/metrics.json")
+
+
+@dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
+def train_multinode(params: str, shards: Input[Dataset], job: str, run_id: str, model: Output[Model],
+                    metrics: Output[Metrics]):
+    """`cloob train` on several GPU nodes: creates a PyTorchJob / TrainJob (job: its settings), waits for it
+    and fetches the result. This pod only watches, so it needs no GPU, only RBAC for the job kind."""
+    from cloob_core import orchestration
+
+    result = orchestration.train_multinode(params, shards.path, shards.uri, model.path, job, run_id)
+    for key in ("final_loss", "steps", "samples_per_second", "train_seconds"):
+        metrics.log_metric(key, float(result[key]))
+    model.metadata.update({"objective": result["objective"], "architecture": result["architecture"],
+                           "world_size": result["world_size"]})

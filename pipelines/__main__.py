@@ -23,7 +23,9 @@ def _compile(args: argparse.Namespace) -> int:
     else:
         pipeline = build(partitions=args.partitions, gpus=args.gpus, accelerator=args.accelerator, cpu=args.cpu,
                          memory=args.memory, shm=args.shm, node_selector=selector,
-                         gpu_taint=args.gpu_taint or None, s3_secret=args.s3_secret)
+                         gpu_taint=args.gpu_taint or None, s3_secret=args.s3_secret, nodes=args.nodes,
+                         job_kind=args.job_kind, job_workdir=args.job_workdir, job_namespace=args.job_namespace,
+                         data=args.data)
     with tempfile.TemporaryDirectory() as tmp:  # the compiler picks the format from the file name's suffix
         compiled = Path(tmp) / "pipeline.yaml"
         compiler.Compiler().compile(pipeline, str(compiled))
@@ -102,6 +104,17 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--gpu-taint", default="nvidia.com/gpu",
                       help="taint key the training pod tolerates ('' for none)")
     comp.add_argument("--s3-secret", default="cloob-s3", help="Kubernetes secret with the S3 credentials")
+    comp.add_argument("--data", choices=["acquire", "import"], default="acquire",
+                      help="acquire: build the shards in the run (default); import: train on shards already on S3, "
+                      "given as the run parameter shards_uri (e.g. a DVC worktree remote's data/shards)")
+    comp.add_argument("--nodes", type=int, default=1,
+                      help="training nodes; >1 creates a Training Operator job with --gpus per node (default 1)")
+    comp.add_argument("--job-kind", choices=["pytorchjob", "trainjob"], default="pytorchjob",
+                      help="pytorchjob (Training Operator v1) or trainjob (Kubeflow Trainer v2)")
+    comp.add_argument("--job-workdir", default="s3://cloob/jobs",
+                      help="s3:// prefix the job's pods share: shards copy, checkpoints, result (default "
+                      "s3://cloob/jobs)")
+    comp.add_argument("--job-namespace", help="namespace of the job (default: the pipeline pod's own)")
     comp.set_defaults(func=_compile)
 
     run = sub.add_parser("submit", help="start one run of a compiled pipeline")

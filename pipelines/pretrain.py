@@ -11,7 +11,9 @@ from typing import Any
 import yaml
 from kfp import dsl, kubernetes
 
+from cloob_core.trainjob import PART_OF, JobSettings
 from components import stages
+from components.images import CUDA_IMAGE
 
 # The repository's params.yaml as the run parameter's default, as one line of JSON (JSON is YAML): a multi-line
 # default breaks the comment header the compiler writes, and a struct parameter cannot hold nulls.
@@ -34,9 +36,43 @@ def with_s3_credentials(task: dsl.PipelineTask, secret: str) -> dsl.PipelineTask
 
 def build(partitions: int = 2, gpus: int = 1, accelerator: str = "nvidia.com/gpu", cpu: str = "8",
           memory: str = "32Gi", shm: str = "16Gi", node_selector: dict[str, str] | None = None,
-          gpu_taint: str | None = "nvidia.com/gpu", s3_secret: str = "cloob-s3"):
+          gpu_taint: str | None = "nvidia.com/gpu", s3_secret: str = "cloob-s3", nodes: int = 1,
+          job_kind: str = "pytorchjob", job_workdir: str = "s3://cloob/jobs", job_namespace: str | None = None,
+          data: str = "acquire"):
     """The pipeline function for these cluster settings (fixed at compile time: resources and scheduling are
-    part of the pod spec, not run parameters)."""
+    part of the pod spec, not run parameters). ``nodes`` > 1 trains through the Training Operator (``job_kind``
+    pytorchjob or trainjob, pods sharing ``job_workdir``). ``data``: ``acquire`` builds the shards (acquire ->
+    gate -> download fan-out -> merge); ``import`` takes shards already on S3 (e.g. a DVC worktree remote) by
+    URI through ``dsl.importer``."""
+    if data not in ("acquire", "import"):
+        raise ValueError(f"data={data!r}: choose acquire or import")
+    job = None
+    if nodes > 1:
+        job = JobSettings(image=CUDA_IMAGE, workdir=job_workdir, kind=job_kind, nodes=nodes, gpus_per_node=gpus,
+                          accelerator=accelerator, cpu=cpu, memory=memory, shm=shm,
+                          node_selector=dict(node_selector or {}), gpu_taint=gpu_taint, s3_secret=s3_secret,
+                          namespace=job_namespace).to_json()
+
+    def train_and_promote(params: str, shards: Any) -> None:
+        shard_gate = stages.validate_shards(params=params, shards=shards)
+        trained = train_task(params, shards, gpus, job, accelerator, cpu, memory, shm, node_selector, gpu_taint)
+        trained.after(shard_gate)
+        trained.set_caching_options(False)  # a retraining run must train, even on unchanged inputs
+        with_s3_credentials(trained, s3_secret)
+        reported = evaluate_and_report(trained.outputs["model"])
+        gate = stages.promote(params=params, model=trained.outputs["model"], report=reported.outputs["folder"])
+        gate.set_caching_options(False)  # production may have moved since a cached decision
+        with_s3_credentials(gate, s3_secret)
+
+    if data == "import":
+        @dsl.pipeline(name="cloob-pretrain-evaluate-imported",
+                      description="CLOOB pretraining and evaluation on shards already on S3 (imported).")
+        def pretrain_imported(shards_uri: str, params: str = DEFAULT_PARAMS):
+            imported = dsl.importer(artifact_uri=shards_uri, artifact_class=dsl.Dataset, reimport=False,
+                                    metadata={"source": shards_uri})
+            train_and_promote(params, imported.output)
+
+        return pretrain_imported
 
     @dsl.pipeline(name="cloob-pretrain-evaluate",
                   description="CLOOB pretraining and evaluation: data gate, sharded download, training, report.")
@@ -52,28 +88,32 @@ def build(partitions: int = 2, gpus: int = 1, accelerator: str = "nvidia.com/gpu
             downloaded.set_retry(num_retries=3, backoff_duration="60s", backoff_factor=2)
             with_s3_credentials(downloaded, s3_secret)
         merged = stages.merge_shards(parts=dsl.Collected(downloaded.outputs["shards"]))
-        shard_gate = stages.validate_shards(params=params, shards=merged.outputs["shards"])
-
-        trained = stages.train(params=params, shards=merged.outputs["shards"], gpus=gpus)
-        trained.after(shard_gate)
-        trained.set_caching_options(False)  # a retraining run must train, even on unchanged inputs
-        trained.set_cpu_request(cpu).set_memory_request(memory)
-        if gpus > 0:
-            trained.set_accelerator_type(accelerator).set_accelerator_limit(gpus)
-        kubernetes.empty_dir_mount(trained, volume_name="dshm", mount_path="/dev/shm", medium="Memory",
-                                   size_limit=shm)  # DataLoader workers share batches through /dev/shm
-        if gpu_taint:
-            kubernetes.add_toleration(trained, key=gpu_taint, operator="Exists", effect="NoSchedule")
-        for key, value in (node_selector or {}).items():
-            kubernetes.add_node_selector(trained, label_key=key, label_value=value)
-        with_s3_credentials(trained, s3_secret)
-
-        reported = evaluate_and_report(trained.outputs["model"])
-        gate = stages.promote(params=params, model=trained.outputs["model"], report=reported.outputs["folder"])
-        gate.set_caching_options(False)  # production may have moved since a cached decision
-        with_s3_credentials(gate, s3_secret)
+        train_and_promote(params, merged.outputs["shards"])
 
     return pretrain_evaluate
+
+
+def train_task(params: str, shards: Any, gpus: int, job: str | None, accelerator: str, cpu: str, memory: str,
+               shm: str, node_selector: dict[str, str] | None, gpu_taint: str | None) -> dsl.PipelineTask:
+    """One GPU pod (torchrun over its GPUs), or, with ``job`` settings, a small pod that runs the multi-node
+    job and waits for it (its service account needs the RBAC in infra/k8s/base/rbac.yaml)."""
+    if job is not None:
+        watcher = stages.train_multinode(params=params, shards=shards, job=job,
+                                         run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
+        return watcher.set_cpu_request("500m").set_memory_request("1Gi")
+    trained = stages.train(params=params, shards=shards, gpus=gpus)
+    trained.set_cpu_request(cpu).set_memory_request(memory)
+    if gpus > 0:
+        trained.set_accelerator_type(accelerator).set_accelerator_limit(gpus)
+    kubernetes.empty_dir_mount(trained, volume_name="dshm", mount_path="/dev/shm", medium="Memory",
+                               size_limit=shm)  # DataLoader workers share batches through /dev/shm
+    if gpu_taint:
+        kubernetes.add_toleration(trained, key=gpu_taint, operator="Exists", effect="NoSchedule")
+    for key, value in (node_selector or {}).items():
+        kubernetes.add_node_selector(trained, label_key=key, label_value=value)
+    for key, value in PART_OF.items():  # the PodMonitor in infra/k8s selects training pods by these labels
+        kubernetes.add_pod_label(trained, label_key=key, label_value=value)
+    return trained
 
 
 def evaluate_and_report(model: Any) -> dsl.PipelineTask:  # model: a task output channel

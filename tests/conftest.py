@@ -39,6 +39,10 @@ def s3_server():
 def s3_bucket(s3_server, request):
     from cloob_core import storage
 
-    name = "cloob-" + request.node.name.lower().replace("_", "-")[:40].strip("-")
+    import hashlib
+    import re
+
+    slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower())[:40].strip("-")
+    name = f"cloob-{slug}-{hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:8]}"  # parametrized: distinct
     storage.s3_client().create_bucket(Bucket=name)
     return name

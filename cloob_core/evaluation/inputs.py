@@ -56,8 +56,7 @@ def _local_copy(location: str, scratch: Path) -> Path:
     """An exported model folder on S3 is fetched into ``scratch``; a local one is used in place."""
     if not storage.is_s3(location):
         return Path(location)
-    for name in storage.list_names(location):
-        (scratch / name).write_bytes(storage.read_bytes(storage.join(location, name)))
+    storage.download_tree(location, scratch)
     return scratch
 
 

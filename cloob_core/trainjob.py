@@ -1,0 +1,274 @@
+"""Multi-node training through the Kubeflow Training Operator.
+
+A PyTorchJob (Training Operator v1) or a TrainJob (Kubeflow Trainer v2, runtime ``torch-distributed``) whose
+pods each run ``cloob train`` under torchrun: both operators set ``PET_NNODES``, ``PET_NODE_RANK``,
+``PET_MASTER_ADDR`` and ``PET_MASTER_PORT``, which torchrun reads, so one command serves both. Pods share
+nothing but object storage: they read the shards from S3, mirror checkpoints there (a restarted pod resumes with
+``--resume latest``) and rank 0 publishes the result under the job's work folder, from where the caller fetches
+it. The run's parameters travel as an environment variable (they hold no secrets; S3 credentials come from a
+Kubernetes secret, by reference).
+
+The caller needs RBAC to create, get and delete the job kind in its namespace: infra/k8s/base/rbac.yaml.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shlex
+import signal
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+# kind -> (API group, version, plural, Kind)
+KINDS = {
+    "pytorchjob": ("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob"),
+    "trainjob": ("trainer.kubeflow.org", "v1alpha1", "trainjobs", "TrainJob"),
+}
+SUCCEEDED = {"pytorchjob": "Succeeded", "trainjob": "Complete"}
+PARAMS_ENV = "CLOOB_PARAMS"
+WORKSPACE = "/workspace"  # an emptyDir in each pod: the image's user may write there, and pods never share it
+METRICS_PORT = 9400
+PART_OF = {"app.kubernetes.io/part-of": "cloob-pipelines", "app.kubernetes.io/component": "train"}
+SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL")
+_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+class JobFailed(RuntimeError):
+    """The training job ended in failure, timed out or was cancelled (it is deleted then)."""
+
+
+@dataclass
+class JobSettings:
+    """How the job is laid out on the cluster: fixed when the pipeline is compiled, like the pod resources."""
+
+    image: str
+    workdir: str  # s3:// prefix: per job, shards (when they are not on S3 already), checkpoints/, output/
+    kind: str = "pytorchjob"
+    nodes: int = 2
+    gpus_per_node: int = 1
+    accelerator: str = "nvidia.com/gpu"
+    cpu: str = "8"
+    memory: str = "32Gi"
+    shm: str = "16Gi"
+    node_selector: dict[str, str] = field(default_factory=dict)
+    gpu_taint: str | None = "nvidia.com/gpu"
+    s3_secret: str | None = "cloob-s3"
+    service_account: str | None = None
+    namespace: str | None = None  # None: the namespace of the pod that submits the job
+    runtime: str = "torch-distributed"  # Trainer v2 ClusterTrainingRuntime
+    backoff_limit: int = 3  # pod restarts before the job fails; each restart resumes from the last checkpoint
+    timeout_s: float = 7 * 24 * 3600.0
+    poll_s: float = 20.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"job kind {self.kind!r}: choose one of {', '.join(KINDS)}")
+        if self.nodes < 1 or self.gpus_per_node < 0:
+            raise ValueError(f"nodes ({self.nodes}) must be >= 1 and gpus_per_node ({self.gpus_per_node}) >= 0")
+        if not self.workdir:
+            raise ValueError("a multi-node job needs a work folder its pods share (an s3:// prefix)")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> JobSettings:
+        return cls(**json.loads(text))
+
+
+def job_name(run_id: str) -> str:
+    """A DNS-1035 name (the operators name services after it) unique to the pipeline run."""
+    slug = re.sub(r"[^a-z0-9-]+", "-", run_id.lower()).strip("-")
+    return f"cloob-train-{slug}"[:52].rstrip("-")
+
+
+def worker_script(settings: JobSettings, shards: str, workdir: str) -> str:
+    """What every pod runs: the parameters to a file, then torchrun around `cloob train` (resuming)."""
+    sets = {"train.shards": shards, "train.checkpoint_sync": f"{workdir}/checkpoints",
+            "train.metrics_host": "0.0.0.0", "train.metrics_port": str(METRICS_PORT)}
+    train = ["python", "-m", "torch.distributed.run", f"--nnodes={settings.nodes}",
+             f"--nproc-per-node={max(settings.gpus_per_node, 1)}", "-m", "cloob_core.cli", "train",
+             "--params", "params.yaml", "--output", "run", "--resume", "latest", "--no-progress",
+             "--publish", f"{workdir}/output"]
+    for key, value in sets.items():
+        train += ["--set", f"{key}={value}"]
+    return f'set -eu\nprintf "%s" "${PARAMS_ENV}" > params.yaml\nexec {shlex.join(train)}\n'
+
+
+def _env(settings: JobSettings, params_text: str) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = [{"name": PARAMS_ENV, "value": params_text},
+                                 {"name": "PYTHONUNBUFFERED", "value": "1"}]
+    if settings.s3_secret:
+        env += [{"name": key, "valueFrom": {"secretKeyRef": {"name": settings.s3_secret, "key": key,
+                                                             "optional": True}}} for key in SECRET_KEYS]
+    return env
+
+
+def _resources(settings: JobSettings) -> dict[str, Any]:
+    resources: dict[str, Any] = {"requests": {"cpu": settings.cpu, "memory": settings.memory}}
+    if settings.gpus_per_node > 0:
+        resources["limits"] = {settings.accelerator: str(settings.gpus_per_node)}
+    return resources
+
+
+def _volumes(settings: JobSettings) -> tuple[list[dict], list[dict]]:
+    volumes = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": settings.shm}},
+               {"name": "workspace", "emptyDir": {}}]
+    mounts = [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "workspace", "mountPath": WORKSPACE}]
+    return volumes, mounts
+
+
+def _scheduling(settings: JobSettings) -> dict[str, Any]:
+    spec: dict[str, Any] = {}
+    if settings.node_selector:
+        spec["nodeSelector"] = dict(settings.node_selector)
+    if settings.gpu_taint:
+        spec["tolerations"] = [{"key": settings.gpu_taint, "operator": "Exists", "effect": "NoSchedule"}]
+    if settings.service_account:
+        spec["serviceAccountName"] = settings.service_account
+    return spec
+
+
+def manifest(settings: JobSettings, name: str, params_text: str, shards: str, workdir: str) -> dict[str, Any]:
+    """The PyTorchJob or TrainJob resource for this run."""
+    group, version, _, kind = KINDS[settings.kind]
+    command = ["/bin/sh", "-c", worker_script(settings, shards, workdir)]
+    volumes, mounts = _volumes(settings)
+    metadata = {"name": name, "labels": dict(PART_OF)}
+    if settings.namespace:
+        metadata["namespace"] = settings.namespace
+    port = [{"name": "metrics", "containerPort": METRICS_PORT}]
+    if settings.kind == "pytorchjob":
+        container = {"name": "pytorch", "image": settings.image, "command": command, "workingDir": WORKSPACE,
+                     "env": _env(settings, params_text), "resources": _resources(settings), "volumeMounts": mounts,
+                     "ports": port}
+        template = {"metadata": {"labels": dict(PART_OF)},
+                    "spec": {"containers": [container], "volumes": volumes, **_scheduling(settings)}}
+        replicas = {"Master": {"replicas": 1, "restartPolicy": "OnFailure", "template": template}}
+        if settings.nodes > 1:
+            replicas["Worker"] = {"replicas": settings.nodes - 1, "restartPolicy": "OnFailure",
+                                  "template": json.loads(json.dumps(template))}
+        spec = {"nprocPerNode": str(max(settings.gpus_per_node, 1)),
+                "runPolicy": {"backoffLimit": settings.backoff_limit, "cleanPodPolicy": "None"},
+                "pytorchReplicaSpecs": replicas}
+    else:
+        spec = {"runtimeRef": {"name": settings.runtime, "apiGroup": group, "kind": "ClusterTrainingRuntime"},
+                "trainer": {"image": settings.image, "command": command, "env": _env(settings, params_text),
+                            "numNodes": settings.nodes, "numProcPerNode": max(settings.gpus_per_node, 1),
+                            "resourcesPerNode": _resources(settings)},
+                "podTemplateOverrides": [{
+                    "targetJobs": [{"name": "node"}],
+                    "metadata": {"labels": dict(PART_OF)},
+                    "spec": {"volumes": volumes, "containers": [{"name": "node", "volumeMounts": mounts}],
+                             **_scheduling(settings)}}]}
+    return {"apiVersion": f"{group}/{version}", "kind": kind, "metadata": metadata, "spec": spec}
+
+
+def outcome(kind: str, status: dict[str, Any] | None) -> tuple[str | None, str]:
+    """('succeeded' | 'failed' | None while running, the latest condition as text) from a job's status."""
+    conditions = [c for c in (status or {}).get("conditions", []) if str(c.get("status")) == "True"]
+    for condition in reversed(conditions):
+        reason = f"{condition.get('type')}: {condition.get('reason', '')} {condition.get('message', '')}".strip()
+        if condition.get("type") == SUCCEEDED[kind]:
+            return "succeeded", reason
+        if condition.get("type") == "Failed":
+            return "failed", reason
+    latest = conditions[-1] if conditions else {}
+    return None, f"{latest.get('type', 'Pending')}: {latest.get('message', '')}".strip(": ")
+
+
+def _custom_objects_api() -> Any:
+    """In a pod: its service account. Elsewhere: the kubeconfig (KUBECONFIG or ~/.kube/config)."""
+    from kubernetes import client, config
+
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config(config_file=_kubeconfig())
+    return client.CustomObjectsApi()
+
+
+def _kubeconfig() -> str | None:
+    """KUBECONFIG as it is now (the client reads it once, at import)."""
+    return os.environ.get("KUBECONFIG") or None
+
+
+def current_namespace(default: str = "default") -> str:
+    """In a pod: its own namespace. Elsewhere: the kubeconfig context's, as kubectl would use."""
+    if _NAMESPACE_FILE.is_file():
+        return _NAMESPACE_FILE.read_text().strip()
+    from kubernetes import config
+
+    try:
+        _, active = config.list_kube_config_contexts(config_file=_kubeconfig())
+    except (config.ConfigException, OSError):
+        return default
+    return (active or {}).get("context", {}).get("namespace") or default
+
+
+class _Cancelled(Exception):
+    pass
+
+
+def _raise_cancelled(signum: int, _frame: Any) -> None:
+    raise _Cancelled(f"signal {signum}")
+
+
+def run(body: dict[str, Any], settings: JobSettings, api: Any = None) -> str:
+    """Create the job and wait for it to end. Failure, time-out or cancellation (SIGTERM, as when the pipeline
+    run is stopped) deletes the job, so no GPU node stays held by an orphan."""
+    group, version, plural, kind = KINDS[settings.kind]
+    api = api or _custom_objects_api()
+    namespace = settings.namespace or current_namespace()
+    name = body["metadata"]["name"]
+    api.create_namespaced_custom_object(group, version, namespace, plural, body)
+    log.info("created %s %s/%s: %d node(s) x %d GPU(s)", kind, namespace, name, settings.nodes,
+             settings.gpus_per_node)
+    previous = signal.signal(signal.SIGTERM, _raise_cancelled) if _main_thread() else None
+    finished, last = False, ""
+    deadline = time.monotonic() + settings.timeout_s
+    try:
+        while True:
+            status = api.get_namespaced_custom_object(group, version, namespace, plural, name).get("status")
+            state, text = outcome(settings.kind, status)
+            if text != last:
+                log.info("%s %s: %s", kind, name, text)
+                last = text
+            if state == "succeeded":
+                finished = True
+                return text
+            if state == "failed":
+                raise JobFailed(f"{kind} {namespace}/{name} failed: {text} (kubectl -n {namespace} logs -l "
+                                f"training.kubeflow.org/job-name={name})")
+            if time.monotonic() > deadline:
+                raise JobFailed(f"{kind} {namespace}/{name} did not finish in {settings.timeout_s:.0f} s")
+            time.sleep(settings.poll_s)
+    except _Cancelled as err:
+        raise JobFailed(f"{kind} {namespace}/{name} cancelled ({err})") from None
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+        if not finished:
+            _delete(api, group, version, namespace, plural, name)
+
+
+def _delete(api: Any, group: str, version: str, namespace: str, plural: str, name: str) -> None:
+    try:
+        api.delete_namespaced_custom_object(group, version, namespace, plural, name,
+                                            body={"propagationPolicy": "Foreground"})
+        log.info("deleted %s/%s", namespace, name)
+    except Exception as err:  # reported; the job's failure is the error that matters
+        log.warning("could not delete %s/%s: %s", namespace, name, err)
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()

@@ -1,0 +1,190 @@
+"""A stand-in for a Kubernetes API server with the Kubeflow Training Operator (or Trainer v2) installed, on
+127.0.0.1: the custom-object endpoints the kubernetes client calls (create, get, delete PyTorchJob / TrainJob).
+It records every request and, like the operator, "starts the pods": each node's container command runs as a
+local process in its own working folder (each pod has its own /workspace), with the environment the operator
+injects (PET_NNODES, PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT, PET_NPROC_PER_NODE) and secret references
+resolved from ``secrets``. The job's status conditions follow the processes, as the operator's do."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import tempfile
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+_PATH = re.compile(r"/apis/(?P<group>[^/]+)/(?P<version>[^/]+)/namespaces/(?P<ns>[^/]+)/(?P<plural>[^/]+)"
+                   r"(?:/(?P<name>[^/]+))?")
+SUCCESS = {"pytorchjobs": "Succeeded", "trainjobs": "Complete"}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class FakeTrainingCluster:
+    def __init__(self, secrets: dict[str, dict[str, str]] | None = None, run_pods: bool = True,
+                 extra_env: dict[str, str] | None = None) -> None:
+        self.secrets = secrets or {}
+        self.run_pods = run_pods
+        self.extra_env = extra_env or {}
+        self.requests: list[dict[str, Any]] = []
+        self.objects: dict[tuple[str, str, str], dict] = {}
+        self.pods: dict[tuple[str, str, str], list[subprocess.Popen]] = {}
+        self.logs: dict[tuple[str, str, str], list[Path]] = {}
+        self._scratch = tempfile.TemporaryDirectory(prefix="fake-k8s-")
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def kubeconfig(self, path: Path, namespace: str = "team-a") -> Path:
+        config = {"apiVersion": "v1", "kind": "Config", "current-context": "fake",
+                  "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+                  "users": [{"name": "fake", "user": {"token": "not-a-secret"}}],
+                  "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake",
+                                                              "namespace": namespace}}]}
+        path.write_text(json.dumps(config))
+        return path
+
+    def __enter__(self) -> FakeTrainingCluster:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for processes in self.pods.values():
+            for process in processes:
+                if process.poll() is None:
+                    process.kill()
+                    process.wait()
+        self._server.shutdown()
+        self._server.server_close()
+        self._scratch.cleanup()
+
+    def pod_logs(self, key: tuple[str, str, str]) -> str:
+        return "\n".join(path.read_text(errors="replace") for path in self.logs.get(key, []))
+
+    # -- the operator ------------------------------------------------------------------------------------------
+    def _containers(self, plural: str, body: dict) -> list[tuple[list[str], list[dict], int]]:
+        """(command, env, nproc) for each node, in node-rank order."""
+        spec = body["spec"]
+        if plural == "pytorchjobs":
+            nodes = []
+            for role in ("Master", "Worker"):
+                replica = spec["pytorchReplicaSpecs"].get(role)
+                if replica:
+                    container = replica["template"]["spec"]["containers"][0]
+                    nodes += [(container["command"], container.get("env", []), int(spec["nprocPerNode"]))
+                              ] * int(replica["replicas"])
+            return nodes
+        trainer = spec["trainer"]
+        return [(trainer["command"], trainer.get("env", []), int(trainer["numProcPerNode"]))] * int(
+            trainer["numNodes"])
+
+    def _resolve(self, env: list[dict]) -> dict[str, str]:
+        resolved = {}
+        for entry in env:
+            if "value" in entry:
+                resolved[entry["name"]] = entry["value"]
+                continue
+            ref = entry["valueFrom"]["secretKeyRef"]
+            value = self.secrets.get(ref["name"], {}).get(ref["key"])
+            if value is None and not ref.get("optional"):
+                raise KeyError(f"secret {ref['name']}/{ref['key']} missing")
+            if value is not None:
+                resolved[entry["name"]] = value
+        return resolved
+
+    def _start(self, key: tuple[str, str, str], plural: str, body: dict) -> None:
+        nodes = self._containers(plural, body)
+        port = _free_port()
+        processes, logs = [], []
+        for rank, (command, env, nproc) in enumerate(nodes):
+            workspace = Path(self._scratch.name, key[2], f"node-{rank}")
+            workspace.mkdir(parents=True)
+            variables = {**os.environ, **self.extra_env, **self._resolve(env),
+                         "PET_NNODES": str(len(nodes)), "PET_NODE_RANK": str(rank), "PET_NPROC_PER_NODE": str(nproc),
+                         "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": str(port)}
+            log = workspace / "pod.log"
+            with open(log, "wb") as handle:
+                processes.append(subprocess.Popen(command, cwd=workspace, env=variables, stdout=handle,
+                                                  stderr=subprocess.STDOUT))
+            logs.append(log)
+        self.pods[key], self.logs[key] = processes, logs
+
+    def _status(self, key: tuple[str, str, str], plural: str) -> dict:
+        conditions = [{"type": "Created", "status": "True", "reason": "JobCreated"}]
+        processes = self.pods.get(key, [])
+        codes = [p.poll() for p in processes]
+        if any(code not in (None, 0) for code in codes):
+            conditions.append({"type": "Failed", "status": "True", "reason": "PodFailed",
+                               "message": f"exit codes {codes}"})
+        elif processes and all(code == 0 for code in codes):
+            conditions.append({"type": SUCCESS[plural], "status": "True", "reason": "JobSucceeded",
+                               "message": "all pods succeeded"})
+        elif processes:
+            conditions.append({"type": "Running", "status": "True", "reason": "JobRunning", "message": "running"})
+        return {"conditions": conditions}
+
+    # -- HTTP ---------------------------------------------------------------------------------------------------
+    def _answer(self, method: str, path: str, body: dict) -> tuple[int, dict]:
+        match = _PATH.fullmatch(path)
+        if not match:
+            return 404, {"kind": "Status", "status": "Failure", "reason": "NotFound", "code": 404}
+        ns, plural, name = match["ns"], match["plural"], match["name"]
+        if method == "POST" and name is None:
+            key = (ns, plural, body["metadata"]["name"])
+            if key in self.objects:
+                return 409, {"kind": "Status", "status": "Failure", "reason": "AlreadyExists", "code": 409}
+            self.objects[key] = body
+            if self.run_pods:
+                self._start(key, plural, body)
+            return 201, body
+        key = (ns, plural, name)
+        if key not in self.objects:
+            return 404, {"kind": "Status", "status": "Failure", "reason": "NotFound", "code": 404}
+        if method == "GET":
+            return 200, {**self.objects[key], "status": self._status(key, plural)}
+        if method == "DELETE":
+            for process in self.pods.pop(key, []):
+                if process.poll() is None:
+                    process.kill()
+                    process.wait()
+            return 200, {"kind": "Status", "status": "Success"}
+        return 405, {"kind": "Status", "status": "Failure", "code": 405}
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        cluster = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _serve(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length) if length else b""
+                body = json.loads(raw) if raw else {}
+                path = self.path.split("?", 1)[0]
+                cluster.requests.append({"method": self.command, "path": path, "body": body,
+                                         "authorization": self.headers.get("Authorization")})
+                code, answer = cluster._answer(self.command, path, body)
+                data = json.dumps(answer).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = do_DELETE = _serve
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        return Handler

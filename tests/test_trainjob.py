@@ -1,0 +1,218 @@
+"""Multi-node training through the Training Operator: the PyTorchJob / TrainJob resources, the pods' command, and
+the whole round trip (create -> pods train under torchrun -> result on S3 -> fetched) against a stand-in API
+server on 127.0.0.1 whose "pods" are local processes, with a real S3-compatible server (moto) between them."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from cloob_core import orchestration, storage, trainjob
+from cloob_core.config import load_config
+from cloob_core.data.local_shards import build_shards
+from cloob_core.trainjob import JobFailed, JobSettings
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from k8s_api_server import FakeTrainingCluster
+
+PARAMS = "train:\n  objective: cloob\n  note: \"quotes ' and \\\" and $HOME and `ticks`\"\n"
+
+
+def settings(**changes) -> JobSettings:
+    base = {"image": "registry.example/cloob:cuda", "workdir": "s3://jobs/prefix", "nodes": 3, "gpus_per_node": 8,
+            "node_selector": {"pool": "h100"}}
+    return JobSettings(**{**base, **changes})
+
+
+def test_a_pytorchjob_has_a_master_workers_gpus_shm_and_secrets_by_reference(monkeypatch):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "do-not-leak-me")
+    body = trainjob.manifest(settings(), "cloob-train-run1", PARAMS, "s3://data/shards", "s3://jobs/prefix/run1")
+    assert body["apiVersion"] == "kubeflow.org/v1" and body["kind"] == "PyTorchJob"
+    spec = body["spec"]
+    assert spec["nprocPerNode"] == "8" and spec["runPolicy"]["backoffLimit"] == 3
+    replicas = spec["pytorchReplicaSpecs"]
+    assert replicas["Master"]["replicas"] == 1 and replicas["Worker"]["replicas"] == 2
+    for role in ("Master", "Worker"):
+        pod = replicas[role]["template"]["spec"]
+        container = pod["containers"][0]
+        assert container["name"] == "pytorch"  # the operator finds the training container by this name
+        assert container["resources"]["limits"] == {"nvidia.com/gpu": "8"}
+        assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}} in pod["volumes"]
+        assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+        assert pod["nodeSelector"] == {"pool": "h100"} and pod["tolerations"][0]["key"] == "nvidia.com/gpu"
+        refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"] if "valueFrom" in e}
+        assert set(refs) == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL"}
+        assert all(ref["name"] == "cloob-s3" for ref in refs.values())
+        assert {"name": "CLOOB_PARAMS", "value": PARAMS} in container["env"]
+        assert replicas[role]["template"]["metadata"]["labels"]["app.kubernetes.io/part-of"] == "cloob-pipelines"
+        assert container["ports"] == [{"name": "metrics", "containerPort": trainjob.METRICS_PORT}]
+    assert "do-not-leak-me" not in json.dumps(body)
+
+
+def test_one_node_has_no_workers_and_a_cpu_job_asks_for_no_gpu():
+    body = trainjob.manifest(settings(nodes=1, gpus_per_node=0), "cloob-train-x", PARAMS, "s3://d", "s3://w")
+    assert set(body["spec"]["pytorchReplicaSpecs"]) == {"Master"} and body["spec"]["nprocPerNode"] == "1"
+    assert "limits" not in body["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0][
+        "resources"]
+
+
+def test_a_trainjob_uses_the_torch_runtime_with_nodes_and_overrides():
+    body = trainjob.manifest(settings(kind="trainjob", namespace="team-a"), "cloob-train-run1", PARAMS, "s3://d",
+                             "s3://w")
+    assert body["apiVersion"] == "trainer.kubeflow.org/v1alpha1" and body["kind"] == "TrainJob"
+    assert body["metadata"]["namespace"] == "team-a"
+    spec = body["spec"]
+    assert spec["runtimeRef"] == {"name": "torch-distributed", "apiGroup": "trainer.kubeflow.org",
+                                  "kind": "ClusterTrainingRuntime"}
+    assert spec["trainer"]["numNodes"] == 3 and spec["trainer"]["numProcPerNode"] == 8
+    assert spec["trainer"]["resourcesPerNode"]["limits"] == {"nvidia.com/gpu": "8"}
+    override = spec["podTemplateOverrides"][0]
+    assert override["targetJobs"] == [{"name": "node"}]
+    assert override["spec"]["nodeSelector"] == {"pool": "h100"}
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in override["spec"]["containers"][0]["volumeMounts"]
+
+
+def test_the_pod_command_writes_the_params_verbatim_and_calls_torchrun_with_intact_arguments(tmp_path):
+    """Run the pod's script with a stand-in `python` that records its argv: quoting must survive the shell."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "python"
+    fake.write_text(f"#!{sys.executable}\nimport json, sys\njson.dump(sys.argv[1:], open('argv.json', 'w'))\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    shards = "s3://data/odd name/it's"
+    body = trainjob.manifest(settings(nodes=2, gpus_per_node=4), "n", PARAMS, shards, "s3://w/n")
+    command = body["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["command"]
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "CLOOB_PARAMS": PARAMS}
+    subprocess.run(command, cwd=tmp_path, env=env, check=True)
+    assert (tmp_path / "params.yaml").read_text() == PARAMS
+    argv = json.loads((tmp_path / "argv.json").read_text())
+    assert argv[:5] == ["-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=4", "-m"]
+    assert argv[argv.index("--resume") + 1] == "latest" and argv[argv.index("--publish") + 1] == "s3://w/n/output"
+    sets = [argv[i + 1] for i, arg in enumerate(argv) if arg == "--set"]
+    assert f"train.shards={shards}" in sets and "train.checkpoint_sync=s3://w/n/checkpoints" in sets
+
+
+@pytest.mark.parametrize(("kind", "conditions", "expected"), [
+    ("pytorchjob", [], None),
+    ("pytorchjob", [{"type": "Created", "status": "True"}, {"type": "Running", "status": "True"}], None),
+    ("pytorchjob", [{"type": "Running", "status": "False"}, {"type": "Succeeded", "status": "True"}], "succeeded"),
+    ("pytorchjob", [{"type": "Running", "status": "True"}, {"type": "Failed", "status": "True"}], "failed"),
+    ("pytorchjob", [{"type": "Restarting", "status": "True"}], None),
+    ("trainjob", [{"type": "Complete", "status": "True"}], "succeeded"),
+    ("trainjob", [{"type": "Succeeded", "status": "True"}], None),  # not a TrainJob condition
+    ("trainjob", [{"type": "Failed", "status": "True", "message": "OOMKilled"}], "failed"),
+])
+def test_job_outcome_from_conditions(kind, conditions, expected):
+    assert trainjob.outcome(kind, {"conditions": conditions})[0] == expected
+
+
+def test_job_names_are_valid_dns_labels():
+    for run_id in ("3f2a9c1e-6b7d-4e8f-9a0b-1c2d3e4f5a6b", "Run_With Odd/Chars" * 5, "-x-"):
+        name = trainjob.job_name(run_id)
+        assert len(name) <= 52 and name[0].isalpha() and name[-1].isalnum()
+        assert set(name) <= set("abcdefghijklmnopqrstuvwxyz0123456789-")
+
+
+def test_bad_job_settings_are_refused():
+    with pytest.raises(ValueError, match="job kind"):
+        settings(kind="mpijob")
+    with pytest.raises(ValueError, match="work folder"):
+        settings(workdir="")
+    assert JobSettings.from_json(settings().to_json()) == settings()
+
+
+def _stub_python(folder: Path, body: str) -> dict[str, str]:
+    folder.mkdir(parents=True, exist_ok=True)
+    fake = folder / "python"
+    fake.write_text("#!/bin/sh\n" + body)
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    return {"PATH": f"{folder}:{os.environ['PATH']}"}
+
+
+def test_a_failed_job_raises_with_its_condition_and_is_deleted(tmp_path, monkeypatch):
+    with FakeTrainingCluster(extra_env=_stub_python(tmp_path / "bin", "exit 3\n")) as cluster:
+        monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig(tmp_path / "kubeconfig")))
+        job = settings(nodes=2, gpus_per_node=0, namespace="team-a", poll_s=0.1)
+        with pytest.raises(JobFailed, match=r"failed: Failed: PodFailed exit codes \[3, 3\]"):
+            trainjob.run(trainjob.manifest(job, "cloob-train-f", PARAMS, "s3://d", "s3://w"), job)
+    methods = [(r["method"], r["path"]) for r in cluster.requests]
+    assert methods[0] == ("POST", "/apis/kubeflow.org/v1/namespaces/team-a/pytorchjobs")
+    assert methods[-1] == ("DELETE", "/apis/kubeflow.org/v1/namespaces/team-a/pytorchjobs/cloob-train-f")
+    assert cluster.requests[0]["authorization"] == "Bearer not-a-secret"  # the kubeconfig's credentials
+
+
+def test_a_job_past_its_time_limit_is_deleted_and_its_pods_stopped(tmp_path, monkeypatch):
+    with FakeTrainingCluster(extra_env=_stub_python(tmp_path / "bin", "sleep 60\n")) as cluster:
+        monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig(tmp_path / "kubeconfig", namespace="ns-b")))
+        job = settings(kind="trainjob", nodes=2, gpus_per_node=0, timeout_s=1.0, poll_s=0.1)
+        with pytest.raises(JobFailed, match="did not finish in 1 s"):
+            trainjob.run(trainjob.manifest(job, "cloob-train-t", PARAMS, "s3://d", "s3://w"), job)
+        assert cluster.requests[-1]["method"] == "DELETE"
+        assert cluster.requests[-1]["path"] == "/apis/trainer.kubeflow.org/v1alpha1/namespaces/ns-b/trainjobs/" \
+                                               "cloob-train-t"  # outside a pod: the kubeconfig context's
+        assert not cluster.pods  # the pods were stopped with the job
+
+
+@pytest.fixture(scope="module")
+def local_shards(tmp_path_factory):
+    out = tmp_path_factory.mktemp("job") / "shards"
+    config = load_config(overrides=["preprocess.resize_mode=no", "preprocess.shard_size=500"])
+    build_shards("embedded", str(out), config, split="train", progress=False)
+    return out
+
+
+@pytest.mark.slow  # ~1 minute: two "nodes" train under torchrun (gloo on CPU)
+@pytest.mark.parametrize("kind", ["pytorchjob", "trainjob"])
+def test_a_two_node_job_trains_and_equals_one_process(kind, local_shards, tmp_path, s3_bucket, monkeypatch):
+    params = yaml.safe_dump({"model": {"architecture": "cloob-tiny-vit"},  # no BatchNorm: ranks agree exactly
+                             "train": {"steps": 4, "batch_size": 32, "data_streams": 4, "workers": 1,
+                                       "log_every": 2, "tensorboard": False, "checkpoint_every": 2}})
+    if kind == "trainjob":  # shards already on S3 are used where they are
+        shards_uri = f"s3://{s3_bucket}/dvc/shards"
+        storage.upload_tree(local_shards, shards_uri)
+    else:  # a local artifact folder is copied for the pods first
+        shards_uri = "minio://mlpipeline/v2/artifacts/shards"
+    secret = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+              "AWS_ENDPOINT_URL": os.environ["AWS_ENDPOINT_URL"]}
+    job = JobSettings(image="cloob:cuda", workdir=f"s3://{s3_bucket}/jobs", kind=kind, nodes=2, gpus_per_node=0,
+                      poll_s=0.5, timeout_s=600)
+    # The pods see only what the secret gives them: not this process's S3 settings.
+    pod_env = {"AWS_ENDPOINT_URL": "", "AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": "", "OMP_NUM_THREADS": "1",
+               "AWS_DEFAULT_REGION": "us-east-1"}
+    with FakeTrainingCluster(secrets={"cloob-s3": secret}, extra_env=pod_env) as cluster:
+        monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig(tmp_path / "kubeconfig")))
+        try:
+            metrics = orchestration.train_multinode(params, str(local_shards), shards_uri, str(tmp_path / "model"),
+                                                    job.to_json(), "Run-42")
+        except Exception:
+            key = next(iter(cluster.logs), None)
+            print(textwrap.indent(cluster.pod_logs(key)[-4000:] if key else "no pods", "  pod| "))
+            raise
+    created = cluster.requests[0]["body"]
+    assert created["metadata"]["name"] == "cloob-train-run-42"
+    assert metrics["world_size"] == 2 and metrics["steps"] == 4
+    workdir = f"s3://{s3_bucket}/jobs/cloob-train-run-42"
+    assert storage.list_names(f"{workdir}/checkpoints", ".pt")  # mirrored: a restarted pod resumes from there
+    copied = storage.list_names(f"{workdir}/shards")
+    assert bool(copied) == (kind == "pytorchjob")
+
+    single = tmp_path / "single"
+    params_file = tmp_path / "params.yaml"
+    params_file.write_text(params)
+    run = subprocess.run([sys.executable, "-m", "cloob_core.cli", "train", "--params", str(params_file), "--shards",
+                          str(local_shards), "--output", str(single), "--no-progress"], capture_output=True,
+                         text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    one = torch.load(single / "model" / "open_clip_model.pt", weights_only=True)
+    two = torch.load(tmp_path / "model" / "model" / "open_clip_model.pt", weights_only=True)
+    worst = max((one[k] - two[k]).abs().max().item() for k in one)
+    assert worst < 1e-6, worst  # the same global batch, split over two nodes
