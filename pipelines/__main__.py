@@ -43,10 +43,20 @@ def _package(path: Path) -> str:
     return str(path)
 
 
+def _parameters(args: argparse.Namespace) -> dict[str, str]:
+    from pipelines import client
+
+    shards_uri = args.shards_uri
+    if args.dvc_path:
+        shards_uri = client.dvc_data_url(args.dvc_path, repo=args.dvc_repo, rev=args.dvc_rev, remote=args.dvc_remote)
+        print(f"importing {args.dvc_path}@{args.dvc_rev or 'workspace'}: {shards_uri}")
+    return client.run_parameters(args.params, args.set, shards_uri)
+
+
 def _submit(args: argparse.Namespace) -> int:
     from pipelines import client
 
-    parameters = client.run_parameters(args.params, args.set)
+    parameters = _parameters(args)
     api = client.connect(args.host, args.namespace)
     submitted = client.submit(api, _package(args.package), args.experiment, args.run_name, parameters,
                               args.namespace, enable_caching=False if args.no_cache else None)
@@ -59,7 +69,7 @@ def _schedule(args: argparse.Namespace) -> int:
 
     api = client.connect(args.host, args.namespace)
     if args.action == "create":
-        parameters = client.run_parameters(args.params, args.set)
+        parameters = _parameters(args)
         recurring = client.schedule(api, _package(args.package), args.experiment, args.name, args.cron, parameters,
                                     args.namespace, enabled=not args.paused)
         print(f"created recurring run {recurring} '{args.name}' ({args.cron}, one at a time, no catch-up)")
@@ -77,6 +87,13 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--params", default="params.yaml", help="configuration of the run (default params.yaml)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override one value (repeatable); validated before anything is sent")
+    data = parser.add_mutually_exclusive_group()
+    data.add_argument("--shards-uri", help="s3:// folder of shards, for a pipeline compiled with --data import")
+    data.add_argument("--dvc-path", help="or a DVC-tracked shards folder (e.g. data/shards) on a worktree S3 remote, "
+                      "resolved to its URI")
+    parser.add_argument("--dvc-rev", help="git revision of --dvc-path (tag, branch, commit; default: workspace)")
+    parser.add_argument("--dvc-repo", help="repository of --dvc-path (default: this one)")
+    parser.add_argument("--dvc-remote", help="DVC remote of --dvc-path (default: the default remote)")
 
 
 def _add_endpoint_options(parser: argparse.ArgumentParser) -> None:

@@ -13,10 +13,64 @@ from typing import Any
 from cloob_core.config import load_config
 
 
-def run_parameters(params_file: str | None, overrides: Sequence[str] = ()) -> dict[str, str]:
-    """``{"params": <the configuration as JSON>}`` after the same validation every `cloob` command applies."""
+def run_parameters(params_file: str | None, overrides: Sequence[str] = (),
+                   shards_uri: str | None = None) -> dict[str, str]:
+    """``{"params": <the configuration as JSON>}`` after the same validation every `cloob` command applies;
+    plus ``shards_uri`` for the pipeline compiled with ``--data import``."""
     config = load_config(params_file, list(overrides))
-    return {"params": json.dumps(config.model_dump())}
+    parameters = {"params": json.dumps(config.model_dump())}
+    if shards_uri:
+        parameters["shards_uri"] = shards_uri
+    return parameters
+
+
+def dvc_data_url(path: str, repo: str | None = None, rev: str | None = None, remote: str | None = None) -> str:
+    """Where a DVC-tracked folder (e.g. ``data/shards`` at a tag) lies on its S3 remote, for the importer.
+
+    Only a remote that keeps the workspace layout (``dvc remote modify NAME worktree true``, or
+    ``version_aware true`` for versioned buckets) holds the folder as files under that path; a default,
+    content-addressed remote holds a ``.dir`` listing and hashed objects, which the training reader cannot use."""
+    import dvc.api
+    from dvc.exceptions import DvcException
+
+    try:
+        url = dvc.api.get_url(path, repo=repo, rev=rev, remote=remote)
+    except DvcException as err:
+        raise ValueError(f"cannot resolve {path} through DVC: {err}") from err
+    if url.endswith(".dir") or "/files/md5/" in url:
+        raise ValueError(f"{path} is stored content-addressed at {url}: push it to a remote with 'worktree true' "
+                         "(or 'version_aware true') to import it by URI")
+    if not url.startswith("s3://"):
+        raise ValueError(f"{path} resolves to {url}, not an s3:// URL the cluster can read")
+    _check_unchanged(path, url, repo, rev)
+    return url
+
+
+def _check_unchanged(path: str, url: str, repo: str | None, rev: str | None) -> None:
+    """The importer reads the remote folder as it is now: refuse when it no longer holds exactly the files
+    (by ETag) that ``rev`` recorded, which happens once a later revision was pushed over it."""
+    from dvc.api import DVCFileSystem
+
+    from cloob_core import storage
+
+    recorded = {}
+    for name, info in DVCFileSystem(repo, rev=rev).find(path, detail=True).items():
+        meta = getattr((info.get("dvc_info") or {}).get("entry"), "meta", None)
+        recorded[name[len(path):].lstrip("/")] = getattr(meta, "etag", None)
+    bucket, prefix = storage.split_s3(url)
+    client = storage.s3_client()
+    moved = []
+    for name, etag in sorted(recorded.items()):
+        try:
+            current = client.head_object(Bucket=bucket, Key=f"{prefix.rstrip('/')}/{name}")["ETag"].strip('"')
+        except client.exceptions.ClientError:
+            current = None
+        if etag is None or current != etag:
+            moved.append(name)
+    if moved:
+        raise ValueError(f"{url} no longer holds {path} as {rev or 'the workspace'} recorded it ({len(moved)} of "
+                         f"{len(recorded)} files differ, e.g. {moved[0]}): `dvc push` that revision again, or "
+                         "submit the revision the remote holds")
 
 
 def connect(host: str, namespace: str | None = None) -> Any:

@@ -37,10 +37,10 @@ def s3_server():
 
 @pytest.fixture
 def s3_bucket(s3_server, request):
-    from cloob_core import storage
-
     import hashlib
     import re
+
+    from cloob_core import storage
 
     slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower())[:40].strip("-")
     name = f"cloob-{slug}-{hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:8]}"  # parametrized: distinct

@@ -4,6 +4,8 @@ with kfp.local (SubprocessRunner, this environment) on the embedded default."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -183,3 +185,104 @@ def test_recurring_runs_are_created_listed_and_deleted(package, capsys):
         assert f"{recurring_id}  nightly-retrain  0 0 3 * * *" in capsys.readouterr().out
         assert main(["schedule", "delete", *endpoint, recurring_id]) == 0
         assert api.calls("DELETE", f"/apis/v2beta1/recurringruns/{recurring_id}") and not api.recurring
+
+
+def compile_with(tmp_path: Path, *options: str) -> dict:
+    from pipelines.__main__ import main
+
+    path = tmp_path / "pipeline.yaml"
+    assert main(["compile", "--output", str(path), *options]) == 0
+    documents = list(yaml.safe_load_all(path.read_text()))
+    return {"spec": documents[0], "platform": documents[1]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]}
+
+
+def test_multi_node_training_is_a_training_operator_job_watched_by_a_small_pod(tmp_path):
+    compiled = compile_with(tmp_path, "--nodes", "4", "--gpus", "8", "--job-kind", "trainjob", "--job-workdir",
+                            "s3://team/jobs", "--node-selector", "pool=h100")
+    spec, platform = compiled["spec"], compiled["platform"]
+    tasks = tasks_of(spec)
+    assert "train" not in tasks and "train-multinode" in tasks
+    watcher = tasks["train-multinode"]
+    assert "validate-shards" in watcher["dependentTasks"]
+    job = json.loads(watcher["inputs"]["parameters"]["job"]["runtimeValue"]["constant"])
+    assert (job["kind"], job["nodes"], job["gpus_per_node"], job["workdir"]) == ("trainjob", 4, 8, "s3://team/jobs")
+    assert job["node_selector"] == {"pool": "h100"} and job["image"] == "cloob-pipelines:0.1.0-cuda"
+    assert watcher["inputs"]["parameters"]["run_id"]["runtimeValue"]["constant"] == "{{$.pipeline_job_uuid}}"
+    resources = spec["deploymentSpec"]["executors"]["exec-train-multinode"]["container"]["resources"]
+    assert "accelerator" not in resources  # the GPUs belong to the job's pods, not to the watcher
+    mapped = {entry["envVar"] for entry in platform["exec-train-multinode"]["secretAsEnv"][0]["keyToEnv"]}
+    assert "AWS_SECRET_ACCESS_KEY" in mapped
+    assert "train-multinode" in tasks["promote"]["dependentTasks"]
+
+
+def test_the_import_variant_trains_on_shards_already_on_s3(tmp_path):
+    spec = compile_with(tmp_path, "--data", "import")["spec"]
+    tasks = tasks_of(spec)
+    assert {"acquire", "download-partition", "merge-shards"}.isdisjoint(tasks)
+    assert spec["root"]["inputDefinitions"]["parameters"]["shards_uri"]["parameterType"] == "STRING"
+    importer = spec["deploymentSpec"]["executors"]["exec-importer"]["importer"]
+    assert importer["artifactUri"] == {"runtimeParameter": "uri"} and importer["typeSchema"]["schemaTitle"] == \
+        "system.Dataset"
+    assert tasks["importer"]["inputs"]["parameters"]["uri"]["componentInputParameter"] == "shards_uri"
+    gate = tasks["validate-shards"]["inputs"]["artifacts"]["shards"]["taskOutputArtifact"]
+    assert gate["producerTask"] == "importer"  # imported data passes the same gate before training
+    assert "validate-shards" in tasks["train"]["dependentTasks"]
+
+
+def _dvc(repo: Path, *args: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=repo, capture_output=True, text=True,
+                          env={**os.environ, "DVC_NO_ANALYTICS": "1"})
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_dvc_tracked_folder_is_submitted_for_import_by_its_s3_uri(tmp_path, s3_bucket, capsys):
+    """Shards versioned by DVC on a worktree remote (a versioned bucket) are imported where they lie, when the
+    remote still holds the revision asked for; a content-addressed remote, whose objects the reader cannot use as
+    a folder, and a revision the remote has moved past are refused with the fix, before anything is sent."""
+    from kfp_api_server import KfpApiServer
+
+    from cloob_core import storage
+    from pipelines.__main__ import main
+
+    storage.s3_client().put_bucket_versioning(Bucket=s3_bucket, VersioningConfiguration={"Status": "Enabled"})
+    repo = tmp_path / "repo"
+    (repo / "data" / "shards").mkdir(parents=True)
+    (repo / "data" / "shards" / "00000.tar").write_bytes(b"tar")
+    (repo / "data" / "shards" / "sizes.json").write_text('{"00000.tar": 1}')
+    git = ["git", "-c", "user.name=ci", "-c", "user.email=ci@localhost"]
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    _dvc(repo, "init", "-q")
+    endpoint = os.environ["AWS_ENDPOINT_URL"]
+    for name, prefix, worktree in (("tree", "layout", True), ("cas", "cache", False)):
+        _dvc(repo, "remote", "add", name, f"s3://{s3_bucket}/{prefix}")
+        _dvc(repo, "remote", "modify", name, "endpointurl", endpoint)
+        if worktree:
+            _dvc(repo, "remote", "modify", name, "worktree", "true")
+
+    def version(tag: str) -> None:
+        _dvc(repo, "add", "-q", "data/shards")
+        for name in ("tree", "cas"):
+            _dvc(repo, "push", "-q", "-r", name)
+        subprocess.run(["git", "add", "-A"], cwd=repo, check=True)
+        subprocess.run([*git, "commit", "-qm", tag], cwd=repo, check=True)
+        subprocess.run(["git", "tag", tag], cwd=repo, check=True)
+
+    version("v1")
+    assert storage.list_names(f"s3://{s3_bucket}/layout/data/shards") == ["00000.tar", "sizes.json"]
+    package = tmp_path / "imported.yaml"
+    assert main(["compile", "--data", "import", "--output", str(package)]) == 0
+    with KfpApiServer() as api:
+        common = ["submit", "--host", api.url, "--package", str(package), "--run-name", "from-dvc", "--params",
+                  str(REPO / "params.yaml"), "--dvc-path", "data/shards", "--dvc-repo", str(repo)]
+        assert main([*common, "--dvc-remote", "tree", "--dvc-rev", "v1"]) == 0
+        (run,) = api.calls("POST", "/apis/v2beta1/runs")
+        assert run["body"]["runtime_config"]["parameters"]["shards_uri"] == f"s3://{s3_bucket}/layout/data/shards"
+        assert main([*common, "--dvc-remote", "cas"]) == 2
+        assert "worktree true" in capsys.readouterr().err
+
+        (repo / "data" / "shards" / "00000.tar").write_bytes(b"tar, rebuilt")
+        version("v2")
+        assert main([*common, "--dvc-remote", "tree", "--dvc-rev", "v1"]) == 2  # the remote holds v2 now
+        assert "1 of 2 files differ, e.g. 00000.tar" in capsys.readouterr().err
+        assert main([*common, "--dvc-remote", "tree", "--dvc-rev", "v2"]) == 0
+        assert len(api.calls("POST", "/apis/v2beta1/runs")) == 2  # nothing sent for the refused ones
