@@ -112,6 +112,10 @@ def _cmd_data_download(args: argparse.Namespace) -> int:
         print(f"cloob: {err}", file=sys.stderr)
         return 130
     print(format_summary(result.summary))
+    if result.summary is not None:
+        from cloob_core.pushgateway import push_download_summary
+
+        push_download_summary(config.download.pushgateway, result.summary.stats, args.partition.replace("/", "-"))
     print(f"{result.shards_done} shard(s) built, {result.shards_skipped} already complete, "
           f"{result.seconds:.1f} s; output in {result.output}")
     if partition.count > 1:

@@ -137,6 +137,8 @@ class DownloadConfig(_Section):
         "needed for servers on 127.0.0.1). Cloud-metadata endpoints stay refused.",
     )
     dedup_urls: bool = Field(True, description="Fetch a URL repeated in the manifest once; later rows are dropped.")
+    pushgateway: str | None = Field(None, description="Prometheus Pushgateway address; each download (partition) "
+                                    "pushes its rows, successes and failures by reason (null: no push).")
 
 
 class AcquireConfig(_Section):

@@ -46,3 +46,29 @@ def s3_bucket(s3_server, request):
     name = f"cloob-{slug}-{hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:8]}"  # parametrized: distinct
     storage.s3_client().create_bucket(Bucket=name)
     return name
+
+
+@pytest.fixture
+def pushgateway():
+    """A stand-in Pushgateway on 127.0.0.1: (address, list of (path, body) it received)."""
+    import http.server
+    import threading
+
+    received: list[tuple[str, str]] = []
+
+    class Gateway(http.server.BaseHTTPRequestHandler):
+        def do_PUT(self):
+            received.append((self.path, self.rfile.read(int(self.headers["Content-Length"])).decode()))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Gateway)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}", received
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -226,6 +226,24 @@ def test_cli_download_prints_the_summary_table(tmp_path, capsys):
     assert "samples written 1 (50.0%)" in out and "http_404" in out
 
 
+def test_a_partition_pushes_its_outcome_to_the_pushgateway(tmp_path, pushgateway):
+    address, received = pushgateway
+    with ImageServer() as server:
+        rows = [(server.url("/img/1.jpg"), "ok"), (server.url("/404"), "gone"), (server.url("/html"), "page")]
+        manifest = write_manifest(tmp_path / "m.csv", rows, extra=False)
+        code = main(["data", "download", "--manifest", str(manifest), "--output", str(tmp_path / "out"),
+                     "--allow-private-network", "--image-size", "32", "--processes", "1", "--no-progress",
+                     "--set", f"download.pushgateway={address}", "--set", "preprocess.shard_size=2",
+                     "--partition", "0/1"])
+    assert code == 0
+    ((path, body),) = received
+    assert path == "/metrics/job/cloob-download/partition/0-1"
+    for line in ("cloob_download_rows 3.0", "cloob_download_successes 1.0",
+                 'cloob_download_failures{reason="http_404"} 1.0',
+                 'cloob_download_failures{reason="not_an_image"} 1.0'):
+        assert line in body
+
+
 def test_bad_manifest_gets_a_clear_error(tmp_path, capsys):
     (tmp_path / "m.csv").write_text("link,text\nhttp://example.com/a.jpg,hello\n")
     code = main(["data", "download", "--manifest", str(tmp_path / "m.csv"), "--output", str(tmp_path / "o")])

@@ -243,30 +243,12 @@ def test_train_from_a_params_file(shards, tmp_path, capsys):
     assert list((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))
 
 
-def test_metrics_are_pushed_to_a_pushgateway(shards, tmp_path):
-    import http.server
-    import threading
-
-    received = []
-
-    class Gateway(http.server.BaseHTTPRequestHandler):
-        def do_PUT(self):
-            received.append((self.path, self.rfile.read(int(self.headers["Content-Length"])).decode()))
-            self.send_response(200)
-            self.end_headers()
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Gateway)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        config = load_config(overrides=[f"train.shards={shards}", "train.steps=4", "train.batch_size=32",
-                                        "train.workers=0", "train.tensorboard=false", "train.checkpoint_every=2",
-                                        f"train.pushgateway=127.0.0.1:{server.server_address[1]}"])
-        train(config, tmp_path, progress=False)
-    finally:
-        server.shutdown()
+def test_metrics_are_pushed_to_a_pushgateway(shards, tmp_path, pushgateway):
+    address, received = pushgateway
+    config = load_config(overrides=[f"train.shards={shards}", "train.steps=4", "train.batch_size=32",
+                                    "train.workers=0", "train.tensorboard=false", "train.checkpoint_every=2",
+                                    f"train.pushgateway={address}"])
+    train(config, tmp_path, progress=False)
     assert len(received) == 3  # two checkpoints and the end
     path, body = received[-1]
     assert path == "/metrics/job/cloob-train" and "cloob_train_steps_total 4.0" in body

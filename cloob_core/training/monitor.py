@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cloob_core import pushgateway
+
 log = logging.getLogger(__name__)
 
 
@@ -115,13 +117,8 @@ class Monitor:
             self.push()
 
     def push(self) -> None:
-        if self.pushgateway and self._registry is not None:
-            from prometheus_client import push_to_gateway
-
-            try:
-                push_to_gateway(self.pushgateway, job="cloob-train", registry=self._registry, timeout=5)
-            except OSError as err:  # monitoring must never stop training
-                log.warning("could not push metrics to %s: %s", self.pushgateway, err)
+        if self._registry is not None:
+            pushgateway.push(self.pushgateway, "cloob-train", self._registry)
 
     def close(self) -> None:
         if self._bar is not None:
