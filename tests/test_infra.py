@@ -1,0 +1,165 @@
+"""infra/ checked offline: the kustomize overlays render and validate against the Kubernetes schemas (strict),
+the alert rules pass `promtool check rules` and their unit tests, the training jobs' pod templates are valid
+Kubernetes, the monitors select the pods that serve metrics, and the Dockerfile lints clean.
+
+The tools: kubectl (kustomize), promtool (Debian's prometheus package; .ci/run installs it), hadolint and
+kubernetes-validate (the dev extra). Without one a test is skipped here, but fails in CI (CI=true)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cloob_core import trainjob
+
+REPO = Path(__file__).resolve().parents[1]
+INFRA = REPO / "infra"
+OVERLAYS = ("standalone", "multi-user")
+K8S_VERSION = "1.34"
+
+
+def tool(name: str) -> str:
+    found = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
+    if found is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"{name} is missing: CI must validate infra/ (see .ci/run)")
+        pytest.skip(f"{name} is not installed")
+    return found
+
+
+def validator():
+    try:
+        import kubernetes_validate
+    except ImportError:
+        tool("kubernetes-validate")  # skips, or fails in CI
+    return kubernetes_validate
+
+
+@pytest.fixture(scope="module", params=OVERLAYS)
+def rendered(request) -> tuple[str, list[dict]]:
+    out = subprocess.run([tool("kubectl"), "kustomize", str(INFRA / "k8s" / "overlays" / request.param)],
+                         capture_output=True, text=True, check=True).stdout
+    return request.param, [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+def by_kind(documents: list[dict], kind: str) -> list[dict]:
+    return [doc for doc in documents if doc["kind"] == kind]
+
+
+def test_overlays_render_and_every_core_resource_validates_strictly(rendered):
+    overlay, documents = rendered
+    kv = validator()
+    core = [doc for doc in documents if not doc["apiVersion"].startswith("monitoring.coreos.com")]
+    for doc in core:
+        kv.validate(doc, K8S_VERSION, strict=True)  # raises on an unknown or missing field
+    kinds = {doc["kind"] for doc in documents}
+    assert {"ServiceAccount", "Role", "RoleBinding", "PodMonitor", "PrometheusRule", "Deployment",
+            "ServiceMonitor"} <= kinds
+    assert ("PersistentVolumeClaim" in kinds) == (overlay == "standalone")  # MinIO only where there is no S3
+    namespace = {doc["metadata"].get("namespace") for doc in documents}
+    assert len(namespace) == 1 and None not in namespace
+
+
+def test_a_bad_field_is_caught_by_the_validator():
+    kv = validator()
+    deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "x"},
+                  "spec": {"selector": {"matchLabels": {"a": "b"}}, "template": {
+                      "metadata": {"labels": {"a": "b"}}, "spec": {"containers": [{"name": "c", "imge": "i"}]}}}}
+    with pytest.raises(kv.ValidationError, match="imge"):
+        kv.validate(deployment, K8S_VERSION, strict=True)
+
+
+def test_rbac_lets_the_pipeline_account_run_training_jobs(rendered):
+    overlay, documents = rendered
+    (role,) = by_kind(documents, "Role")
+    granted = {(group, resource): set(rule["verbs"]) for rule in role["rules"] for group in rule["apiGroups"]
+               for resource in rule["resources"]}
+    for kind in trainjob.KINDS.values():  # what trainjob.run calls: create, get, delete
+        assert {"create", "get", "delete"} <= granted[(kind[0], kind[2])]
+    (binding,) = by_kind(documents, "RoleBinding")
+    runner = {"standalone": "pipeline-runner", "multi-user": "default-editor"}[overlay]
+    assert runner in {subject["name"] for subject in binding["subjects"]}
+    assert all(subject.get("namespace") == binding["metadata"]["namespace"] for subject in binding["subjects"])
+
+
+def test_the_pod_monitor_selects_the_training_pods_and_their_metrics_port(rendered):
+    _, documents = rendered
+    (monitor,) = by_kind(documents, "PodMonitor")
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    settings = trainjob.JobSettings(image="i", workdir="s3://w", nodes=2)
+    pod = trainjob.manifest(settings, "n", "", "s3://d", "s3://w")["spec"]["pytorchReplicaSpecs"]["Master"][
+        "template"]
+    assert selector.items() <= pod["metadata"]["labels"].items()
+    ports = {port["name"] for port in pod["spec"]["containers"][0]["ports"]}
+    assert {endpoint["port"] for endpoint in monitor["spec"]["podMetricsEndpoints"]} <= ports
+    (service_monitor,) = by_kind(documents, "ServiceMonitor")
+    services = {doc["metadata"]["name"]: doc for doc in by_kind(documents, "Service")}
+    gateway = services["cloob-pushgateway"]
+    assert service_monitor["spec"]["selector"]["matchLabels"].items() <= gateway["metadata"]["labels"].items()
+    assert service_monitor["spec"]["endpoints"][0]["honorLabels"] is True  # the pushers' job/partition labels
+
+
+@pytest.mark.parametrize("kind", sorted(trainjob.KINDS))
+def test_training_job_pod_templates_are_valid_kubernetes(kind):
+    """The operators copy these into pods: as a core PodTemplate they must validate strictly."""
+    kv = validator()
+    settings = trainjob.JobSettings(image="reg/cloob:cuda", workdir="s3://w", kind=kind, nodes=3,
+                                    node_selector={"pool": "a100"}, service_account="cloob-pipeline")
+    body = trainjob.manifest(settings, "cloob-train-x", "train: {}\n", "s3://d", "s3://w/x")
+    if kind == "pytorchjob":
+        templates = [replica["template"] for replica in body["spec"]["pytorchReplicaSpecs"].values()]
+    else:  # the trainer's container (with the runtime's defaults) plus the override of the node job's pods
+        trainer = body["spec"]["trainer"]
+        override = body["spec"]["podTemplateOverrides"][0]
+        container = {"name": "node", "image": trainer["image"], "command": trainer["command"],
+                     "env": trainer["env"], "resources": trainer["resourcesPerNode"],
+                     **override["spec"]["containers"][0]}
+        spec = {key: value for key, value in override["spec"].items() if key != "containers"}
+        templates = [{"metadata": override["metadata"], "spec": {**spec, "containers": [container]}}]
+    for template in templates:
+        kv.validate({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"}, "template": template},
+                    K8S_VERSION, strict=True)
+
+
+def test_alert_rules_pass_promtool_and_their_unit_tests(tmp_path):
+    promtool = tool("promtool")
+    rule = yaml.safe_load((INFRA / "k8s" / "base" / "prometheusrule.yaml").read_text())
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump(rule["spec"], sort_keys=False))
+    shutil.copy(INFRA / "monitoring" / "alerts.test.yml", tmp_path / "alerts.test.yml")
+    check = subprocess.run([promtool, "check", "rules", "rules.yml"], cwd=tmp_path, capture_output=True, text=True)
+    assert check.returncode == 0 and "SUCCESS: 5 rules found" in check.stdout, check.stdout + check.stderr
+    tested = subprocess.run([promtool, "test", "rules", "alerts.test.yml"], cwd=tmp_path, capture_output=True,
+                            text=True)
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+    names = {r["alert"] for group in rule["spec"]["groups"] for r in group["rules"]}
+    tests = yaml.safe_load((INFRA / "monitoring" / "alerts.test.yml").read_text())["tests"]
+    covered = {case["alertname"] for test in tests for case in test["alert_rule_test"] if case["exp_alerts"]}
+    assert covered == names  # every alert is shown to fire
+
+
+def test_the_dockerfile_lints_clean_and_its_final_stage_is_minimal():
+    dockerfile = INFRA / "images" / "Dockerfile"
+    lint = subprocess.run([tool("hadolint"), str(dockerfile)], capture_output=True, text=True)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    final = dockerfile.read_text().rsplit("\nFROM ", 1)[1]
+    assert "apt-get" not in final and "build-essential" not in final and "pip install" not in final
+    assert "USER 10001:10001" in final and "COPY --from=build /opt/cloob /opt/cloob" in final
+
+
+def test_the_build_script_tags_the_images_the_components_use():
+    from components.images import CPU_IMAGE, CUDA_IMAGE
+
+    env = {**os.environ, "PYTHON": sys.executable}
+    out = subprocess.run([str(INFRA / "images" / "build.sh"), "--dry-run", "--push"], capture_output=True,
+                         text=True, env=env, check=True).stdout
+    assert f"-t {CUDA_IMAGE} ." in out and f"-t {CPU_IMAGE} ." in out
+    assert f"push {CUDA_IMAGE}" in out and f"push {CPU_IMAGE}" in out
+    renamed = subprocess.run([str(INFRA / "images" / "build.sh"), "--dry-run"], capture_output=True, text=True,
+                             env={**env, "CLOOB_IMAGE_CUDA": "registry.internal/ml/cloob:gpu"}, check=True).stdout
+    assert "-t registry.internal/ml/cloob:gpu ." in renamed
