@@ -10,11 +10,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 # The names of cloob_core.losses.OBJECTIVES, kept here so reading a config never imports torch (the data
 # stages' processes do not need it); losses.py checks at import that both lists agree.
-OBJECTIVE_NAMES = ("cloob", "clip", "infoloob", "infonce_hopfield")
+OBJECTIVE_NAMES = ("cloob", "clip", "infoloob", "infonce_hopfield", "clip_ring", "infoloob_ring", "cloob_ring",
+                   "pvc_geometric", "pvc_arithmetic", "multicrop", "suffstats")
+POLY_VIEW_OBJECTIVES = ("pvc_geometric", "pvc_arithmetic", "multicrop", "suffstats")
 
 
 class ConfigError(ValueError):
@@ -52,6 +54,29 @@ class ObjectiveConfig(_Section):
         description="Inverse temperature of the Hopfield retrieval; 8 for CC3M, 14.3 for YFCC (paper §5.1-5.2). "
         "Used by the Hopfield objectives only.",
     )
+    p_out: float = Field(0.1, gt=0.0, le=1.0, description="*_ring objectives (Wu et al.): each anchor keeps the "
+                         "negatives ranked in its closest p_out fraction of candidates (BALL; paper: 10% on "
+                         "CIFAR10, 0.3% on ImageNet).")
+    p_in: float = Field(0.0, ge=0.0, lt=1.0, description="*_ring objectives: also cut the closest p_in fraction "
+                        "(RING; near duplicates, often false negatives for web captions; paper: 1%). 0: BALL.")
+    anneal_steps: int = Field(0, ge=0, description="*_ring objectives: p_out falls linearly from 100% to its "
+                              "target over these optimiser steps, then holds (paper: half of training). 0: off.")
+    anneal_inner: bool = Field(False, description="*_ring objectives: p_in also grows from 0 to its target over "
+                               "anneal_steps.")
+    queue_size: int = Field(0, ge=0, description="*_ring objectives: past embeddings kept as extra candidate "
+                            "negatives (FIFO; never in a Hopfield memory), so percentages mean something at small "
+                            "batches. 0: the batch only.")
+    ranking: Literal["loss", "raw"] = Field("loss", description="*_ring objectives: rank negatives by the "
+                                            "similarities the loss uses (Hopfield-retrieved for cloob_ring) or "
+                                            "by the raw embeddings.")
+    leave_one_out: bool = Field(False, description="Poly-view objectives (but suffstats): InfoLOOB's denominator "
+                                "(positive left out, scaled by tau). Their MI bounds then no longer hold.")
+
+    @model_validator(mode="after")
+    def _band(self) -> ObjectiveConfig:
+        if self.p_in >= self.p_out:
+            raise ValueError(f"p_in ({self.p_in}) must be below p_out ({self.p_out})")
+        return self
 
 
 class OptimConfig(_Section):
@@ -172,7 +197,13 @@ class TrainConfig(_Section):
     """``cloob train``: the loop around the objective. Optimiser and schedule live in ``optim``."""
 
     objective: str = Field("cloob", description="Objective from the registry: cloob, clip, infoloob, "
-                           "infonce_hopfield (the paper's ablation grid). Also used by `cloob demo`.")
+                           "infonce_hopfield (the paper's ablation grid); clip_ring, infoloob_ring, cloob_ring "
+                           "(restricted negatives, objective.p_*); pvc_geometric, pvc_arithmetic, multicrop, "
+                           "suffstats (poly-view, train.*_views). Also used by `cloob demo`.")
+    image_views: int = Field(1, ge=1, le=16, description="Augmented image views drawn per sample (poly-view "
+                             "objectives; 1 otherwise).")
+    text_views: int = Field(1, ge=1, le=16, description="Captions drawn per sample (poly-view objectives; 1 "
+                            "otherwise): distinct ones while the sample has enough, then repeats.")
     shards: str = Field("data/shards", description="Training shards: a folder with sizes.json (local or "
                         "s3://), a brace pattern or a .tar; from `cloob data download|shards`.")
     batch_size: int = Field(128, ge=2, description="Global contrastive batch over all ranks (paper: 512 on CC3M, "
@@ -255,6 +286,14 @@ class CloobConfig(_Section):
     validation: ValidationConfig = Field(default_factory=ValidationConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     promote: PromoteConfig = Field(default_factory=PromoteConfig)
+
+    @model_validator(mode="after")
+    def _views_need_a_poly_view_objective(self) -> CloobConfig:
+        views = (self.train.image_views, self.train.text_views)
+        if views != (1, 1) and self.train.objective not in POLY_VIEW_OBJECTIVES:
+            raise ValueError(f"train.image_views / text_views {views} need a poly-view objective "
+                             f"({', '.join(POLY_VIEW_OBJECTIVES)}), not {self.train.objective!r}")
+        return self
 
 
 def _describe(err: ValidationError) -> str:

@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 from cloob_core import embedded_data
 from cloob_core.config import CloobConfig
 from cloob_core.io import write_json, write_text
-from cloob_core.losses import build_objective
+from cloob_core.losses import objective_from_config
 from cloob_core.model import CLOOBModel, build_model, build_tokenizer
 from cloob_core.optim import build_optimizer, build_scheduler
 from cloob_core.plots import training_summary_png
@@ -109,7 +109,9 @@ def run_demo(config: CloobConfig, output_dir: str | Path, progress: bool = True)
     model = build_model(config.model)
     model.train()
     tokenizer = build_tokenizer(config.model.architecture)
-    objective = build_objective(config.train.objective, beta=config.objective.beta)
+    if (config.train.image_views, config.train.text_views) != (1, 1):
+        raise ValueError("cloob demo trains on one view of each pair; use `cloob train` for poly-view runs")
+    objective = objective_from_config(config)
     tokens = tokenizer(list(train.captions))
     canvas = digits_to_canvas(train.images)
     input_format = InputFormat.of(model)
@@ -149,6 +151,7 @@ def run_demo(config: CloobConfig, output_dir: str | Path, progress: bool = True)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
+            objective.end_step()
             model.clamp_inv_tau_()
             step += 1
             losses.append(loss.item())

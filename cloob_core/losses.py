@@ -19,8 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from cloob_core.config import OBJECTIVE_NAMES
+from cloob_core import polyview
+from cloob_core.config import OBJECTIVE_NAMES, POLY_VIEW_OBJECTIVES
 from cloob_core.distributed import gather_features
+from cloob_core.negatives import Band, BandSchedule, EmbeddingQueue, eligible_negatives
 
 __all__ = [
     "OBJECTIVES",
@@ -200,6 +202,46 @@ def infonce_hopfield_loss(
     return 0.5 * (_infonce_from_logits(_logits(u_x, u_y, inv_tau)) + _infonce_from_logits(_logits(v_y, v_x, inv_tau)))
 
 
+def restricted_terms(
+    anchors: Tensor,
+    candidates: Tensor,
+    inv_tau: float | Tensor,
+    band: Band,
+    leave_one_out: bool = False,
+    rank_by: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Per-anchor losses and denominator sizes of one direction with negatives restricted to ``band``
+    (Wu et al.'s BALL / RING): ``-ln( e^{s_ii} / sum_{j in D_i} e^{s_ij} )`` where ``D_i`` is the positive plus
+    the eligible negatives (InfoNCE), or the eligible negatives alone (``leave_one_out``: InfoLOOB, Eq. 8).
+
+    ``candidates`` ``[C >= A, d]`` hold the anchors' positives in their first ``A`` rows; further rows (a queue)
+    are negatives only. Negatives are ranked by ``rank_by`` (``[A, C]`` similarities; default: these logits) and
+    the excluded ones are masked with ``-inf``, so they add nothing to the value and receive exactly zero
+    gradient. Returns (losses ``[A]``, ``K`` ``[A]``: terms in each denominator)."""
+    if anchors.ndim != 2 or candidates.ndim != 2 or candidates.shape[0] < anchors.shape[0]:
+        raise ValueError(f"expected anchors [A, d] and candidates [C >= A, d], got {tuple(anchors.shape)} and "
+                         f"{tuple(candidates.shape)}")
+    if anchors.shape[0] < 2:
+        raise ValueError("restricted negatives need a batch of at least 2 pairs")
+    logits = _logits(anchors, candidates, inv_tau)
+    keep = eligible_negatives(logits if rank_by is None else rank_by, band)
+    rows = torch.arange(anchors.shape[0], device=logits.device)
+    if not leave_one_out:
+        keep[rows, rows] = True
+    denominator = torch.logsumexp(logits.masked_fill(~keep, float("-inf")), dim=1)
+    return denominator - logits[rows, rows], keep.sum(dim=1)
+
+
+def restricted_infonce_loss(
+    image_features: Tensor, text_features: Tensor, inv_tau: float | Tensor, band: Band
+) -> Tensor:
+    """Symmetric InfoNCE with BALL / RING negatives (in-batch candidates); with ``Band(0, 1)`` it is
+    :func:`infonce_loss` exactly."""
+    _check_pair(image_features, text_features, min_batch=2)
+    return 0.5 * (restricted_terms(image_features, text_features, inv_tau, band)[0].mean()
+                  + restricted_terms(text_features, image_features, inv_tau, band)[0].mean())
+
+
 class ContrastiveObjective(nn.Module):
     """Shared signature of every objective: ``(image_features, text_features, inv_tau) -> scalar loss``.
 
@@ -219,6 +261,18 @@ class ContrastiveObjective(nn.Module):
     ) -> Tensor:
         image_features, text_features = gather_features(image_features, text_features)
         return self.compute(image_features, text_features, inv_tau, **memories)
+
+    def end_step(self) -> None:
+        """Called once per optimiser step, after the (accumulated) backward: stateful objectives advance
+        their schedules and queues here, never between the micro-batches of one step."""
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """What a checkpoint must keep for an exact resume (tensors and numbers only: loaded weights-only)."""
+        return {}
+
+    def load_checkpoint_state(self, state: dict[str, Any]) -> None:
+        if state:
+            raise ValueError(f"objective {self.name!r} keeps no state, but the checkpoint has {sorted(state)}")
 
     def extra_repr(self) -> str:
         return f"name={self.name!r}"
@@ -285,11 +339,220 @@ class HopfieldInfoNCELoss(_HopfieldObjective):
     loss_fn = staticmethod(infonce_hopfield_loss)
 
 
+class _RestrictedObjective(ContrastiveObjective):
+    """Negatives restricted to an annealed band, candidates from the batch plus an optional queue of past
+    embeddings. ``ranking``: ``loss`` ranks by the similarities the loss uses (Hopfield-retrieved for CLOOB),
+    ``raw`` by the encoders' embeddings. The step counter and the queue are checkpointed."""
+
+    leave_one_out = False
+
+    def __init__(self, p_in: float = 0.0, p_out: float = 0.1, anneal_steps: int = 0, anneal_inner: bool = False,
+                 queue_size: int = 0, ranking: str = "loss") -> None:
+        super().__init__()
+        if ranking not in ("loss", "raw"):
+            raise ValueError(f"ranking must be 'loss' or 'raw', got {ranking!r}")
+        self.schedule = BandSchedule(p_in, p_out, anneal_steps, anneal_inner)
+        self.queue = EmbeddingQueue(queue_size)
+        self.ranking = ranking
+        self.step = 0
+        self._last: tuple[Tensor, Tensor] | None = None
+
+    @property
+    def band(self) -> Band:
+        return self.schedule.at(self.step)
+
+    def forward(self, image_features: Tensor, text_features: Tensor, inv_tau: float | Tensor,
+                **memories: Tensor | None) -> Tensor:
+        image_features, text_features = gather_features(image_features, text_features)
+        self._last = (image_features.detach(), text_features.detach())
+        return self.compute(image_features, text_features, inv_tau, **memories)
+
+    def candidates(self, image_features: Tensor, text_features: Tensor) -> tuple[Tensor, Tensor]:
+        """(image candidates, text candidates): the batch, then the queue (detached, oldest last)."""
+        if len(self.queue) == 0:
+            return image_features, text_features
+        queued_image = self.queue.image.to(image_features.device, image_features.dtype)
+        queued_text = self.queue.text.to(text_features.device, text_features.dtype)
+        return torch.cat([image_features, queued_image]), torch.cat([text_features, queued_text])
+
+    def end_step(self) -> None:
+        if self._last is not None:
+            self.queue.push(*self._last)
+            self._last = None
+        self.step += 1
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        return {"step": self.step, "queue": self.queue.state()}
+
+    def load_checkpoint_state(self, state: dict[str, Any]) -> None:
+        self.step = int(state.get("step", 0))
+        self.queue.load(state.get("queue", {}))
+
+    def _direction(self, anchors: Tensor, candidates: Tensor, inv_tau: float | Tensor,
+                   raw_anchors: Tensor, raw_candidates: Tensor) -> Tensor:
+        rank_by = raw_anchors @ raw_candidates.T if self.ranking == "raw" else None
+        return restricted_terms(anchors, candidates, inv_tau, self.band, self.leave_one_out, rank_by)[0].mean()
+
+    def extra_repr(self) -> str:
+        s = self.schedule
+        return (f"name={self.name!r}, p_in={s.p_in}, p_out={s.p_out}, anneal_steps={s.anneal_steps}, "
+                f"queue={self.queue.size}, ranking={self.ranking!r}")
+
+
+class ClipRingLoss(_RestrictedObjective):
+    """CLIP's InfoNCE with BALL / RING negatives (Wu et al.): ``objective.p_in = 0`` is BALL."""
+
+    name = "clip_ring"
+
+    def compute(self, image_features: Tensor, text_features: Tensor, inv_tau: float | Tensor) -> Tensor:
+        _check_pair(image_features, text_features, min_batch=2)
+        images, texts = self.candidates(image_features, text_features)
+        return 0.5 * (self._direction(image_features, texts, inv_tau, image_features, texts)
+                      + self._direction(text_features, images, inv_tau, text_features, images))
+
+
+class InfoLOOBRingLoss(_RestrictedObjective):
+    """InfoLOOB (leave-one-out denominator, scaled by tau) with BALL / RING negatives."""
+
+    name = "infoloob_ring"
+    leave_one_out = True
+
+    def compute(self, image_features: Tensor, text_features: Tensor, inv_tau: float | Tensor) -> Tensor:
+        _check_pair(image_features, text_features, min_batch=2)
+        images, texts = self.candidates(image_features, text_features)
+        return (self._direction(image_features, texts, inv_tau, image_features, texts)
+                + self._direction(text_features, images, inv_tau, text_features, images)) / inv_tau
+
+
+class CLOOBRingLoss(_RestrictedObjective):
+    """CLOOB (Eq. 5) with BALL / RING negatives. Queued embeddings are retrieved from the current batch's
+    memories like the batch's own (U for texts, V for images) but never join a memory."""
+
+    name = "cloob_ring"
+    leave_one_out = True
+
+    def __init__(self, beta: float = 8.0, **band: Any) -> None:
+        super().__init__(**band)
+        if not beta > 0:
+            raise ValueError(f"beta must be > 0, got {beta}")
+        self.beta = float(beta)
+
+    def compute(self, image_features: Tensor, text_features: Tensor, inv_tau: float | Tensor) -> Tensor:
+        _check_pair(image_features, text_features, min_batch=2)
+        x, y = image_features, text_features
+        u_x, u_y, v_x, v_y = _hopfield_views(x, y, self.beta, None, None)
+        images, texts = self.candidates(x, y)
+        if len(self.queue):
+            queued_x, queued_y = images[x.shape[0]:], texts[y.shape[0]:]
+            u_y = torch.cat([u_y, hopfield_retrieval(queued_y, x, self.beta)])
+            v_x = torch.cat([v_x, hopfield_retrieval(queued_x, y, self.beta)])
+        return (self._direction(u_x, u_y, inv_tau, x, texts) + self._direction(v_y, v_x, inv_tau, y, images)) / inv_tau
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, beta={self.beta}"
+
+
+class _PolyViewObjective(ContrastiveObjective):
+    """A poly-view objective over ``image_views`` image and ``text_views`` text embeddings per sample, laid
+    out sample-major (``[K * M, d]``: sample 0's views, then sample 1's, ...), as the training loader
+    produces them. ``leave_one_out`` swaps in CLOOB's InfoLOOB denominator (scaled by tau as InfoLOOB is); the
+    MI bounds of the paper do not hold then (see :mod:`cloob_core.polyview`)."""
+
+    loss_fn: Callable[..., Tensor]
+    takes_leave_one_out = True
+
+    def __init__(self, image_views: int = 1, text_views: int = 1, leave_one_out: bool = False) -> None:
+        super().__init__()
+        if image_views < 1 or text_views < 1:
+            raise ValueError(f"views must be >= 1, got image_views={image_views}, text_views={text_views}")
+        if leave_one_out and not self.takes_leave_one_out:
+            raise ValueError(f"objective {self.name!r} has no leave-one-out form")
+        self.image_views, self.text_views, self.leave_one_out = image_views, text_views, leave_one_out
+
+    def split_views(self, image_features: Tensor, text_features: Tensor) -> tuple[Tensor, Tensor]:
+        n_image, n_text = image_features.shape[0], text_features.shape[0]
+        if n_image % self.image_views or n_text % self.text_views or (
+                n_image // self.image_views != n_text // self.text_views):
+            raise ValueError(f"{n_image} image and {n_text} text embeddings do not split into the same number of "
+                             f"samples of {self.image_views} image and {self.text_views} text views")
+        samples = n_image // self.image_views
+        return (image_features.reshape(samples, self.image_views, -1),
+                text_features.reshape(samples, self.text_views, -1))
+
+    def compute(self, image_features: Tensor, text_features: Tensor, inv_tau: float | Tensor) -> Tensor:
+        image_views, text_views = self.split_views(image_features, text_features)
+        if not self.takes_leave_one_out:
+            return type(self).loss_fn(image_views, text_views, inv_tau)
+        loss = type(self).loss_fn(image_views, text_views, inv_tau, self.leave_one_out)
+        return 2.0 * loss / inv_tau if self.leave_one_out else loss
+
+    def extra_repr(self) -> str:
+        return (f"name={self.name!r}, image_views={self.image_views}, text_views={self.text_views}, "
+                f"leave_one_out={self.leave_one_out}")
+
+
+class GeometricPVCLoss(_PolyViewObjective):
+    """Geometric poly-view contrastive loss (Shidani et al. Eq. 10): the tightest MI bound in their study."""
+
+    name = "pvc_geometric"
+    loss_fn = staticmethod(polyview.geometric_pvc_loss)
+
+
+class ArithmeticPVCLoss(_PolyViewObjective):
+    """Arithmetic poly-view contrastive loss (Shidani et al. Eq. 9)."""
+
+    name = "pvc_arithmetic"
+    loss_fn = staticmethod(polyview.arithmetic_pvc_loss)
+
+
+class MultiCropLoss(_PolyViewObjective):
+    """Multi-Crop: the average of the two-view losses of all (image view, text view) pairs."""
+
+    name = "multicrop"
+    loss_fn = staticmethod(polyview.multicrop_loss)
+
+
+class SufficientStatisticsLoss(_PolyViewObjective):
+    """Sufficient-statistics contrastive loss (Shidani et al. Eq. 22, mean-pooled Q)."""
+
+    name = "suffstats"
+    loss_fn = staticmethod(polyview.sufficient_statistics_loss)
+    takes_leave_one_out = False
+
+
 OBJECTIVES: dict[str, type[ContrastiveObjective]] = {
-    cls.name: cls for cls in (ClipLoss, InfoLOOBLoss, HopfieldInfoNCELoss, CLOOBLoss)
+    cls.name: cls for cls in (ClipLoss, InfoLOOBLoss, HopfieldInfoNCELoss, CLOOBLoss, ClipRingLoss,
+                              InfoLOOBRingLoss, CLOOBRingLoss, GeometricPVCLoss, ArithmeticPVCLoss,
+                              MultiCropLoss, SufficientStatisticsLoss)
 }
-if set(OBJECTIVES) != set(OBJECTIVE_NAMES):
-    raise ImportError(f"config.OBJECTIVE_NAMES {OBJECTIVE_NAMES} must list the registry {sorted(OBJECTIVES)}")
+if set(OBJECTIVES) != set(OBJECTIVE_NAMES) or {n for n, c in OBJECTIVES.items()
+                                                if issubclass(c, _PolyViewObjective)} != set(POLY_VIEW_OBJECTIVES):
+    raise ImportError(f"config.OBJECTIVE_NAMES {OBJECTIVE_NAMES} and POLY_VIEW_OBJECTIVES must match the registry "
+                      f"{sorted(OBJECTIVES)}")
+
+
+def objective_options(name: str, config: Any) -> dict[str, Any]:
+    """The settings of a :class:`~cloob_core.config.CloobConfig` that objective ``name`` takes."""
+    cls = OBJECTIVES.get(name)
+    if cls is None:
+        raise ValueError(f"unknown objective {name!r}; choose one of {sorted(OBJECTIVES)}")
+    o, t = config.objective, config.train
+    options: dict[str, Any] = {}
+    if issubclass(cls, (_HopfieldObjective, CLOOBRingLoss)):
+        options["beta"] = o.beta
+    if issubclass(cls, _RestrictedObjective):
+        options.update(p_in=o.p_in, p_out=o.p_out, anneal_steps=o.anneal_steps, anneal_inner=o.anneal_inner,
+                       queue_size=o.queue_size, ranking=o.ranking)
+    if issubclass(cls, _PolyViewObjective):
+        options.update(image_views=t.image_views, text_views=t.text_views)
+        if cls.takes_leave_one_out:
+            options["leave_one_out"] = o.leave_one_out
+    return options
+
+
+def objective_from_config(config: Any) -> ContrastiveObjective:
+    """The objective ``train.objective`` with its settings from ``objective.*`` and ``train.*_views``."""
+    return build_objective(config.train.objective, **objective_options(config.train.objective, config))
 
 
 def build_objective(name: str, **options: Any) -> ContrastiveObjective:
@@ -298,7 +561,7 @@ def build_objective(name: str, **options: Any) -> ContrastiveObjective:
         cls = OBJECTIVES[name]
     except KeyError:
         raise ValueError(f"unknown objective {name!r}; choose one of {sorted(OBJECTIVES)}") from None
-    if not issubclass(cls, _HopfieldObjective):
+    if not issubclass(cls, (_HopfieldObjective, CLOOBRingLoss)):
         options.pop("beta", None)  # beta parameterises the Hopfield memories only
     try:
         return cls(**options)

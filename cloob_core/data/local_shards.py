@@ -70,15 +70,19 @@ class EmbeddedSource:
 
 
 def embedded_frame(split: str) -> tuple[pd.DataFrame, EmbeddedSource]:
-    from cloob_core.embedded_data import load_embedded
+    """The embedded set as manifest rows. ``captions`` lists every phrasing of the label (the row's own caption
+    first): the text views poly-view objectives draw from, as a web manifest's several captions would be."""
+    from cloob_core.embedded_data import CAPTION_TEMPLATES, caption_for, load_embedded
 
     rows, images = [], {}
     for name in (("train", "test") if split == "all" else (split,)):
         data = load_embedded(name)
         images[name] = data.images
         for index, (label, caption) in enumerate(zip(data.labels, data.captions, strict=True)):
+            variants = [caption_for(int(label), t) for t in range(len(CAPTION_TEMPLATES))]
             rows.append({"url": f"{EMBEDDED_PREFIX}{name}/{index}", "caption": caption, "label": int(label),
-                         "classname": data.classnames[int(label)], "split": name})
+                         "classname": data.classnames[int(label)], "split": name,
+                         "captions": [caption, *(v for v in variants if v != caption)]})
     return pd.DataFrame(rows), EmbeddedSource(images)
 
 

@@ -149,6 +149,8 @@ def _missing(value: Any) -> bool:
 
 
 def _jsonable(value: Any) -> Any:
+    if isinstance(value, (list, tuple)) or (hasattr(value, "ndim") and getattr(value, "ndim", 0) == 1):
+        return [_jsonable(v) for v in value]  # e.g. a column of caption lists, from parquet or JSONL
     if _missing(value):
         return None
     if hasattr(value, "item") and not isinstance(value, (str, bytes)):

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from cloob_core.config import CloobConfig, ConfigError
 from cloob_core.data.loader import shard_list
 from cloob_core.io import write_json, write_text
-from cloob_core.losses import build_objective
+from cloob_core.losses import objective_from_config
 from cloob_core.model import build_model, build_tokenizer
 from cloob_core.optim import build_optimizer, build_scheduler
 from cloob_core.plots import training_curves_png
@@ -106,7 +106,7 @@ def train(config: CloobConfig, output: str | Path, resume: str | None = None, pr
     preprocess = getattr(model.encoder.visual, "preprocess_cfg", {}) or {}
     transform = open_clip.image_transform(model.image_size, is_train=cfg.augment, mean=preprocess.get("mean"),
                                           std=preprocess.get("std"))
-    objective = build_objective(config.train.objective, beta=config.objective.beta)
+    objective = objective_from_config(config)
     optimizer = build_optimizer(model, config.optim)
     scheduler = build_scheduler(optimizer, config.optim, steps)
     scaler = torch.amp.GradScaler(device.type, enabled=cfg.precision == "fp16")
@@ -121,6 +121,7 @@ def train(config: CloobConfig, output: str | Path, resume: str | None = None, pr
         scheduler.load_state_dict(state["scheduler"])
         scaler.load_state_dict(state["scaler"])
         checkpoint.set_rng_state(state["rng"])
+        objective.load_checkpoint_state(state.get("objective", {}))
         start_step = int(state["step"])
         positions = {int(v): (int(p), int(o)) for v, (p, o) in state["positions"].items()}
         history = [tuple(row) for row in state["history"]]
@@ -139,7 +140,7 @@ def train(config: CloobConfig, output: str | Path, resume: str | None = None, pr
                       cfg.grad_clip_norm)
 
     dataset = StreamChunks(urls, cfg.data_streams, owned, chunk_size, start_step, positions, transform, tokenizer,
-                           cfg.seed, cfg.shuffle_buffer)
+                           cfg.seed, cfg.shuffle_buffer, cfg.image_views, cfg.text_views)
     loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=cfg.workers,
                                          pin_memory=device.type == "cuda",
                                          prefetch_factor=4 if cfg.workers else None)
@@ -172,6 +173,7 @@ def train(config: CloobConfig, output: str | Path, resume: str | None = None, pr
             loss = accumulate_gradients(parts, images, tokens)
             logging_step = (step + 1) % cfg.log_every == 0 or step + 1 == steps
             grad_norm = optimizer_step(parts, measure_norm=logging_step and env.is_main)
+            objective.end_step()  # band schedules and queues advance once per optimiser step
             model.clamp_inv_tau_()
             positions.update(batch.positions)
             window_loss += loss.float()
@@ -193,7 +195,7 @@ def train(config: CloobConfig, output: str | Path, resume: str | None = None, pr
                 window_start = time.perf_counter()
             if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == steps:
                 _save_checkpoint(config, env, output, model, optimizer, scheduler, scaler, step + 1, positions,
-                                 history)
+                                 history, objective.checkpoint_state())
                 monitor.checkpointed()
     finally:
         monitor.close()
@@ -221,7 +223,7 @@ def train(config: CloobConfig, output: str | Path, resume: str | None = None, pr
 
 
 def _save_checkpoint(config: CloobConfig, env: DistEnv, output: Path, model, optimizer, scheduler, scaler,
-                     step: int, positions: dict, history: list) -> None:
+                     step: int, positions: dict, history: list, objective_state: dict) -> None:
     if env.distributed:  # every rank knows only its own streams' positions
         gathered: list[dict] = [{} for _ in range(env.world_size)]
         dist.all_gather_object(gathered, positions)
@@ -238,6 +240,7 @@ def _save_checkpoint(config: CloobConfig, env: DistEnv, output: Path, model, opt
             "config": config.model_dump(),
             "world_size": env.world_size,
             "history": [list(row) for row in history],
+            "objective": objective_state,  # band schedule step, negative queue
         }
         path = checkpoint.save(state, output / "checkpoints", step, config.train.keep_checkpoints,
                                config.train.checkpoint_sync)

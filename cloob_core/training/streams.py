@@ -15,6 +15,7 @@ resumes too.
 from __future__ import annotations
 
 import io
+import json
 import logging
 import random
 from collections.abc import Callable, Iterator
@@ -89,12 +90,13 @@ class StreamChunks(torch.utils.data.IterableDataset):
 
     def __init__(self, urls: list[str], streams: int, owned: list[int], chunk_size: int, start_step: int,
                  positions: dict[int, Position], transform: Callable, tokenizer: Callable, seed: int,
-                 shuffle_buffer: int):
+                 shuffle_buffer: int, image_views: int = 1, text_views: int = 1):
         super().__init__()
         self.per_stream = stream_shards(urls, streams)
         self.owned, self.chunk_size, self.start_step = owned, chunk_size, start_step
         self.positions, self.transform, self.tokenizer = positions, transform, tokenizer
         self.seed, self.shuffle_buffer = seed, shuffle_buffer
+        self.image_views, self.text_views = image_views, text_views
 
     def __iter__(self) -> Iterator[Chunk]:
         info = torch.utils.data.get_worker_info()
@@ -117,17 +119,41 @@ class StreamChunks(torch.utils.data.IterableDataset):
         while len(images) < self.chunk_size:
             position, sample = next(source)
             try:
-                image = Image.open(io.BytesIO(_first(sample, ("jpg", "jpeg", "png", "webp"))))
-                image = self.transform(image.convert("RGB"))
-                text = sample["txt"].decode("utf-8") if isinstance(sample["txt"], bytes) else str(sample["txt"])
+                image = Image.open(io.BytesIO(_first(sample, ("jpg", "jpeg", "png", "webp")))).convert("RGB")
+                views = [self.transform(image) for _ in range(self.image_views)]  # independent augmentations
+                captions = draw_captions(sample_captions(sample), self.text_views)
             except Exception as err:  # a corrupt sample is skipped and counted, never fatal
                 handler(err)
                 skipped += 1
                 continue
-            images.append(image)
-            texts.append(text)
-        tokens = self.tokenizer(texts)
+            images.extend(views)
+            texts.extend(captions)
+        tokens = self.tokenizer(texts)  # sample-major: a sample's views are adjacent, as the objectives expect
         return Chunk(step, stream, torch.stack(images), tokens, position, skipped)
+
+
+def sample_captions(sample: dict[str, Any]) -> list[str]:
+    """The sample's caption (``txt``) first, then the distinct others its metadata lists under ``captions``
+    (a manifest column of lists, or of JSON arrays in CSV/TSV, travels into the shards' ``.json``)."""
+    text = sample["txt"].decode("utf-8") if isinstance(sample["txt"], bytes) else str(sample["txt"])
+    captions = [text]
+    if "json" in sample:
+        listed = json.loads(sample["json"]).get("captions")
+        if isinstance(listed, str):
+            listed = json.loads(listed) if listed.strip().startswith("[") else [listed]
+        for caption in listed or []:
+            if isinstance(caption, str) and caption.strip() and caption not in captions:
+                captions.append(caption)
+    return captions
+
+
+def draw_captions(captions: list[str], views: int) -> list[str]:
+    """``views`` captions: distinct ones in a random order while there are enough, then repeats (seeded by the
+    chunk's torch seed, so it resumes exactly). One view is always the sample's own caption."""
+    if views == 1:
+        return captions[:1]
+    order = torch.randperm(len(captions)).tolist()
+    return [captions[order[i % len(order)]] for i in range(views)]
 
 
 def _first(sample: dict[str, Any], keys: tuple[str, ...]) -> bytes:

@@ -1,0 +1,114 @@
+"""Poly-view contrastive objectives (Shidani et al., "Poly-View Contrastive Learning", ICLR 2024), cross-modal.
+
+Each of K samples has ``Mx`` image views and ``My`` text views (augmentations, several captions), embedded as
+``[K, Mx, d]`` and ``[K, My, d]``. The positives of an image view are the text views of the same sample and vice
+versa; the candidates of an anchor are every view of the *other* modality: the positive and all views of the
+other samples. The other views of the anchor's own sample in the candidate modality are masked out of the
+denominator, as Eq. 14 prescribes (they are neither the positive nor a negative).
+
+``log_ell`` below is ``log l_{i,alpha,beta}`` of Eq. 14: anchored at view ``beta`` of sample ``i`` (one
+modality), positive view ``alpha`` of sample ``i`` (the other):
+
+    l_{i,a,b} = e^{s(a,b)} / ( e^{s(a,b)} + sum_{j != i} sum_gamma e^{s((j,gamma), b)} ),  s = inv_tau * dot.
+
+- Geometric PVC (Eq. 10, Thm. 2.2): ``-mean_{i,a,b} log l_{i,a,b}``.
+- Arithmetic PVC (Eq. 9, Thm. 2.2): ``-mean_{i,a} log( mean_b l_{i,a,b} )`` (from the equations; the paper's
+  Algorithm 1 gets this branch wrong).
+- Multi-Crop (Eq. 1): the mean over view pairs (a, b) of the two-view loss on views a and b alone.
+- Sufficient statistics (Eq. 22, 24): each view against the mean embedding ``Q`` of the other modality's views
+  of every sample, ``-mean log( e^{T.Q_i} / sum_j e^{T.Q_j} )``; each other sample counts once.
+
+Bounds: with the InfoNCE denominator, Geometric and Arithmetic PVC give ``I(x_a; rest) >= c(B, M) - L`` with
+``c(B, M) = log(B - M + 1)``, ``B = K * M`` candidate views (Thm. 2.2), and their gap does not grow with M
+(Thm. 2.3); sufficient statistics likewise (Thm. 2.4, for its own normaliser). Multi-Crop keeps the two-view
+bound ``log K - L`` whatever M (Prop. 2.1; it lowers the variance only). With ``leave_one_out`` (CLOOB's InfoLOOB
+denominator, positive left out) none of these bounds holds: InfoLOOB is not a lower bound on MI.
+At M = 1 view per modality, Geometric = Arithmetic = sufficient statistics = Multi-Crop = CLIP's symmetric
+InfoNCE (and their leave-one-out forms = InfoLOOB).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+
+def check_views(image_views: Tensor, text_views: Tensor) -> None:
+    if image_views.ndim != 3 or text_views.ndim != 3:
+        raise ValueError(f"expected views [K, M, d], got {tuple(image_views.shape)} and {tuple(text_views.shape)}")
+    if image_views.shape[0] != text_views.shape[0] or image_views.shape[2] != text_views.shape[2]:
+        raise ValueError(f"image and text views must share K and d: {tuple(image_views.shape)} vs "
+                         f"{tuple(text_views.shape)}")
+    if image_views.shape[0] < 2:
+        raise ValueError("poly-view objectives need at least 2 samples")
+
+
+def _promote(logits: Tensor) -> Tensor:
+    return logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+
+
+def log_ell(anchor_views: Tensor, candidate_views: Tensor, inv_tau: float | Tensor,
+            leave_one_out: bool = False) -> Tensor:
+    """``log l_{i,a,b}`` of Eq. 14 as ``[K, Mb, Ma]``: anchor view ``b`` (of ``anchor_views [K, Mb, d]``) of
+    sample i, positive view ``a`` (of ``candidate_views [K, Ma, d]``) of the same sample."""
+    k, m_anchor, d = anchor_views.shape
+    m_cand = candidate_views.shape[1]
+    logits = _promote(inv_tau * (anchor_views.reshape(k * m_anchor, d) @ candidate_views.reshape(k * m_cand, d).T))
+    logits = logits.reshape(k, m_anchor, k, m_cand)
+    same = torch.eye(k, dtype=torch.bool, device=logits.device)[:, None, :, None]
+    negatives = torch.logsumexp(logits.masked_fill(same, float("-inf")).reshape(k, m_anchor, k * m_cand), dim=-1)
+    rows = torch.arange(k, device=logits.device)
+    positives = logits[rows, :, rows, :]  # [K, Mb, Ma]
+    denominator = negatives[..., None] if leave_one_out else torch.logaddexp(positives, negatives[..., None])
+    return positives - denominator
+
+
+def geometric_pvc_loss(image_views: Tensor, text_views: Tensor, inv_tau: float | Tensor,
+                       leave_one_out: bool = False) -> Tensor:
+    """Geometric PVC, both directions averaged."""
+    check_views(image_views, text_views)
+    return -0.5 * (log_ell(text_views, image_views, inv_tau, leave_one_out).mean()
+                   + log_ell(image_views, text_views, inv_tau, leave_one_out).mean())
+
+
+def arithmetic_pvc_loss(image_views: Tensor, text_views: Tensor, inv_tau: float | Tensor,
+                        leave_one_out: bool = False) -> Tensor:
+    """Arithmetic PVC: for each view, the log of the mean of its l over the other modality's views (the
+    denominators' anchors), both directions averaged."""
+    check_views(image_views, text_views)
+
+    def one_vs_rest(anchors: Tensor, candidates: Tensor) -> Tensor:
+        terms = log_ell(anchors, candidates, inv_tau, leave_one_out)  # [K, M_anchor, M_candidate]
+        return (torch.logsumexp(terms, dim=1) - math.log(anchors.shape[1])).mean()
+
+    return -0.5 * (one_vs_rest(text_views, image_views) + one_vs_rest(image_views, text_views))
+
+
+def multicrop_loss(image_views: Tensor, text_views: Tensor, inv_tau: float | Tensor,
+                   leave_one_out: bool = False) -> Tensor:
+    """Multi-Crop: the two-view loss of every (image view, text view) pair, averaged (Eq. 1)."""
+    check_views(image_views, text_views)
+    total = image_views.new_zeros((), dtype=torch.float32 if image_views.dtype != torch.float64 else torch.float64)
+    pairs = 0
+    for a in range(image_views.shape[1]):
+        for b in range(text_views.shape[1]):
+            one_view_each = (image_views[:, a : a + 1], text_views[:, b : b + 1])
+            total = total + geometric_pvc_loss(*one_view_each, inv_tau, leave_one_out)
+            pairs += 1
+    return total / pairs
+
+
+def sufficient_statistics_loss(image_views: Tensor, text_views: Tensor, inv_tau: float | Tensor) -> Tensor:
+    """Sufficient statistics (Eq. 22 with Q the mean of Eq. 24, cross-modal): every view against the mean
+    of the other modality's views of each sample, InfoNCE over samples; both directions averaged."""
+    check_views(image_views, text_views)
+
+    def direction(views: Tensor, other: Tensor) -> Tensor:
+        k, m, d = views.shape
+        logits = _promote(inv_tau * (views.reshape(k * m, d) @ other.mean(dim=1).T))  # [K*M, K]
+        targets = torch.arange(k, device=views.device).repeat_interleave(m)
+        return torch.nn.functional.cross_entropy(logits, targets)
+
+    return 0.5 * (direction(image_views, text_views) + direction(text_views, image_views))
