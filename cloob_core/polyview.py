@@ -88,7 +88,9 @@ def arithmetic_pvc_loss(image_views: Tensor, text_views: Tensor, inv_tau: float 
 
 def multicrop_loss(image_views: Tensor, text_views: Tensor, inv_tau: float | Tensor,
                    leave_one_out: bool = False) -> Tensor:
-    """Multi-Crop: the two-view loss of every (image view, text view) pair, averaged (Eq. 1)."""
+    """Multi-Crop: the two-view loss of every (image view, text view) pair, averaged (Eq. 1). In pair (a, b)
+    the negatives are the other samples' views a and b, so unlike PVC it depends on how views are indexed
+    across samples (only in a realisation: the views are exchangeable in expectation)."""
     check_views(image_views, text_views)
     total = image_views.new_zeros((), dtype=torch.float32 if image_views.dtype != torch.float64 else torch.float64)
     pairs = 0
