@@ -252,3 +252,44 @@ def test_metrics_are_pushed_to_a_pushgateway(shards, tmp_path, pushgateway):
     assert len(received) == 3  # two checkpoints and the end
     path, body = received[-1]
     assert path == "/metrics/job/cloob-train" and "cloob_train_steps_total 4.0" in body
+
+
+def test_a_restricted_negative_run_resumes_exactly_with_its_schedule_and_queue(shards, tmp_path):
+    """cloob_ring with an annealed band and a queue: stopping at a checkpoint and resuming gives the same
+    model as running through, so the band's step and the queue's contents travel in the checkpoint."""
+    settings = ["--batch-size", "32", "--checkpoint-every", "3", "--log-every", "3", "--workers", "1",
+                "--set", "train.objective=cloob_ring", "--set", "objective.p_out=0.3", "--set", "objective.p_in=0.05",
+                "--set", "objective.anneal_steps=4", "--set", "objective.queue_size=64"]
+    whole = subprocess.run(cli(shards, tmp_path / "whole", "--steps", "6", *settings), capture_output=True, text=True)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    first = subprocess.run(cli(shards, tmp_path / "parts", "--steps", "3", *settings), capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr[-3000:]
+    state = torch.load(tmp_path / "parts" / "checkpoints" / "step-00000003.pt", weights_only=True)
+    assert state["objective"]["step"] == 3 and state["objective"]["queue"]["image"].shape[0] == 64
+    second = subprocess.run(cli(shards, tmp_path / "parts", "--steps", "6", "--resume", "latest", *settings),
+                            capture_output=True, text=True)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert_identical(exported_state(tmp_path / "parts"), exported_state(tmp_path / "whole"))
+
+
+def test_a_poly_view_run_draws_image_and_text_views(shards, tmp_path, capsys):
+    from cloob_core.data.loader import shard_list
+    from cloob_core.training.streams import StreamChunks, draw_captions, sample_captions
+
+    urls, _ = shard_list(str(shards))
+    chunks = StreamChunks(urls, 4, [0], 4, 0, {}, lambda image: torch.zeros(3, 8, 8), lambda texts: texts, 0, 10,
+                          image_views=3, text_views=2)
+    chunk = next(iter(chunks))
+    assert chunk.images.shape == (12, 3, 8, 8) and len(chunk.tokens) == 8  # sample-major: 4 samples x views
+    for i in range(4):  # a sample's two text views are two phrasings of its digit
+        first, second = chunk.tokens[2 * i : 2 * i + 2]
+        assert first != second
+    sample = {"txt": b"a handwritten three.", "json": b'{"captions": ["a handwritten three.", "3", "three"]}'}
+    assert sample_captions(sample) == ["a handwritten three.", "3", "three"]
+    assert sorted(draw_captions(["a", "b"], 5)) == ["a", "a", "a", "b", "b"]
+    assert sample_captions({"txt": "only one"}) == ["only one"]
+
+    assert main(["train", "--shards", str(shards), "--output", str(tmp_path / "run"), "--no-progress",
+                 "--no-tensorboard", "--steps", "3", "--batch-size", "16", "--workers", "0", "--set",
+                 "train.objective=pvc_geometric", "--set", "train.image_views=2", "--set", "train.text_views=2"]) == 0
+    assert "objective pvc_geometric, 3 steps of 16 pairs" in capsys.readouterr().out

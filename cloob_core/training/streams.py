@@ -115,8 +115,8 @@ class StreamChunks(torch.utils.data.IterableDataset):
 
     def _chunk(self, step: int, stream: int, source: Iterator, handler: SkipCounter) -> Chunk:
         torch.manual_seed(wds.utils.make_seed(self.seed, step, stream))  # augmentation resumes exactly
-        images, texts, position, skipped = [], [], None, 0
-        while len(images) < self.chunk_size:
+        images, texts, position, skipped, samples = [], [], None, 0, 0
+        while samples < self.chunk_size:
             position, sample = next(source)
             try:
                 image = Image.open(io.BytesIO(_first(sample, ("jpg", "jpeg", "png", "webp")))).convert("RGB")
@@ -128,6 +128,7 @@ class StreamChunks(torch.utils.data.IterableDataset):
                 continue
             images.extend(views)
             texts.extend(captions)
+            samples += 1
         tokens = self.tokenizer(texts)  # sample-major: a sample's views are adjacent, as the objectives expect
         return Chunk(step, stream, torch.stack(images), tokens, position, skipped)
 
