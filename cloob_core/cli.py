@@ -391,6 +391,48 @@ def _add_eval_commands(sub: argparse._SubParsersAction) -> None:
     summary.add_argument("--metrics", default="reports/metrics.json", help="default: reports/metrics.json")
     summary.set_defaults(func=_cmd_eval_summary)
 
+    compare = eval_sub.add_parser(
+        "compare", help="several runs' results side by side (e.g. the objectives as DVC experiments)",
+        description="One table (Markdown) and one bar chart of zero-shot, linear-probe and retrieval results of "
+        "several runs: report metrics.json files by label, or the experiments of `dvc exp show --json`.")
+    compare.add_argument("--run", action="append", default=[], metavar="LABEL=METRICS_JSON",
+                         help="a report's metrics.json (repeatable)")
+    compare.add_argument("--dvc-exps", metavar="FILE", help="output of `dvc exp show --json`: each experiment "
+                         "labelled by its name and train.objective")
+    compare.add_argument("--metrics-file", default="reports/metrics.json",
+                         help="the metrics file of the experiments (default: reports/metrics.json)")
+    compare.add_argument("--output", help="folder for comparison.md and comparison.png")
+    compare.set_defaults(func=_cmd_eval_compare)
+
+
+def _cmd_eval_compare(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from cloob_core.evaluation.reports import comparison_markdown, comparison_png
+    from cloob_core.io import write_text
+
+    runs: dict[str, dict] = {}
+    for spec in args.run:
+        label, _, path = spec.partition("=")
+        if not path or not Path(path).is_file():
+            raise ConfigError(f"--run {spec!r}: expected LABEL=PATH to a report's metrics.json")
+        runs[label] = json.loads(Path(path).read_text())
+    if args.dvc_exps:
+        from cloob_core.evaluation.experiments import runs_from_dvc_exp_show
+
+        runs.update(runs_from_dvc_exp_show(json.loads(Path(args.dvc_exps).read_text()), args.metrics_file))
+    if not runs:
+        raise ConfigError("nothing to compare: give --run LABEL=metrics.json or --dvc-exps exps.json")
+    table = comparison_markdown(runs)
+    print(table, end="")
+    if args.output:
+        output = Path(args.output)
+        write_text(output / "comparison.md", table)
+        plot = comparison_png(output / "comparison.png", runs)
+        print(f"wrote {output}/comparison.md and {output}/{plot}")
+    return 0
+
 
 def _cmd_eval_summary(args: argparse.Namespace) -> int:
     import json

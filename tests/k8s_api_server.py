@@ -12,6 +12,7 @@ import os
 import re
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -112,7 +113,8 @@ class FakeTrainingCluster:
         for rank, (command, env, nproc) in enumerate(nodes):
             workspace = Path(self._scratch.name, key[2], f"node-{rank}")
             workspace.mkdir(parents=True)
-            variables = {**os.environ, **self.extra_env, **self._resolve(env),
+            image_path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"  # the image's python
+            variables = {**os.environ, "PATH": image_path, **self.extra_env, **self._resolve(env),
                          "PET_NNODES": str(len(nodes)), "PET_NODE_RANK": str(rank), "PET_NPROC_PER_NODE": str(nproc),
                          "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": str(port)}
             log = workspace / "pod.log"

@@ -1,5 +1,6 @@
 """The DVC pipeline end to end on the embedded default, in a temporary copy of the repository: `dvc repro`, a
-parameter change that re-runs exactly the affected stages, an experiment with the CLIP objective, and
+parameter change that re-runs exactly the affected stages, experiments with CLIP, RING and poly-view objectives
+compared in one table, and
 `dvc push` / `dvc pull` of every output to a real S3-compatible server on 127.0.0.1."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-pytestmark = pytest.mark.slow  # ~4.5 minutes: CI runs it (.ci/run), the default suite does not
+pytestmark = pytest.mark.slow  # ~8 minutes: CI runs it (.ci/run), the default suite does not
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 STAGES = ["acquire", "validate", "shards", "validate_shards", "train", "eval_zeroshot", "eval_linear_probe",
@@ -104,15 +105,32 @@ def test_a_parameter_change_reruns_exactly_the_affected_stages(reproduced):
     run(["dvc", "repro"], repo, env)  # back to the committed parameters for the tests below
 
 
-def test_dvc_experiment_with_the_clip_objective(reproduced):
+EXPERIMENTS = {  # name -> `dvc exp run -S` settings: the baseline (cloob) against the other families
+    "clip": ["train.objective=clip"],
+    "ring": ["train.objective=cloob_ring", "objective.p_in=0.02", "objective.p_out=0.5", "objective.anneal_steps=30"],
+    "pvc": ["train.objective=pvc_geometric", "train.image_views=2", "train.text_views=2"],
+}
+
+
+def test_dvc_experiments_with_each_objective_family_compared_in_one_table(reproduced, tmp_path):
     repo, _ = reproduced
     env = environment()
     run(["git", "add", "-A"], repo, env)
     run(["git", "commit", "-qm", "baseline results"], repo, env)
-    output = run(["dvc", "exp", "run", "-S", "train.objective=clip"], repo, env)
-    assert "train" in stages_run(output) and "acquire" not in stages_run(output), output
+    for name, settings in EXPERIMENTS.items():
+        output = run(["dvc", "exp", "run", "--name", name, *(arg for s in settings for arg in ("-S", s))], repo, env)
+        assert "train" in stages_run(output) and "acquire" not in stages_run(output), output
     table = run(["dvc", "exp", "show", "--no-pager", "--md"], repo, env)
-    assert "clip" in table and "top1" in table, table
+    assert "clip" in table and "pvc_geometric" in table and "top1" in table, table
+    shown = tmp_path / "exps.json"
+    shown.write_text(run(["dvc", "exp", "show", "--no-pager", "--json"], repo, env))
+    compared = run(["cloob", "eval", "compare", "--dvc-exps", str(shown), "--output", str(tmp_path / "cmp")], repo,
+                   env)
+    rows = [line for line in compared.splitlines() if line.startswith("| ") and "embedded-mnist-test" in line]
+    labels = {row.split(" | ")[0].strip("| ") for row in rows}
+    assert {"clip", "ring (cloob_ring)", "pvc (pvc_geometric)"} <= labels and len(rows) == 4, compared
+    assert all(re.search(r"\d+\.\d\d% \| \d+\.\d\d%", row) for row in rows), compared
+    assert (tmp_path / "cmp" / "comparison.png").stat().st_size > 10_000
 
 
 def test_dvc_push_and_pull_through_s3(reproduced, s3_server, tmp_path):

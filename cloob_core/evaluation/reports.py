@@ -81,6 +81,65 @@ def summary_table(combined: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+# (task suffix of a result name, scalar, column title): what a comparison of runs shows
+COMPARED = (("zeroshot_classification", "top1", "zero-shot top-1"), ("linear_probe", "top1", "linear-probe top-1"),
+            ("zeroshot_retrieval", "image_to_text_R@1", "image->text R@1"),
+            ("zeroshot_retrieval", "text_to_image_R@1", "text->image R@1"),
+            ("diagnostics", "effective_eigenvalues_image", "effective eigenvalues (image)"))
+
+
+def comparison_rows(runs: dict[str, dict[str, dict]]) -> tuple[list[str], list[list[str]], dict[str, list[float]]]:
+    """Runs (label -> a report's metrics.json) side by side: the header, one row per (run, data set), and the
+    numbers per column for plotting. Percentages for accuracies and recalls."""
+    header = ["run", "data set", *(title for _, _, title in COMPARED)]
+    rows, numbers = [], {title: [] for _, _, title in COMPARED[:2]}
+    for label, combined in runs.items():
+        tasks = {task for task, _, _ in COMPARED}
+        datasets = sorted({name[: -len(task) - 1] for name in combined for task in tasks
+                           if name.endswith(f"_{task}")})
+        for dataset in datasets:
+            cells = [label, dataset]
+            for task, key, title in COMPARED:
+                value = combined.get(f"{dataset}_{task}", {}).get(key)
+                if value is None:
+                    cells.append("-")
+                    continue
+                cells.append(f"{100 * value:.2f}%" if "R@" in key or key == "top1" else f"{value:.4g}")
+                if title in numbers:
+                    numbers[title].append(100 * value)
+            rows.append(cells)
+    return header, rows, numbers
+
+
+def comparison_markdown(runs: dict[str, dict[str, dict]]) -> str:
+    header, rows, _ = comparison_rows(runs)
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def comparison_png(path: Path, runs: dict[str, dict[str, dict]]) -> str:
+    """Grouped bars: zero-shot and linear-probe top-1 of each run (first data set of each)."""
+    import matplotlib.pyplot as plt
+
+    _, rows, _ = comparison_rows(runs)
+    first = {}
+    for row in rows:
+        first.setdefault(row[0], row)
+    labels = list(first)
+    fig, ax = plt.subplots(figsize=(max(5, 1.4 * len(labels) + 2), 3.6))
+    for offset, (column, title) in enumerate(((2, "zero-shot top-1"), (3, "linear-probe top-1"))):
+        values = [float(first[label][column].rstrip("%")) if first[label][column] != "-" else 0.0
+                  for label in labels]
+        bars = ax.bar([i + (offset - 0.5) * 0.38 for i in range(len(labels))], values, width=0.38, label=title)
+        ax.bar_label(bars, fmt="%.1f", fontsize=8)
+    ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right")
+    ax.set_ylabel("accuracy (%)")
+    ax.set_title(f"objectives side by side ({next(iter(first.values()))[1]})" if first else "no runs")
+    ax.legend(loc="lower right", fontsize=8)
+    return _save(fig, path)
+
+
 def _markdown(entries: dict[str, dict]) -> str:
     lines = ["# Evaluation report", ""]
     for name, entry in sorted(entries.items()):
