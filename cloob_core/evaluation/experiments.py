@@ -31,21 +31,22 @@ def runs_from_dvc_exp_show(shown: Any, metrics_file: str = "reports/metrics.json
     """Label -> the run's ``metrics_file``; the label is the experiment's name (or short revision) and its
     ``train.objective``. Entries without that metrics file (failed or not yet run) are left out; the workspace
     is left out when a committed entry has the same results."""
-    runs: dict[str, dict[str, dict]] = {}
-    seen: list[dict] = []
+    found = []
     for entry in _runs(shown):
         data = entry["data"]
         metrics = _file_data(data.get("metrics"), metrics_file)
-        if not metrics:
-            continue
-        if metrics in seen and entry.get("rev") == "workspace":
+        if metrics:
+            found.append((entry, data, metrics))
+    committed = [metrics for entry, _, metrics in found if entry.get("rev") != "workspace"]
+    runs: dict[str, dict[str, dict]] = {}
+    for entry, data, metrics in found:
+        if entry.get("rev") == "workspace" and metrics in committed:
             continue
         params = _file_data(data.get("params"), params_file) or {}
         objective = (params.get("train") or {}).get("objective", "?")
-        name = entry.get("name") or data.get("name") or str(entry.get("rev") or data.get("rev", "?"))[:7]
+        name = entry.get("name") or str(entry.get("rev") or data.get("rev", "?"))[:7]
         label = name if objective in name else f"{name} ({objective})"
         while label in runs:
             label += "'"
         runs[label] = metrics
-        seen.append(metrics)
     return runs
