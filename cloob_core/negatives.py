@@ -68,19 +68,22 @@ class BandSchedule:
 @torch.no_grad()
 def eligible_negatives(similarity: Tensor, band: Band) -> Tensor:
     """Boolean ``[A, C]`` mask of the negatives each anchor (row) keeps; column ``i`` of row ``i`` is the
-    anchor's positive, never a negative and not ranked. Ties are broken by column order (stable sort), so the
-    mask is deterministic. Computed without gradient: the ranking selects terms, it is not differentiated."""
+    anchor's positive, never a negative and not ranked. Computed without gradient: the ranking selects terms,
+    it is not differentiated. Only the ``stop`` most similar candidates are ranked (``topk``, not a full sort),
+    so a narrow band costs little; ties at a band's edge are broken the same way on every rank and rerun."""
     anchors, candidates = similarity.shape
     if candidates < anchors:
         raise ValueError(f"expected the positives on the diagonal of [A, C >= A], got {tuple(similarity.shape)}")
     rows = torch.arange(anchors, device=similarity.device)
-    scores = similarity.detach().float().clone()
-    scores[rows, rows] = float("-inf")  # the positive ranks last and is removed below
-    order = torch.sort(scores, dim=1, descending=True, stable=True).indices
-    ranks = torch.empty_like(order)
-    ranks.scatter_(1, order, torch.arange(candidates, device=similarity.device).expand(anchors, candidates))
     start, stop = band.limits(candidates - 1)
-    mask = (ranks >= start) & (ranks < stop)
+    mask = torch.zeros(anchors, candidates, dtype=torch.bool, device=similarity.device)
+    if start == 0 and stop == candidates - 1:  # the full band: every candidate but the positive
+        mask.fill_(True)
+    else:
+        scores = similarity.detach().clone()
+        scores[rows, rows] = float("-inf")  # the positive ranks last, outside any band
+        nearest = torch.topk(scores, stop, dim=1, largest=True, sorted=start > 0).indices
+        mask.scatter_(1, nearest[:, start:], True)
     mask[rows, rows] = False
     return mask
 
