@@ -194,3 +194,24 @@ def test_a_stuck_dns_lookup_is_bounded_by_the_connect_timeout(monkeypatch):
     result = Fetcher(FetchPolicy(connect_timeout=0.3, retries=0)).fetch("http://images.example/x.jpg")
     assert result.reason == "dns_error" and "longer than 0.3 s" in result.detail
     assert time.monotonic() - started < 1.5
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl", "parquet"])
+def test_several_captions_per_image_travel_from_the_manifest_to_the_loader(tmp_path, fmt):
+    """A `captions` column (lists in JSONL / parquet, JSON arrays in CSV) reaches the sample's metadata, where
+    the training loader finds the text views."""
+    from cloob_core.training.streams import sample_captions
+
+    frame = pd.DataFrame({"url": ["http://a/1.jpg"], "caption": ["a red bus"],
+                          "captions": [["a red bus", "a bus on a street", "public transport"]]})
+    path = tmp_path / f"m.{fmt}"
+    if fmt == "csv":
+        frame.assign(captions=frame.captions.map(json.dumps)).to_csv(path, index=False)
+    elif fmt == "jsonl":
+        frame.to_json(path, orient="records", lines=True)
+    else:
+        frame.to_parquet(path)
+    (row,) = Manifest.load(path).rows([0])
+    meta = json.dumps({**row.extra, "caption": row.caption})  # as the worker writes the shard's .json
+    sample = {"txt": row.caption.encode(), "json": meta.encode()}
+    assert sample_captions(sample) == ["a red bus", "a bus on a street", "public transport"]

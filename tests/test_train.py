@@ -4,6 +4,7 @@ S3 checkpoints, live Prometheus metrics."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import socket
@@ -17,7 +18,7 @@ import pytest
 import torch
 
 from cloob_core.cli import main
-from cloob_core.config import ConfigError, load_config
+from cloob_core.config import OBJECTIVE_NAMES, POLY_VIEW_OBJECTIVES, ConfigError, load_config
 from cloob_core.data.local_shards import build_shards
 from cloob_core.training.env import detect
 from cloob_core.training.export import load_exported
@@ -293,3 +294,13 @@ def test_a_poly_view_run_draws_image_and_text_views(shards, tmp_path, capsys):
                  "--no-tensorboard", "--steps", "3", "--batch-size", "16", "--workers", "0", "--set",
                  "train.objective=pvc_geometric", "--set", "train.image_views=2", "--set", "train.text_views=2"]) == 0
     assert "objective pvc_geometric, 3 steps of 16 pairs" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("objective", sorted(OBJECTIVE_NAMES))
+def test_every_objective_trains_from_the_cli(objective, shards, tmp_path):
+    views = ["--set", "train.image_views=2", "--set", "train.text_views=2"] if objective in POLY_VIEW_OBJECTIVES else []
+    assert main(["train", "--shards", str(shards), "--output", str(tmp_path / "run"), "--no-progress",
+                 "--no-tensorboard", "--steps", "2", "--batch-size", "16", "--workers", "0", "--log-every", "1",
+                 "--objective", objective, "--set", "objective.queue_size=32", *views]) == 0
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["objective"] == objective and math.isfinite(metrics["final_loss"])
