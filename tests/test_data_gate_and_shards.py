@@ -64,7 +64,10 @@ def test_gate_passes_good_shards_and_fails_inconsistent_ones(embedded_shards, tm
     assert "FAIL shards: expect_column_pair_values_to_be_equal [sizes_json = tar_samples]" in text
     assert "FAIL shards: expect_column_values_to_be_between [side_min]" in text
     # a tar cut short after the download (a copy gone wrong) is named, not a crash
-    (broken / "00000.tar").write_bytes((broken / "00000.tar").read_bytes()[:5000])
+    with tarfile.open(broken / "00000.tar") as tar:  # cut inside a member's data, not in block padding
+        member = tar.getmembers()[4]
+        cut = member.offset_data + member.size // 2
+    (broken / "00000.tar").write_bytes((broken / "00000.tar").read_bytes()[:cut])
     assert main(["data", "validate", "--shards", str(broken)]) == 1
     text = capsys.readouterr().out
     assert "FAIL shards: expect_column_values_to_be_between [unreadable_tar]" in text
