@@ -13,6 +13,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 
+from cloob_core.config import POLY_VIEW_OBJECTIVES
 from cloob_core.losses import OBJECTIVES, build_objective
 
 WORLD_SIZE = 2
@@ -119,3 +120,48 @@ def test_single_process_objectives_do_not_gather(name):
         F.normalize(torch.randn(4, 3, dtype=torch.float64), dim=-1),
     )
     assert torch.isfinite(build_objective(name, beta=8.0)(x, y, 30.0))
+
+
+VIEWS = (2, 3)  # image and text views per sample
+
+
+def view_batch() -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample-major views: sample i's image views are rows i*2..i*2+1, its text views rows i*3..i*3+2."""
+    generator = torch.Generator().manual_seed(2)
+    centre = torch.randn(BATCH, 1, 8, generator=generator, dtype=torch.float64)
+    images = (centre + 0.5 * torch.randn(BATCH, VIEWS[0], 8, generator=generator, dtype=torch.float64))
+    texts = (centre[..., :6] + 0.5 * torch.randn(BATCH, VIEWS[1], 6, generator=generator, dtype=torch.float64))
+    return images.reshape(-1, 8), texts.reshape(-1, 6)
+
+
+def _views_rank_main(rank: int, port: int, result_path: str) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE)
+    try:
+        images, texts = view_batch()
+        half = BATCH // WORLD_SIZE  # each rank holds whole samples: all views of its half of them
+        mine = (images[rank * half * VIEWS[0] : (rank + 1) * half * VIEWS[0]],
+                texts[rank * half * VIEWS[1] : (rank + 1) * half * VIEWS[1]])
+        model = nn.parallel.DistributedDataParallel(TwoTowers())
+        results = {}
+        for name in POLY_VIEW_OBJECTIVES:
+            objective = build_objective(name, image_views=VIEWS[0], text_views=VIEWS[1])
+            loss, grads = loss_and_grads(model, objective, *mine)
+            results[name] = {"loss": loss, **{k.removeprefix("module."): v for k, v in grads.items()}}
+        if rank == 0:
+            torch.save(results, result_path)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_poly_view_batches_split_by_sample_across_ranks_match_one_process(tmp_path):
+    result_path = tmp_path / "rank0.pt"
+    mp.spawn(_views_rank_main, args=(_free_port(), str(result_path)), nprocs=WORLD_SIZE, join=True)
+    distributed = torch.load(result_path, weights_only=True)
+    images, texts = view_batch()
+    model = TwoTowers()
+    for name in POLY_VIEW_OBJECTIVES:
+        objective = build_objective(name, image_views=VIEWS[0], text_views=VIEWS[1])
+        loss, grads = loss_and_grads(model, objective, images, texts)
+        torch.testing.assert_close(distributed[name]["loss"], loss, rtol=1e-9, atol=0)
+        for param, grad in grads.items():
+            torch.testing.assert_close(distributed[name][param], grad, rtol=1e-9, atol=1e-12, msg=f"{name}: {param}")
