@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from cloob_core import polyview
 from cloob_core.config import OBJECTIVE_NAMES, POLY_VIEW_OBJECTIVES
 from cloob_core.distributed import gather_features
-from cloob_core.negatives import Band, BandSchedule, EmbeddingQueue, eligible_negatives
+from cloob_core.negatives import Band, BandSchedule, EmbeddingQueue, band_columns
 
 __all__ = [
     "OBJECTIVES",
@@ -224,12 +224,20 @@ def restricted_terms(
     if anchors.shape[0] < 2:
         raise ValueError("restricted negatives need a batch of at least 2 pairs")
     logits = _logits(anchors, candidates, inv_tau)
-    keep = eligible_negatives(logits if rank_by is None else rank_by, band)
     rows = torch.arange(anchors.shape[0], device=logits.device)
-    if not leave_one_out:
-        keep[rows, rows] = True
-    denominator = torch.logsumexp(logits.masked_fill(~keep, float("-inf")), dim=1)
-    return denominator - logits[rows, rows], keep.sum(dim=1)
+    positives = logits[rows, rows]
+    columns = band_columns(logits if rank_by is None else rank_by, band)
+    if columns is None:  # the full band: the plain denominators
+        terms = logits.masked_fill(torch.eye(*logits.shape, dtype=torch.bool, device=logits.device),
+                                   float("-inf")) if leave_one_out else logits
+        count = logits.shape[1] - (1 if leave_one_out else 0)
+    else:  # only the kept terms: the others take no part in the value and get exactly zero gradient
+        terms = logits.gather(1, columns)
+        if not leave_one_out:
+            terms = torch.cat([positives[:, None], terms], dim=1)
+        count = terms.shape[1]
+    counts = torch.full((anchors.shape[0],), count, dtype=torch.long, device=logits.device)
+    return torch.logsumexp(terms, dim=1) - positives, counts
 
 
 def restricted_infonce_loss(

@@ -66,24 +66,35 @@ class BandSchedule:
 
 
 @torch.no_grad()
-def eligible_negatives(similarity: Tensor, band: Band) -> Tensor:
-    """Boolean ``[A, C]`` mask of the negatives each anchor (row) keeps; column ``i`` of row ``i`` is the
-    anchor's positive, never a negative and not ranked. Computed without gradient: the ranking selects terms,
-    it is not differentiated. Only the ``stop`` most similar candidates are ranked (``topk``, not a full sort),
-    so a narrow band costs little; ties at a band's edge are broken the same way on every rank and rerun."""
+def band_columns(similarity: Tensor, band: Band) -> Tensor | None:
+    """``[A, n]`` column indices of the negatives each anchor (row) keeps, or ``None`` for the full band (every
+    candidate but the positive). Column ``i`` of row ``i`` is the anchor's positive: never a negative, not
+    ranked. Computed without gradient: the ranking selects terms, it is not differentiated. Only the ``stop``
+    most similar candidates are ranked (``topk``, not a full sort), so a narrow band costs little; ties at a
+    band's edge are broken the same way on every rank and rerun."""
     anchors, candidates = similarity.shape
     if candidates < anchors:
         raise ValueError(f"expected the positives on the diagonal of [A, C >= A], got {tuple(similarity.shape)}")
-    rows = torch.arange(anchors, device=similarity.device)
     start, stop = band.limits(candidates - 1)
-    mask = torch.zeros(anchors, candidates, dtype=torch.bool, device=similarity.device)
-    if start == 0 and stop == candidates - 1:  # the full band: every candidate but the positive
-        mask.fill_(True)
+    if start == 0 and stop == candidates - 1:
+        return None
+    rows = torch.arange(anchors, device=similarity.device)
+    scores = similarity.detach().clone()
+    scores[rows, rows] = float("-inf")  # the positive ranks last, outside any band
+    return torch.topk(scores, stop, dim=1, largest=True, sorted=start > 0).indices[:, start:]
+
+
+@torch.no_grad()
+def eligible_negatives(similarity: Tensor, band: Band) -> Tensor:
+    """Boolean ``[A, C]`` mask of the negatives each anchor keeps (see :func:`band_columns`)."""
+    anchors, candidates = similarity.shape
+    columns = band_columns(similarity, band)
+    rows = torch.arange(anchors, device=similarity.device)
+    if columns is None:
+        mask = torch.ones(anchors, candidates, dtype=torch.bool, device=similarity.device)
     else:
-        scores = similarity.detach().clone()
-        scores[rows, rows] = float("-inf")  # the positive ranks last, outside any band
-        nearest = torch.topk(scores, stop, dim=1, largest=True, sorted=start > 0).indices
-        mask.scatter_(1, nearest[:, start:], True)
+        mask = torch.zeros(anchors, candidates, dtype=torch.bool, device=similarity.device)
+        mask.scatter_(1, columns, True)
     mask[rows, rows] = False
     return mask
 
