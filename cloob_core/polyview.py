@@ -20,8 +20,9 @@ modality), positive view ``alpha`` of sample ``i`` (the other):
 
 Bounds: with the InfoNCE denominator, Geometric and Arithmetic PVC give ``I(x_a; rest) >= c(B, M) - L`` with
 ``c(B, M) = log(B - M + 1)``, ``B = K * M`` candidate views (Thm. 2.2), and their gap does not grow with M
-(Thm. 2.3); sufficient statistics likewise (Thm. 2.4, for its own normaliser). Multi-Crop keeps the two-view
-bound ``log K - L`` whatever M (Prop. 2.1; it lowers the variance only). With ``leave_one_out`` (CLOOB's InfoLOOB
+(Thm. 2.3). Sufficient statistics as built here (one mean per other sample, K candidates) is InfoNCE against
+that statistic: ``log K - L`` bounds I(view; the other modality's views). Multi-Crop keeps the two-view bound
+``log K - L`` whatever M (Prop. 2.1; it lowers the variance only). With ``leave_one_out`` (CLOOB's InfoLOOB
 denominator, positive left out) none of these bounds holds: InfoLOOB is not a lower bound on MI.
 At M = 1 view per modality, Geometric = Arithmetic = sufficient statistics = Multi-Crop = CLIP's symmetric
 InfoNCE (and their leave-one-out forms = InfoLOOB).
