@@ -413,23 +413,20 @@ class ClipRingLoss(_RestrictedObjective):
     name = "clip_ring"
 
     def compute(self, image_features: Tensor, text_features: Tensor, inv_tau: float | Tensor) -> Tensor:
+        """Both directions over the embeddings themselves: their mean (InfoNCE), or with the leave-one-out
+        denominator their sum scaled by tau (InfoLOOB, Eq. 8)."""
         _check_pair(image_features, text_features, min_batch=2)
         images, texts = self.candidates(image_features, text_features)
-        return 0.5 * (self._direction(image_features, texts, inv_tau, image_features, texts)
-                      + self._direction(text_features, images, inv_tau, text_features, images))
+        total = (self._direction(image_features, texts, inv_tau, image_features, texts)
+                 + self._direction(text_features, images, inv_tau, text_features, images))
+        return total / inv_tau if self.leave_one_out else 0.5 * total
 
 
-class InfoLOOBRingLoss(_RestrictedObjective):
+class InfoLOOBRingLoss(ClipRingLoss):
     """InfoLOOB (leave-one-out denominator, scaled by tau) with BALL / RING negatives."""
 
     name = "infoloob_ring"
     leave_one_out = True
-
-    def compute(self, image_features: Tensor, text_features: Tensor, inv_tau: float | Tensor) -> Tensor:
-        _check_pair(image_features, text_features, min_batch=2)
-        images, texts = self.candidates(image_features, text_features)
-        return (self._direction(image_features, texts, inv_tau, image_features, texts)
-                + self._direction(text_features, images, inv_tau, text_features, images)) / inv_tau
 
 
 class CLOOBRingLoss(_RestrictedObjective):

@@ -27,11 +27,15 @@ class StageFailed(RuntimeError):
 Params = dict[str, Any] | str  # a params.yaml as a mapping (KFP's struct parameter) or as its text
 
 
-def _write_params(params: Params, folder: str) -> str:
+def _params_text(params: Params) -> str:
     import yaml
 
+    return params if isinstance(params, str) else yaml.safe_dump(params, sort_keys=False)
+
+
+def _write_params(params: Params, folder: str) -> str:
     path = Path(folder) / "params.yaml"
-    path.write_text(params if isinstance(params, str) else yaml.safe_dump(params, sort_keys=False), encoding="utf-8")
+    path.write_text(_params_text(params), encoding="utf-8")
     return str(path)
 
 
@@ -77,7 +81,18 @@ def merge_partitions(partition_dirs: Sequence[str], shards_dir: str) -> dict[str
     return {"samples": sum(summary.sizes.values()), "shards": len(summary.sizes), "failures": len(summary.failures)}
 
 
-def train(params: Params, shards_dir: str, output_dir: str, gpus: int = 0) -> dict[str, Any]:
+def _record_training(result: dict[str, Any], model: Any = None, metrics: Any = None) -> dict[str, Any]:
+    """The run's figures onto KFP ``Metrics`` and its identity onto the ``Model`` artifact's metadata."""
+    if metrics is not None:
+        for key in ("final_loss", "steps", "samples_per_second", "train_seconds"):
+            metrics.log_metric(key, float(result[key]))
+    if model is not None:
+        model.metadata.update({key: result[key] for key in ("objective", "architecture", "world_size")})
+    return result
+
+
+def train(params: Params, shards_dir: str, output_dir: str, gpus: int = 0, model: Any = None,
+          metrics: Any = None) -> dict[str, Any]:
     """``cloob train`` on this node: in process for one device, under torchrun with one process per GPU."""
     argv = ["train", "--output", output_dir, "--no-progress", "--set", f"train.shards={shards_dir}"]
     if gpus > 1:
@@ -90,11 +105,11 @@ def train(params: Params, shards_dir: str, output_dir: str, gpus: int = 0) -> di
             raise StageFailed(f"torchrun cloob train exited with status {code}")
     else:
         run_stage(argv, params)
-    return json.loads((Path(output_dir) / "metrics.json").read_text())
+    return _record_training(json.loads((Path(output_dir) / "metrics.json").read_text()), model, metrics)
 
 
 def train_multinode(params: Params, shards_dir: str, shards_uri: str, output_dir: str, job: str,
-                    run_id: str) -> dict[str, Any]:
+                    run_id: str, model: Any = None, metrics: Any = None) -> dict[str, Any]:
     """``cloob train`` on several nodes as a PyTorchJob / TrainJob (``job``: JobSettings as JSON); waits for it
     and fetches the published result into ``output_dir``, the layout the one-node step writes."""
     from cloob_core import storage, trainjob
@@ -107,11 +122,9 @@ def train_multinode(params: Params, shards_dir: str, shards_uri: str, output_dir
         shards = storage.join(workdir, "shards")  # the pods cannot read this pod's artifact folder
         log.info("copying the shards to %s for the job's pods", shards)
         storage.upload_tree(shards_dir, shards)
-    with tempfile.TemporaryDirectory() as tmp:
-        text = Path(_write_params(params, tmp)).read_text(encoding="utf-8")
-    trainjob.run(trainjob.manifest(settings, name, text, shards, workdir), settings)
+    trainjob.run(trainjob.manifest(settings, name, _params_text(params), shards, workdir), settings)
     storage.download_tree(storage.join(workdir, "output"), output_dir)
-    return json.loads((Path(output_dir) / "metrics.json").read_text())
+    return _record_training(json.loads((Path(output_dir) / "metrics.json").read_text()), model, metrics)
 
 
 def evaluate(task: str, model_dir: str, output_dir: str, extra: Sequence[str] = ()) -> None:

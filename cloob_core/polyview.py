@@ -93,14 +93,8 @@ def multicrop_loss(image_views: Tensor, text_views: Tensor, inv_tau: float | Ten
     the negatives are the other samples' views a and b, so unlike PVC it depends on how views are indexed
     across samples (only in a realisation: the views are exchangeable in expectation)."""
     check_views(image_views, text_views)
-    total = image_views.new_zeros((), dtype=torch.float32 if image_views.dtype != torch.float64 else torch.float64)
-    pairs = 0
-    for a in range(image_views.shape[1]):
-        for b in range(text_views.shape[1]):
-            one_view_each = (image_views[:, a : a + 1], text_views[:, b : b + 1])
-            total = total + geometric_pvc_loss(*one_view_each, inv_tau, leave_one_out)
-            pairs += 1
-    return total / pairs
+    return torch.stack([geometric_pvc_loss(image_views[:, a : a + 1], text_views[:, b : b + 1], inv_tau, leave_one_out)
+                        for a in range(image_views.shape[1]) for b in range(text_views.shape[1])]).mean()
 
 
 def sufficient_statistics_loss(image_views: Tensor, text_views: Tensor, inv_tau: float | Tensor) -> Tensor:

@@ -19,6 +19,7 @@ import os
 import re
 import shlex
 import signal
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -269,6 +270,4 @@ def _delete(api: Any, group: str, version: str, namespace: str, plural: str, nam
 
 
 def _main_thread() -> bool:
-    import threading
-
     return threading.current_thread() is threading.main_thread()

@@ -54,10 +54,7 @@ def train(params: str, shards: Input[Dataset], gpus: int, model: Output[Model], 
     """`cloob train` on one node; several GPUs run under torchrun, one process each."""
     from cloob_core import orchestration
 
-    result = orchestration.train(params, shards.path, model.path, gpus)
-    for key in ("final_loss", "steps", "samples_per_second", "train_seconds"):
-        metrics.log_metric(key, float(result[key]))
-    model.metadata.update({"objective": result["objective"], "architecture": result["architecture"]})
+    orchestration.train(params, shards.path, model.path, gpus, model=model, metrics=metrics)
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
@@ -110,8 +107,5 @@ def train_multinode(params: str, shards: Input[Dataset], job: str, run_id: str, 
     and fetches the result. This pod only watches, so it needs no GPU, only RBAC for the job kind."""
     from cloob_core import orchestration
 
-    result = orchestration.train_multinode(params, shards.path, shards.uri, model.path, job, run_id)
-    for key in ("final_loss", "steps", "samples_per_second", "train_seconds"):
-        metrics.log_metric(key, float(result[key]))
-    model.metadata.update({"objective": result["objective"], "architecture": result["architecture"],
-                           "world_size": result["world_size"]})
+    orchestration.train_multinode(params, shards.path, shards.uri, model.path, job, run_id, model=model,
+                                  metrics=metrics)

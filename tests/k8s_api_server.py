@@ -14,10 +14,9 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+
+from json_api_server import JsonApiServer
 
 _PATH = re.compile(r"/apis/(?P<group>[^/]+)/(?P<version>[^/]+)/namespaces/(?P<ns>[^/]+)/(?P<plural>[^/]+)"
                    r"(?:/(?P<name>[^/]+))?")
@@ -30,24 +29,17 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-class FakeTrainingCluster:
+class FakeTrainingCluster(JsonApiServer):
     def __init__(self, secrets: dict[str, dict[str, str]] | None = None, run_pods: bool = True,
                  extra_env: dict[str, str] | None = None) -> None:
         self.secrets = secrets or {}
         self.run_pods = run_pods
         self.extra_env = extra_env or {}
-        self.requests: list[dict[str, Any]] = []
         self.objects: dict[tuple[str, str, str], dict] = {}
         self.pods: dict[tuple[str, str, str], list[subprocess.Popen]] = {}
         self.logs: dict[tuple[str, str, str], list[Path]] = {}
         self._scratch = tempfile.TemporaryDirectory(prefix="fake-k8s-")
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-
-    @property
-    def url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        super().__init__()
 
     def kubeconfig(self, path: Path, namespace: str = "team-a") -> Path:
         config = {"apiVersion": "v1", "kind": "Config", "current-context": "fake",
@@ -58,18 +50,13 @@ class FakeTrainingCluster:
         path.write_text(json.dumps(config))
         return path
 
-    def __enter__(self) -> FakeTrainingCluster:
-        self._thread.start()
-        return self
-
     def __exit__(self, *exc: object) -> None:
         for processes in self.pods.values():
             for process in processes:
                 if process.poll() is None:
                     process.kill()
                     process.wait()
-        self._server.shutdown()
-        self._server.server_close()
+        super().__exit__(*exc)
         self._scratch.cleanup()
 
     def pod_logs(self, key: tuple[str, str, str]) -> str:
@@ -139,7 +126,7 @@ class FakeTrainingCluster:
         return {"conditions": conditions}
 
     # -- HTTP ---------------------------------------------------------------------------------------------------
-    def _answer(self, method: str, path: str, body: dict) -> tuple[int, dict]:
+    def _answer(self, method: str, path: str, query: str, body: dict) -> tuple[int, dict]:
         match = _PATH.fullmatch(path)
         if not match:
             return 404, {"kind": "Status", "status": "Failure", "reason": "NotFound", "code": 404}
@@ -164,29 +151,3 @@ class FakeTrainingCluster:
                     process.wait()
             return 200, {"kind": "Status", "status": "Success"}
         return 405, {"kind": "Status", "status": "Failure", "code": 405}
-
-    def _handler(self) -> type[BaseHTTPRequestHandler]:
-        cluster = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def _serve(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                raw = self.rfile.read(length) if length else b""
-                body = json.loads(raw) if raw else {}
-                path = self.path.split("?", 1)[0]
-                cluster.requests.append({"method": self.command, "path": path, "body": body,
-                                         "authorization": self.headers.get("Authorization")})
-                code, answer = cluster._answer(self.command, path, body)
-                data = json.dumps(answer).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            do_GET = do_POST = do_DELETE = _serve
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        return Handler

@@ -7,10 +7,9 @@ from __future__ import annotations
 import itertools
 import json
 import re
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 from urllib.parse import parse_qs
+
+from json_api_server import JsonApiServer
 
 NOW = "2026-11-22T00:00:00Z"
 
@@ -26,31 +25,13 @@ def _display_name_filter(query: str) -> str | None:
     return None
 
 
-class KfpApiServer:
+class KfpApiServer(JsonApiServer):
     def __init__(self) -> None:
-        self.requests: list[dict[str, Any]] = []
         self.experiments: dict[str, dict] = {}
         self.recurring: dict[str, dict] = {}
         self.runs: dict[str, dict] = {}
         self._ids = itertools.count(1)
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-
-    @property
-    def url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
-
-    def __enter__(self) -> KfpApiServer:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-
-    def calls(self, method: str, path_pattern: str) -> list[dict[str, Any]]:
-        return [r for r in self.requests if r["method"] == method and re.fullmatch(path_pattern, r["path"])]
+        super().__init__()
 
     def _answer(self, method: str, path: str, query: str, body: dict) -> tuple[int, dict]:
         base = "/apis/v2beta1"
@@ -85,28 +66,3 @@ class KfpApiServer:
         if match and method == "DELETE":
             return (200, {}) if self.recurring.pop(match.group(1), None) else (404, {"error": "not found", "code": 5})
         return 404, {"error": f"no such endpoint {method} {path}", "code": 5}
-
-    def _handler(self) -> type[BaseHTTPRequestHandler]:
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def _serve(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                raw = self.rfile.read(length) if length else b""
-                body = json.loads(raw) if raw else {}
-                path, _, query = self.path.partition("?")
-                server.requests.append({"method": self.command, "path": path, "query": query, "body": body})
-                status, answer = server._answer(self.command, path, query, body)
-                data = json.dumps(answer).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            do_GET = do_POST = do_DELETE = _serve
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        return Handler

@@ -19,19 +19,14 @@ import torch
 
 from cloob_core.cli import main
 from cloob_core.config import OBJECTIVE_NAMES, POLY_VIEW_OBJECTIVES, ConfigError, load_config
-from cloob_core.data.local_shards import build_shards
 from cloob_core.training.env import detect
 from cloob_core.training.export import load_exported
 from cloob_core.training.loop import train
 
 
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    """The embedded training split as 16 shards of 250 pairs (28x28 digits, as `cloob data shards` writes them)."""
-    out = tmp_path_factory.mktemp("train") / "shards"
-    config = load_config(overrides=["preprocess.resize_mode=no", "preprocess.shard_size=250"])
-    build_shards("embedded", str(out), config, split="train", progress=False)
-    return out
+@pytest.fixture
+def shards(embedded_train_shards):
+    return embedded_train_shards
 
 
 def cli(shards: Path, output: Path, *extra: str) -> list[str]:

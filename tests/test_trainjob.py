@@ -17,8 +17,6 @@ import torch
 import yaml
 
 from cloob_core import orchestration, storage, trainjob
-from cloob_core.config import load_config
-from cloob_core.data.local_shards import build_shards
 from cloob_core.trainjob import JobFailed, JobSettings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -162,12 +160,9 @@ def test_a_job_past_its_time_limit_is_deleted_and_its_pods_stopped(tmp_path, mon
         assert not cluster.pods  # the pods were stopped with the job
 
 
-@pytest.fixture(scope="module")
-def local_shards(tmp_path_factory):
-    out = tmp_path_factory.mktemp("job") / "shards"
-    config = load_config(overrides=["preprocess.resize_mode=no", "preprocess.shard_size=500"])
-    build_shards("embedded", str(out), config, split="train", progress=False)
-    return out
+@pytest.fixture
+def local_shards(embedded_train_shards):
+    return embedded_train_shards
 
 
 @pytest.mark.slow  # ~1 minute: two "nodes" train under torchrun (gloo on CPU)

@@ -149,7 +149,7 @@ def _missing(value: Any) -> bool:
 
 
 def _jsonable(value: Any) -> Any:
-    if isinstance(value, (list, tuple)) or (hasattr(value, "ndim") and getattr(value, "ndim", 0) == 1):
+    if isinstance(value, (list, tuple)) or getattr(value, "ndim", 0) == 1:
         return [_jsonable(v) for v in value]  # e.g. a column of caption lists, from parquet or JSONL
     if _missing(value):
         return None

@@ -88,16 +88,19 @@ COMPARED = (("zeroshot_classification", "top1", "zero-shot top-1"), ("linear_pro
             ("diagnostics", "effective_eigenvalues_image", "effective eigenvalues (image)"))
 
 
+def _datasets(combined: dict[str, dict]) -> list[str]:
+    """The data sets a report has results for (result names are ``<data set>_<task>``)."""
+    tasks = {task for task, _, _ in COMPARED}
+    return sorted({name[: -len(task) - 1] for name in combined for task in tasks if name.endswith(f"_{task}")})
+
+
 def comparison_rows(runs: dict[str, dict[str, dict]]) -> tuple[list[str], list[list[str]], dict[str, list[float]]]:
     """Runs (label -> a report's metrics.json) side by side: the header, one row per (run, data set), and the
-    numbers per column for plotting. Percentages for accuracies and recalls."""
+    zero-shot and linear-probe numbers per column. Percentages for accuracies and recalls."""
     header = ["run", "data set", *(title for _, _, title in COMPARED)]
     rows, numbers = [], {title: [] for _, _, title in COMPARED[:2]}
     for label, combined in runs.items():
-        tasks = {task for task, _, _ in COMPARED}
-        datasets = sorted({name[: -len(task) - 1] for name in combined for task in tasks
-                           if name.endswith(f"_{task}")})
-        for dataset in datasets:
+        for dataset in _datasets(combined):
             cells = [label, dataset]
             for task, key, title in COMPARED:
                 value = combined.get(f"{dataset}_{task}", {}).get(key)
@@ -122,20 +125,16 @@ def comparison_png(path: Path, runs: dict[str, dict[str, dict]]) -> str:
     """Grouped bars: zero-shot and linear-probe top-1 of each run (first data set of each)."""
     import matplotlib.pyplot as plt
 
-    _, rows, _ = comparison_rows(runs)
-    first = {}
-    for row in rows:
-        first.setdefault(row[0], row)
+    first = {label: _datasets(combined)[0] for label, combined in runs.items() if _datasets(combined)}
     labels = list(first)
     fig, ax = plt.subplots(figsize=(max(5, 1.4 * len(labels) + 2), 3.6))
-    for offset, (column, title) in enumerate(((2, "zero-shot top-1"), (3, "linear-probe top-1"))):
-        values = [float(first[label][column].rstrip("%")) if first[label][column] != "-" else 0.0
-                  for label in labels]
+    for offset, (task, key, title) in enumerate(COMPARED[:2]):
+        values = [100 * (runs[label].get(f"{first[label]}_{task}", {}).get(key) or 0.0) for label in labels]
         bars = ax.bar([i + (offset - 0.5) * 0.38 for i in range(len(labels))], values, width=0.38, label=title)
         ax.bar_label(bars, fmt="%.1f", fontsize=8)
     ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right")
     ax.set_ylabel("accuracy (%)")
-    ax.set_title(f"objectives side by side ({next(iter(first.values()))[1]})" if first else "no runs")
+    ax.set_title(f"objectives side by side ({first[labels[0]]})" if labels else "no runs")
     ax.legend(loc="lower right", fontsize=8)
     return _save(fig, path)
 

@@ -121,7 +121,8 @@ class StreamChunks(torch.utils.data.IterableDataset):
             try:
                 image = Image.open(io.BytesIO(_first(sample, ("jpg", "jpeg", "png", "webp")))).convert("RGB")
                 views = [self.transform(image) for _ in range(self.image_views)]  # independent augmentations
-                captions = draw_captions(sample_captions(sample), self.text_views)
+                captions = ([_text(sample)] if self.text_views == 1  # the metadata is parsed only when needed
+                            else draw_captions(sample_captions(sample), self.text_views))
             except Exception as err:  # a corrupt sample is skipped and counted, never fatal
                 handler(err)
                 skipped += 1
@@ -133,11 +134,14 @@ class StreamChunks(torch.utils.data.IterableDataset):
         return Chunk(step, stream, torch.stack(images), tokens, position, skipped)
 
 
+def _text(sample: dict[str, Any]) -> str:
+    return sample["txt"].decode("utf-8") if isinstance(sample["txt"], bytes) else str(sample["txt"])
+
+
 def sample_captions(sample: dict[str, Any]) -> list[str]:
     """The sample's caption (``txt``) first, then the distinct others its metadata lists under ``captions``
     (a manifest column of lists, or of JSON arrays in CSV/TSV, travels into the shards' ``.json``)."""
-    text = sample["txt"].decode("utf-8") if isinstance(sample["txt"], bytes) else str(sample["txt"])
-    captions = [text]
+    captions = [_text(sample)]
     if "json" in sample:
         listed = json.loads(sample["json"]).get("captions")
         if isinstance(listed, str):
@@ -150,7 +154,7 @@ def sample_captions(sample: dict[str, Any]) -> list[str]:
 
 def draw_captions(captions: list[str], views: int) -> list[str]:
     """``views`` captions: distinct ones in a random order while there are enough, then repeats (seeded by the
-    chunk's torch seed, so it resumes exactly). One view is always the sample's own caption."""
+    chunk's torch seed, so it resumes exactly)."""
     if views == 1:
         return captions[:1]
     order = torch.randperm(len(captions)).tolist()
