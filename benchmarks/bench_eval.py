@@ -78,7 +78,7 @@ def warm_up() -> None:
 def zero_shot_throughput(architecture: str, batch: int, batches: int) -> float:
     import open_clip
 
-    from cloob_core.model import register_project_configs
+    from cloob_core.model.dual_encoder import register_project_configs
 
     register_project_configs()
     model = open_clip.create_model(architecture, pretrained=None).eval()

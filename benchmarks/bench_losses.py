@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from open_clip.loss import ClipLoss
 
-from cloob_core.losses import cloob_loss, infoloob_loss, infonce_loss
+from cloob_core.objectives.losses import cloob_loss, infoloob_loss, infonce_loss
 
 INV_TAU = 30.0
 BETA = 8.0

@@ -31,9 +31,9 @@ def build_variant(variant: str, model_name: str, batch: int):
     import torch
 
     from cloob_core.config import load_config
-    from cloob_core.losses import build_objective
-    from cloob_core.model import build_model, register_project_configs
-    from cloob_core.optim import build_optimizer
+    from cloob_core.model.dual_encoder import build_model, register_project_configs
+    from cloob_core.objectives.losses import build_objective
+    from cloob_core.training.optim import build_optimizer
     from cloob_core.training.step import StepParts, accumulate_gradients, optimizer_step
 
     torch.manual_seed(0)

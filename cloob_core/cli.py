@@ -1,22 +1,22 @@
-"""The ``cloob`` command: one subcommand per stage, each a thin caller of a plain function in cloob_core.
-
-DVC stages and KFP components call these same subcommands, so no logic lives outside the library.
+"""The ``cloob`` command: parsing and printing only. Each subcommand builds the typed inputs of one stage function
+of cloob_core, calls it and prints its result; DVC stages run these subcommands, and the Kubeflow steps call the
+same stage functions directly (cloob_core.ops.kubeflow).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
-import types
-import typing
 from collections.abc import Sequence
-
-from pydantic import BaseModel
+from pathlib import Path
 
 from cloob_core import __version__
 from cloob_core.config import CloobConfig, ConfigError, dump_defaults, load_config
+from cloob_core.errors import StageError
+from cloob_core.flags import add_model_flags, flag_values
 
 
 def _add_config_options(parser: argparse.ArgumentParser) -> None:
@@ -36,86 +36,27 @@ def _add_config_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_section_flags(parser: argparse.ArgumentParser, section: str, skip: tuple[str, ...] = ()) -> None:
-    """One ``--flag`` per field of a config section, documented from the field itself.
-
-    A flag overrides the value from ``--params``/``--set``; unset flags leave the configuration alone, so the
-    typed config stays the single source of defaults.
-    """
-    model: type[BaseModel] = CloobConfig.model_fields[section].annotation
-    group = parser.add_argument_group(f"{section} settings (config section '{section}')")
-    for name, field in model.model_fields.items():
-        if name in skip:
-            continue
-        flag = "--" + name.replace("_", "-")
-        annotation = field.annotation
-        args = typing.get_args(annotation)
-        if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-            annotation = next(a for a in args if a is not type(None))
-            args = typing.get_args(annotation)
-        help_text = f"{field.description} (default: {field.get_default(call_default_factory=True)})"
-        options: dict = {"dest": f"cfg__{section}__{name}", "default": None, "help": help_text}
-        if annotation is bool:
-            options["action"] = argparse.BooleanOptionalAction
-        elif typing.get_origin(annotation) is typing.Literal:
-            options["choices"] = list(args)
-        elif typing.get_origin(annotation) is dict:
-            options["type"], options["metavar"] = json.loads, "JSON"
-        else:
-            options["type"] = annotation
-            options["metavar"] = name.upper()
-        group.add_argument(flag, **options)
+    """One ``--flag`` per field of a config section; a given flag overrides ``--params``/``--set``."""
+    add_model_flags(parser, CloobConfig.model_fields[section].annotation, f"cfg.{section}",
+                    f"{section} settings (config section '{section}')", skip)
 
 
-def _flag_overrides(args: argparse.Namespace) -> list[str]:
-    overrides = []
-    for dest, value in vars(args).items():
-        if dest.startswith("cfg__") and value is not None:
-            _, section, name = dest.split("__", 2)
-            overrides.append(f"{section}.{name}={json.dumps(value)}")
-    return overrides
-
-
-def _config_of(args: argparse.Namespace) -> CloobConfig:
-    return load_config(args.params, [*args.overrides, *_flag_overrides(args)])
-
-
-def _cmd_demo(args: argparse.Namespace) -> int:
-    from cloob_core.demo import run_demo
-
-    config = load_config(args.params, args.overrides)
-    result = run_demo(config, args.output, progress=not args.no_progress)
-    zero_shot = result.metrics["zero_shot"]
-    print(
-        f"zero-shot top-1 on the held-out split ({result.metrics['held_out_images']} images): "
-        f"{100 * zero_shot['top1']:.1f}%  (chance {100 * zero_shot['chance']:.1f}%, "
-        f"untrained {100 * result.metrics['zero_shot_untrained_top1']:.1f}%, "
-        f"mean per-class recall {100 * zero_shot['mean_per_class_recall']:.1f}%)"
-    )
-    print(
-        f"objective {result.metrics['objective']}, {result.metrics['steps']} steps in "
-        f"{result.metrics['train_seconds']:.0f} s, final loss {result.metrics['final_loss']:.4f}"
-    )
-    print(f"wrote {result.output_dir}/metrics.json, loss_history.csv and training_summary.png")
-    return 0
+def _config_of(args: argparse.Namespace, preset: str | None = None) -> CloobConfig:
+    """Defaults < --params < --preset < --set < the section flags."""
+    flags = [f"{section}.{name}={json.dumps(value)}"
+             for section in CloobConfig.model_fields for name, value in flag_values(args, f"cfg.{section}").items()]
+    return load_config(args.params, [*args.overrides, *flags], preset=preset)
 
 
 def _cmd_data_download(args: argparse.Namespace) -> int:
-    from cloob_core.data.download import DownloadInterrupted, download
+    from cloob_core.data.download import download
     from cloob_core.data.manifest import Partition
     from cloob_core.data.summary import format_summary
 
-    config = _config_of(args)
     partition = Partition.parse(args.partition)
-    try:
-        result = download(args.manifest, args.output, config, partition, args.retry_failed, not args.no_progress)
-    except DownloadInterrupted as err:
-        print(f"cloob: {err}", file=sys.stderr)
-        return 130
+    result = download(args.manifest, args.output, _config_of(args), partition=partition,
+                      retry_failed=args.retry_failed, progress=not args.no_progress)
     print(format_summary(result.summary))
-    if result.summary is not None:
-        from cloob_core.pushgateway import push_download_summary
-
-        push_download_summary(config.download.pushgateway, result.summary.stats, args.partition.replace("/", "-"))
     print(f"{result.shards_done} shard(s) built, {result.shards_skipped} already complete, "
           f"{result.seconds:.1f} s; output in {result.output}")
     if partition.count > 1:
@@ -127,8 +68,7 @@ def _cmd_data_download(args: argparse.Namespace) -> int:
 def _cmd_data_merge_stats(args: argparse.Namespace) -> int:
     from cloob_core.data.summary import format_summary, merge_stats
 
-    summary = merge_stats(args.output)
-    print(format_summary(summary))
+    print(format_summary(merge_stats(args.output)))
     print(f"wrote sizes.json, stats.json and failures.jsonl in {args.output}")
     return 0
 
@@ -136,15 +76,13 @@ def _cmd_data_merge_stats(args: argparse.Namespace) -> int:
 def _cmd_data_validate(args: argparse.Namespace) -> int:
     from cloob_core.data.validate import run_gate
 
-    if not args.manifest and not args.shards:
-        raise ConfigError("cloob data validate needs --manifest, --shards or both")
     report = run_gate(_config_of(args), manifest=args.manifest, shards=args.shards, report_dir=args.report)
     print(report.text())
-    return 0 if report.passed else 1
+    return 0
 
 
 def _cmd_data_shards(args: argparse.Namespace) -> int:
-    from cloob_core.data.local_shards import build_shards
+    from cloob_core.data.local import build_shards
     from cloob_core.data.summary import format_summary
 
     summary = build_shards(args.source, args.output, _config_of(args), manifest=args.manifest, split=args.split,
@@ -248,8 +186,8 @@ def _add_data_commands(sub: argparse._SubParsersAction) -> None:
 def _cmd_train(args: argparse.Namespace) -> int:
     from cloob_core.training.loop import train
 
-    config = load_config(args.params, [*args.overrides, *_flag_overrides(args)], preset=args.preset)
-    result = train(config, args.output, resume=args.resume, progress=not args.no_progress)
+    result = train(_config_of(args, preset=args.preset), args.output, resume=args.resume,
+                   progress=not args.no_progress, publish=args.publish)
     if not result.is_main:
         return 0
     metrics = result.metrics
@@ -259,59 +197,21 @@ def _cmd_train(args: argparse.Namespace) -> int:
     print(f"wrote {args.output}/model (open_clip state dict + config), metrics.json, loss_history.csv, "
           "training_curves.png, checkpoints/")
     if args.publish:
-        from cloob_core import storage
-
-        copied = storage.upload_tree(args.output, args.publish, exclude=("checkpoints",))
-        print(f"published {len(copied)} files (all but checkpoints/) to {args.publish}")
+        print(f"published {len(result.published)} files (all but checkpoints/) to {args.publish}")
     return 0
 
 
-def _eval_inputs(args: argparse.Namespace, source: str, split: str):
-    from cloob_core.evaluation.inputs import load_images
-
-    return load_images(source, split=split, label_key=args.label_key, class_file=args.classnames)
-
-
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from pathlib import Path
+    from cloob_core.evaluation.run import TASKS, EvalOptions, ModelSource, evaluate
 
-    from cloob_core.evaluation import stages
-    from cloob_core.evaluation.inputs import load_model
-
-    model = load_model(args.model, args.architecture, args.weights, args.device)
+    task_class = TASKS[args.eval_command]
+    task = task_class(**{f.name: getattr(args, f.name) for f in dataclasses.fields(task_class)})
     output = Path(args.output)
-    cache = None if args.no_cache else Path(args.cache or output / ".cache")
-    progress = not args.no_progress
-    if args.eval_command == "zeroshot":
-        test_sets = [_eval_inputs(args, data, args.split) for data in args.data]
-        for images in test_sets:
-            metrics = stages.zeroshot(model, images, output, cache, args.hopfield_beta, progress)
-            top_k = next((key for key in metrics if key.startswith("top") and key != "top1"), "top1")
-            print(f"{images.name} zero-shot ({metrics['embeddings']} embeddings): top-1 {100 * metrics['top1']:.2f}%, "
-                  f"top-{top_k[3:]} {100 * metrics[top_k]:.2f}%, mean per-class recall "
-                  f"{100 * metrics['mean_per_class_recall']:.2f}% (chance {100 * metrics['chance']:.1f}%)")
-        if len(test_sets) > 1:
-            mean = stages.mean_over_test_sets(model, test_sets, output, args.name or "mean")
-            print(f"{args.name or 'mean'} over {len(test_sets)} test sets: top-1 {100 * mean['top1']:.2f}%")
-    elif args.eval_command == "linear-probe":
-        train = _eval_inputs(args, args.train_data, args.train_split)
-        test = _eval_inputs(args, args.test_data or args.train_data, args.test_split)
-        validation = _eval_inputs(args, args.val_data, args.val_split) if args.val_data else None
-        metrics = stages.linear_probe_stage(model, train, test, output, cache, validation, args.few_shot, args.seed,
-                                            progress)
-        print(f"{test.name} linear probe: top-1 {100 * metrics['top1']:.2f}% with lambda {metrics['lambda_']:.3g} "
-              f"(validation {100 * metrics['validation_accuracy']:.2f}%, {metrics['train_size']} training images)")
-    elif args.eval_command == "retrieval":
-        images = _eval_inputs(args, args.data, args.split)
-        metrics = stages.retrieval(model, images, output, cache, progress)
-        print(f"{images.name} retrieval ({metrics['images']} images, {metrics['captions']} captions): "
-              + ", ".join(f"{k} {100 * v:.1f}%" for k, v in metrics.items() if "R@" in k))
-    else:
-        images = _eval_inputs(args, args.data, args.split)
-        metrics = stages.diagnostics(model, images, output, cache, progress=progress)
-        print(f"{images.name} diagnostics: effective eigenvalues image {metrics['effective_eigenvalues_image']}, "
-              f"text {metrics['effective_eigenvalues_text']}; Ajne A_n image {metrics['ajne_image']:.3f}, text "
-              f"{metrics['ajne_text']:.3f}; p1 {metrics['positive_probability_p1']:.3f}")
+    options = EvalOptions(classnames=args.classnames, label_key=args.label_key, progress=not args.no_progress,
+                          cache=None if args.no_cache else Path(args.cache or output / ".cache"))
+    result = evaluate(task, ModelSource(args.model, args.architecture, args.weights, args.device), output, options)
+    for line in result.lines:
+        print(line)
     print(f"wrote results, plots and report.md to {output}")
     return 0
 
@@ -346,7 +246,7 @@ def _add_eval_commands(sub: argparse._SubParsersAction) -> None:
     zs.add_argument("--data", nargs="+", default=["embedded"],
                     help=data_help + "; several give each set's metrics and their mean, as for ImageNet-V2's "
                     "three test sets (default: embedded)")
-    zs.add_argument("--name", help="data set name for the mean over several --data test sets")
+    zs.add_argument("--name", dest="mean_name", help="data set name for the mean over several --data test sets")
     zs.add_argument("--split", default="test", help="split (default: test)")
     zs.add_argument("--hopfield-beta", type=float, metavar="BETA",
                     help="score Hopfield-retrieved embeddings (memory: the evaluated images) instead of raw ones")
@@ -406,50 +306,23 @@ def _add_eval_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_eval_compare(args: argparse.Namespace) -> int:
-    import json
-    from pathlib import Path
+    from cloob_core.evaluation.experiments import compare_runs
 
-    from cloob_core.evaluation.reports import comparison_markdown, comparison_png
-    from cloob_core.io import write_text
-
-    runs: dict[str, dict] = {}
-    for spec in args.run:
-        label, _, path = spec.partition("=")
-        if not path or not Path(path).is_file():
-            raise ConfigError(f"--run {spec!r}: expected LABEL=PATH to a report's metrics.json")
-        runs[label] = json.loads(Path(path).read_text())
-    if args.dvc_exps:
-        from cloob_core.evaluation.experiments import runs_from_dvc_exp_show
-
-        runs.update(runs_from_dvc_exp_show(json.loads(Path(args.dvc_exps).read_text()), args.metrics_file))
-    if not runs:
-        raise ConfigError("nothing to compare: give --run LABEL=metrics.json or --dvc-exps exps.json")
-    table = comparison_markdown(runs)
-    print(table, end="")
-    if args.output:
-        output = Path(args.output)
-        write_text(output / "comparison.md", table)
-        plot = comparison_png(output / "comparison.png", runs)
-        print(f"wrote {output}/comparison.md and {output}/{plot}")
+    comparison = compare_runs(args.run, args.dvc_exps, args.metrics_file, args.output)
+    print(comparison.table, end="")
+    if comparison.written:
+        print("wrote " + " and ".join(str(path) for path in comparison.written))
     return 0
 
 
 def _cmd_eval_summary(args: argparse.Namespace) -> int:
-    import json
-    from pathlib import Path
+    from cloob_core.evaluation.reports import read_metrics, summary_table
 
-    from cloob_core.evaluation.reports import summary_table
-
-    path = Path(args.metrics)
-    if not path.is_file():
-        raise ConfigError(f"{path} does not exist; run the pipeline (dvc repro) or `cloob eval report` first")
-    print(summary_table(json.loads(path.read_text())))
+    print(summary_table(read_metrics(args.metrics)))
     return 0
 
 
 def _cmd_eval_report(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from cloob_core.evaluation.reports import combine_reports, summary_table
 
     combined = combine_reports([Path(p) for p in args.inputs], Path(args.output))
@@ -459,25 +332,18 @@ def _cmd_eval_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_promote(args: argparse.Namespace) -> int:
-    import json
-    from dataclasses import asdict
-    from pathlib import Path
+    from cloob_core.ops import promotion
 
-    from cloob_core import promotion
-    from cloob_core.io import write_json
-
-    config = _config_of(args)
-    metrics = json.loads(Path(args.metrics).read_text())
+    settings = _config_of(args).promote
     if args.record_production_metrics:
-        pointer = promotion.record_production_metrics(config.promote.store, metrics)
+        pointer = promotion.refresh_production_metrics(settings, metrics_file=args.metrics)
         print(f"recorded {len(pointer['metrics'])} metrics for production model {pointer['model_id']} in "
-              f"{config.promote.store}")
+              f"{settings.store}")
         return 0
     if not args.model:
         raise ConfigError("cloob promote needs --model (or --record-production-metrics)")
-    decision = promotion.promote(args.model, metrics, config.promote)
-    if args.output:
-        write_json(args.output, asdict(decision))
+    decision = promotion.promotion_gate(settings, model_dir=args.model, metrics_file=args.metrics,
+                                        decision_file=args.output)
     print(decision.summary())
     return 0
 
@@ -516,20 +382,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="CLOOB contrastive image-text pretraining: every pipeline stage as a subcommand.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="debug logging, third-party libraries' INFO lines included")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-
-    demo = sub.add_parser(
-        "demo",
-        help="train a tiny CLOOB model on the embedded digits (CPU) and report held-out zero-shot accuracy",
-        description="Train the tiny CLOOB model on the embedded MNIST image-caption pairs and report "
-        "zero-shot top-1 accuracy on the held-out split next to chance. Writes metrics.json, "
-        "loss_history.csv and training_summary.png.",
-    )
-    _add_config_options(demo)
-    demo.add_argument("--output", default="runs/demo", help="output folder (default: runs/demo)")
-    demo.add_argument("--no-progress", action="store_true", help="no progress bar")
-    demo.set_defaults(func=_cmd_demo)
 
     config = sub.add_parser(
         "config",
@@ -568,17 +423,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _configure_logging(verbose: bool) -> None:
+    """Our own INFO lines; third-party ones (open_clip logs model building to the root logger, GX its
+    temporary folders, the HTTP clients their connections) only with --verbose, which shows DEBUG for all."""
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not verbose:
+        logging.getLogger("cloob_core").setLevel(logging.INFO)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    for noisy in ("great_expectations", "botocore", "boto3", "urllib3"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    _configure_logging(args.verbose)
     try:
         return args.func(args)
-    except (ConfigError, ValueError, FileNotFoundError) as err:  # ManifestError is a ValueError
+    except StageError as err:
+        if err.details:
+            print(err.details)
+        print(f"cloob: {err}", file=sys.stderr)
+        return err.exit_code
+    except (ValueError, FileNotFoundError) as err:
         print(f"cloob: {err}", file=sys.stderr)
         return 2
     except Exception as err:

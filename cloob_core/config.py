@@ -6,20 +6,23 @@ that names an unknown key, or gives a value of the wrong type or out of range, f
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-# The names of cloob_core.losses.OBJECTIVES, kept here so reading a config never imports torch (the data
+from cloob_core.errors import StageError
+
+# The names of cloob_core.objectives.losses.OBJECTIVES, kept here so reading a config never imports torch (the data
 # stages' processes do not need it); losses.py checks at import that both lists agree.
 OBJECTIVE_NAMES = ("cloob", "clip", "infoloob", "infonce_hopfield", "clip_ring", "infoloob_ring", "cloob_ring",
                    "pvc_geometric", "pvc_arithmetic", "multicrop", "suffstats")
 POLY_VIEW_OBJECTIVES = ("pvc_geometric", "pvc_arithmetic", "multicrop", "suffstats")
 
 
-class ConfigError(ValueError):
+class ConfigError(StageError, ValueError):
     """A configuration that cannot run, with the offending key named."""
 
 
@@ -91,14 +94,6 @@ class OptimConfig(_Section):
     lr_cycles: int = Field(
         1, ge=1, description="Cosine cycles with hard restarts (paper §5.1: cosine annealing with restarts)."
     )
-
-
-class DemoConfig(_Section):
-    seed: int = Field(0, description="Seed for initialisation, caption draws, batches and augmentation.")
-    epochs: int = Field(15, ge=1, description="Passes over the embedded training split.")
-    batch_size: int = Field(128, ge=2, description="Contrastive batch size (pairs per step).")
-    augment: bool = Field(True, description="Random shifts of the digits during training.")
-    eval_batch_size: int = Field(500, ge=1, description="Batch size for embedding the held-out split.")
 
 
 class PreprocessConfig(_Section):
@@ -199,7 +194,7 @@ class TrainConfig(_Section):
     objective: str = Field("cloob", description="Objective from the registry: cloob, clip, infoloob, "
                            "infonce_hopfield (the paper's ablation grid); clip_ring, infoloob_ring, cloob_ring "
                            "(restricted negatives, objective.p_*); pvc_geometric, pvc_arithmetic, multicrop, "
-                           "suffstats (poly-view, train.*_views). Also used by `cloob demo`.")
+                           "suffstats (poly-view, train.*_views).")
     image_views: int = Field(1, ge=1, le=16, description="Augmented image views drawn per sample (poly-view "
                              "objectives; 1 otherwise).")
     text_views: int = Field(1, ge=1, le=16, description="Captions drawn per sample (poly-view objectives; 1 "
@@ -279,7 +274,6 @@ class CloobConfig(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     objective: ObjectiveConfig = Field(default_factory=ObjectiveConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
-    demo: DemoConfig = Field(default_factory=DemoConfig)
     preprocess: PreprocessConfig = Field(default_factory=PreprocessConfig)
     acquire: AcquireConfig = Field(default_factory=AcquireConfig)
     download: DownloadConfig = Field(default_factory=DownloadConfig)
@@ -315,23 +309,33 @@ def _parse_override(text: str) -> tuple[list[str], Any]:
 
 
 def load_config(
-    path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (), preset: str | None = None
+    path: str | Path | None = None, overrides: Sequence[str] = (), preset: str | None = None
 ) -> CloobConfig:
     """Defaults, then the YAML file at ``path`` (if given), then a named preset, then ``section.key=value``."""
+    text = None
+    if path is not None:
+        try:
+            text = Path(path).read_text()
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist") from None
+    return config_from_text(text, overrides, preset, source=f"config file {path}")
+
+
+def config_from_text(text: str | None, overrides: Sequence[str] = (), preset: str | None = None,
+                     source: str = "the parameters") -> CloobConfig:
+    """:func:`load_config` for a params.yaml given as text (a Kubeflow run parameter); ``None``: the defaults."""
     if preset is not None:
         if preset not in PRESETS:
             raise ConfigError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
         overrides = [f"{key}={value}" for key, value in PRESETS[preset].items()] + list(overrides)
     data: dict[str, Any] = {}
-    if path is not None:
+    if text is not None:
         try:
-            loaded = yaml.safe_load(Path(path).read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"config file {path} does not exist") from None
+            loaded = yaml.safe_load(text)
         except yaml.YAMLError as err:
-            raise ConfigError(f"config file {path} is not valid YAML: {err}") from None
+            raise ConfigError(f"{source} is not valid YAML: {err}") from None
         if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"config file {path} must hold a mapping of sections, got {type(loaded).__name__}")
+            raise ConfigError(f"{source} must hold a mapping of sections, got {type(loaded).__name__}")
         data = loaded or {}
     for override in overrides:
         keys, value = _parse_override(override)

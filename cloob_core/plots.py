@@ -53,28 +53,3 @@ def training_curves_png(path: str | Path, steps: Sequence[int], losses: Sequence
     _draw_loss_and_lr(ax, steps, losses, learning_rates)
     return save_png(fig, path, title)
 
-
-def training_summary_png(
-    path: str | Path,
-    losses: Sequence[float],
-    learning_rates: Sequence[float],
-    classnames: Sequence[str],
-    per_class_accuracy: Sequence[float],
-    chance: float,
-    title: str,
-) -> Path:
-    """Loss and learning rate per step beside the held-out per-class zero-shot accuracy."""
-    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [3, 2]})
-    _draw_loss_and_lr(ax_loss, range(1, len(losses) + 1), losses, learning_rates)
-
-    positions = range(len(classnames))
-    ax_acc.bar(positions, [100 * a for a in per_class_accuracy], color="tab:green")
-    ax_acc.set_xticks(list(positions), list(classnames))
-    ax_acc.axhline(100 * chance, color="gray", linestyle="--", label=f"chance {100 * chance:.0f}%")
-    ax_acc.set_ylim(0, 100)
-    ax_acc.set_xlabel("class")
-    ax_acc.set_ylabel("zero-shot accuracy on held-out split (%)")
-    ax_acc.legend(loc="lower right", fontsize=8)
-    ax_acc.set_title("per-class zero-shot accuracy")
-
-    return save_png(fig, path, title)

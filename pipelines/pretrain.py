@@ -1,6 +1,6 @@
 """The pretraining-and-evaluation pipeline: acquire -> manifest gate -> download fanned out over partitions ->
 merge -> shard gate -> train on GPU nodes -> the four evaluations -> report. The stages are the DVC pipeline's,
-run by the components in components/stages.py."""
+run by the components in components/steps.py."""
 
 # No `from __future__ import annotations`: KFP reads the pipeline parameter types from the live annotations.
 
@@ -11,8 +11,8 @@ from typing import Any
 import yaml
 from kfp import dsl, kubernetes
 
-from cloob_core.trainjob import PART_OF, JobSettings
-from components import stages
+from cloob_core.ops.trainjob import PART_OF, JobSettings
+from components import steps
 from components.images import CUDA_IMAGE
 
 # The repository's params.yaml as the run parameter's default, as one line of JSON (JSON is YAML): a multi-line
@@ -54,13 +54,13 @@ def build(partitions: int = 2, gpus: int = 1, accelerator: str = "nvidia.com/gpu
                           namespace=job_namespace).to_json()
 
     def train_and_promote(params: str, shards: Any) -> None:
-        shard_gate = stages.validate_shards(params=params, shards=shards)
+        shard_gate = steps.validate_shards(params=params, shards=shards)
         trained = train_task(params, shards, gpus, job, accelerator, cpu, memory, shm, node_selector, gpu_taint)
         trained.after(shard_gate)
         trained.set_caching_options(False)  # a retraining run must train, even on unchanged inputs
         with_s3_credentials(trained, s3_secret)
         reported = evaluate_and_report(trained.outputs["model"])
-        gate = stages.promote(params=params, model=trained.outputs["model"], report=reported.outputs["folder"])
+        gate = steps.promote(params=params, model=trained.outputs["model"], report=reported.outputs["folder"])
         gate.set_caching_options(False)  # production may have moved since a cached decision
         with_s3_credentials(gate, s3_secret)
 
@@ -77,17 +77,17 @@ def build(partitions: int = 2, gpus: int = 1, accelerator: str = "nvidia.com/gpu
     @dsl.pipeline(name="cloob-pretrain-evaluate",
                   description="CLOOB pretraining and evaluation: data gate, sharded download, training, report.")
     def pretrain_evaluate(params: str = DEFAULT_PARAMS):
-        acquired = with_s3_credentials(stages.acquire(params=params), s3_secret)
+        acquired = with_s3_credentials(steps.acquire(params=params), s3_secret)
         acquired.set_caching_options(False)  # the source (a URL or bucket) can change under the same name
-        gate = with_s3_credentials(stages.validate_manifest(params=params, manifest=acquired.outputs["manifest"]),
+        gate = with_s3_credentials(steps.validate_manifest(params=params, manifest=acquired.outputs["manifest"]),
                                    s3_secret)
         with dsl.ParallelFor(items=partition_names(partitions), parallelism=partitions) as part:
-            downloaded = stages.download_partition(params=params, manifest=acquired.outputs["manifest"],
+            downloaded = steps.download_partition(params=params, manifest=acquired.outputs["manifest"],
                                                    partition=part)
             downloaded.after(gate)
             downloaded.set_retry(num_retries=3, backoff_duration="60s", backoff_factor=2)
             with_s3_credentials(downloaded, s3_secret)
-        merged = stages.merge_shards(parts=dsl.Collected(downloaded.outputs["shards"]))
+        merged = steps.merge_shards(parts=dsl.Collected(downloaded.outputs["shards"]))
         train_and_promote(params, merged.outputs["shards"])
 
     return pretrain_evaluate
@@ -98,10 +98,10 @@ def train_task(params: str, shards: Any, gpus: int, job: str | None, accelerator
     """One GPU pod (torchrun over its GPUs), or, with ``job`` settings, a small pod that runs the multi-node
     job and waits for it (its service account needs the RBAC in infra/k8s/base/rbac.yaml)."""
     if job is not None:
-        watcher = stages.train_multinode(params=params, shards=shards, job=job,
+        watcher = steps.train_multinode(params=params, shards=shards, job=job,
                                          run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
         return watcher.set_cpu_request("500m").set_memory_request("1Gi")
-    trained = stages.train(params=params, shards=shards, gpus=gpus)
+    trained = steps.train(params=params, shards=shards, gpus=gpus)
     trained.set_cpu_request(cpu).set_memory_request(memory)
     if gpus > 0:
         trained.set_accelerator_type(accelerator).set_accelerator_limit(gpus)
@@ -120,11 +120,11 @@ def evaluate_and_report(model: Any) -> dsl.PipelineTask:  # model: a task output
     """The four evaluations (retried: they only read) and the report over them."""
     results = {}
     for task in EVAL_TASKS:
-        evaluated = stages.evaluate(task=task, model=model)
+        evaluated = steps.evaluate(task=task, model=model)
         evaluated.set_display_name(f"eval {task}")
         evaluated.set_retry(num_retries=2, backoff_duration="30s")
         results[task] = evaluated.outputs["results"]
-    return stages.report(zeroshot=results["zeroshot"], linear_probe=results["linear-probe"],
+    return steps.report(zeroshot=results["zeroshot"], linear_probe=results["linear-probe"],
                          retrieval=results["retrieval"], diagnostics=results["diagnostics"])
 
 
@@ -135,10 +135,10 @@ def build_evaluation(s3_secret: str = "cloob-s3"):
     @dsl.pipeline(name="cloob-evaluate-production",
                   description="Re-evaluate the production model of promote.store and record its metrics.")
     def evaluate_production(params: str = DEFAULT_PARAMS):
-        current = with_s3_credentials(stages.production_model(params=params), s3_secret)
+        current = with_s3_credentials(steps.production_model(params=params), s3_secret)
         current.set_caching_options(False)  # the pointer moves
         reported = evaluate_and_report(current.outputs["model"])
-        recorded = stages.record_production_metrics(params=params, report=reported.outputs["folder"])
+        recorded = steps.record_production_metrics(params=params, report=reported.outputs["folder"])
         recorded.set_caching_options(False)
         with_s3_credentials(recorded, s3_secret)
 

@@ -1,4 +1,4 @@
-"""Regenerate cloob_core/zeroshot_metadata/*.json: class names and prompt templates of the CLOOB paper's
+"""Regenerate cloob_core/evaluation/classnames/*.json: class names and prompt templates of the CLOOB paper's
 zero-shot data sets, as facts carried over from their published sources.
 
 Sources: CLIP_benchmark's `en_classnames.json` and `en_zeroshot_classification_templates.json` (MIT licence;
@@ -20,7 +20,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parent.parent / "cloob_core" / "zeroshot_metadata"
+OUT = Path(__file__).resolve().parent.parent / "cloob_core" / "evaluation" / "classnames"
 # paper name -> CLIP_benchmark key (None: not in CLIP_benchmark)
 PAPER_SETS = {
     "birdsnap": None, "country211": "country211", "flowers102": "flowers", "gtsrb": "gtsrb", "ucf101": None,

@@ -53,7 +53,7 @@ def embedded_train_shards(tmp_path_factory):
     """The embedded training split as 16 shards of 250 pairs (28x28 digits, as `cloob data shards` writes them);
     read-only for the tests that train on it."""
     from cloob_core.config import load_config
-    from cloob_core.data.local_shards import build_shards
+    from cloob_core.data.local import build_shards
 
     out = tmp_path_factory.mktemp("train") / "shards"
     config = load_config(overrides=["preprocess.resize_mode=no", "preprocess.shard_size=250"])

@@ -23,12 +23,12 @@ def test_paper_defaults():
 
 def test_file_then_overrides(tmp_path):
     path = tmp_path / "p.yaml"
-    path.write_text("train:\n  objective: clip\ndemo:\n  epochs: 3\n")
-    config = load_config(path, ["demo.epochs=5", "model.learn_inv_tau=true"])
+    path.write_text("train:\n  objective: clip\n  epochs: 3\n")
+    config = load_config(path, ["train.epochs=5", "model.learn_inv_tau=true"])
     assert config.train.objective == "clip"
-    assert config.demo.epochs == 5
+    assert config.train.epochs == 5
     assert config.model.learn_inv_tau is True
-    assert config.demo.batch_size == CloobConfig().demo.batch_size
+    assert config.train.batch_size == CloobConfig().train.batch_size
 
 
 @pytest.mark.parametrize(
@@ -37,10 +37,10 @@ def test_file_then_overrides(tmp_path):
         (["train.objective=simclr"], "train.objective"),
         (["objective.beta=-1"], "objective.beta"),
         (["model.inv_tau=500"], "model.inv_tau"),
-        (["demo.epochs=many"], "demo.epochs"),
-        (["demo.epochz=3"], "demo.epochz: unknown key"),
+        (["train.epochs=many"], "train.epochs"),
+        (["train.epochz=3"], "train.epochz: unknown key"),
         (["nosuchsection.x=1"], "nosuchsection: unknown key"),
-        (["demo.epochs"], "section.key=value"),
+        (["train.epochs"], "section.key=value"),
     ],
 )
 def test_bad_values_name_the_key(overrides, message):

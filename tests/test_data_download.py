@@ -198,7 +198,7 @@ def test_partitions_are_disjoint_and_merge_to_the_whole(tmp_path, capsys):
         config = load_config(overrides=[*FAST, "preprocess.shard_size=3"])
         whole = download(str(manifest), str(tmp_path / "whole"), config, progress=False)
         for index in range(2):
-            download(str(manifest), str(tmp_path / "parts"), config, Partition(index, 2), progress=False)
+            download(str(manifest), str(tmp_path / "parts"), config, partition=Partition(index, 2), progress=False)
     assert not (tmp_path / "parts" / "sizes.json").exists()  # partitions never race on the merged files
     assert main(["data", "merge-stats", "--output", str(tmp_path / "parts")]) == 0
     assert json.loads((tmp_path / "parts" / "sizes.json").read_text()) == whole.summary.sizes
@@ -295,11 +295,11 @@ def test_the_gate_stops_an_incomplete_partitioned_download(tmp_path, capsys):
         rows = [(server.url(f"/img/{i}.jpg"), f"photo {i}") for i in range(8)]
         manifest = write_manifest(tmp_path / "m.csv", rows)
         config = load_config(overrides=[*FAST, "preprocess.shard_size=2"])
-        download(str(manifest), str(tmp_path / "parts"), config, Partition(0, 2), progress=False)
+        download(str(manifest), str(tmp_path / "parts"), config, partition=Partition(0, 2), progress=False)
         assert main(["data", "merge-stats", "--output", str(tmp_path / "parts")]) == 0
         assert "INCOMPLETE: 2 of 4 shards are missing" in capsys.readouterr().out
         assert main(["data", "validate", "--shards", str(tmp_path / "parts")]) == 1
         assert "FAIL shard_totals: expect_column_values_to_be_between [missing_shards]" in capsys.readouterr().out
-        download(str(manifest), str(tmp_path / "parts"), config, Partition(1, 2), progress=False)
+        download(str(manifest), str(tmp_path / "parts"), config, partition=Partition(1, 2), progress=False)
         assert main(["data", "merge-stats", "--output", str(tmp_path / "parts")]) == 0
         assert main(["data", "validate", "--shards", str(tmp_path / "parts")]) == 0

@@ -11,8 +11,8 @@ from image_server import photo_bytes
 
 from cloob_core.cli import main
 from cloob_core.config import load_config
-from cloob_core.data.loader import SkipCounter, make_dataset, shard_list
-from cloob_core.data.local_shards import build_shards
+from cloob_core.data.local import build_shards
+from cloob_core.data.shard_files import SkipCounter, make_dataset, shard_list
 from cloob_core.data.validate import run_gate
 
 
@@ -36,7 +36,7 @@ def test_embedded_set_becomes_shards_with_labels(embedded_shards):
     assert len(samples) == 1000
     image, caption, label, classname = samples[0]
     assert image.shape == (28, 28, 3) and classname == str(label)
-    from cloob_core.embedded_data import load_embedded
+    from cloob_core.data.embedded import load_embedded
 
     held_out = load_embedded("test")
     assert caption == held_out.captions[0] and label == held_out.labels[0]
@@ -178,7 +178,7 @@ def test_reader_applies_the_models_transform_and_tokenizer(embedded_shards):
     import open_clip
     import torch
 
-    from cloob_core.model import build_model, build_tokenizer
+    from cloob_core.model.dual_encoder import build_model, build_tokenizer
 
     out, _ = embedded_shards
     model = build_model(load_config().model)

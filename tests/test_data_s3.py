@@ -13,7 +13,7 @@ from image_server import ImageServer
 from cloob_core import storage
 from cloob_core.config import load_config
 from cloob_core.data.download import download
-from cloob_core.data.loader import make_dataset
+from cloob_core.data.shard_files import make_dataset
 from cloob_core.data.validate import run_gate
 
 

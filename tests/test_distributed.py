@@ -1,6 +1,6 @@
 """Two ranks on CPU (gloo) each holding half of a batch must reproduce the single-process loss and parameter
 gradients of the whole batch, for every objective: features are gathered with gradient and DDP's averaging
-is accounted for (see cloob_core.distributed)."""
+is accounted for (see cloob_core.objectives.distributed)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from cloob_core.config import POLY_VIEW_OBJECTIVES
-from cloob_core.losses import OBJECTIVES, build_objective
+from cloob_core.objectives.losses import OBJECTIVES, build_objective
 
 WORLD_SIZE = 2
 BATCH = 12

@@ -19,7 +19,7 @@ import yaml
 pytestmark = pytest.mark.slow  # ~8 minutes: CI runs it (.ci/run), the default suite does not
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-STAGES = ["acquire", "validate", "shards", "validate_shards", "train", "eval_zeroshot", "eval_linear_probe",
+STAGES = ["acquire", "validate", "download", "validate_shards", "train", "eval_zeroshot", "eval_linear_probe",
           "eval_retrieval", "eval_diagnostics", "report", "promote"]
 
 
@@ -100,7 +100,7 @@ def test_a_parameter_change_reruns_exactly_the_affected_stages(reproduced):
     params["optim"]["lr"] = 5e-4  # training: train, the evaluations and the report; not the data stages
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     status = run(["dvc", "status"], repo, env)
-    assert "train:" in status and "acquire:" not in status and "shards:" not in status, status
+    assert "train:" in status and "acquire:" not in status and "download:" not in status, status
     run(["git", "checkout", "params.yaml"], repo, env)
     run(["dvc", "repro"], repo, env)  # back to the committed parameters for the tests below
 

@@ -4,7 +4,7 @@ import re
 import numpy as np
 import pytest
 
-from cloob_core import embedded_data as ed
+from cloob_core.data import embedded as ed
 
 
 @pytest.fixture(scope="module")

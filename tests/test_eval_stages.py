@@ -13,10 +13,10 @@ from image_server import photo_bytes
 
 from cloob_core.cli import main
 from cloob_core.config import load_config
-from cloob_core.data.local_shards import build_shards
+from cloob_core.data.local import build_shards
 from cloob_core.evaluation.clip_benchmark_loader import load_cloob
-from cloob_core.model import build_model
-from cloob_core.training.export import export_model
+from cloob_core.model.dual_encoder import build_model
+from cloob_core.model.export import export_model
 from cloob_core.training.loop import train
 
 

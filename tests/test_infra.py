@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cloob_core import trainjob
+from cloob_core.ops import trainjob
 
 REPO = Path(__file__).resolve().parents[1]
 INFRA = REPO / "infra"

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from cloob_core.losses import (
+from cloob_core.objectives.losses import (
     OBJECTIVES,
     CLOOBLoss,
     build_objective,

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from cloob_core.config import ModelConfig
-from cloob_core.model import PAPER_ARCHITECTURES, available_architectures, build_model, build_tokenizer
+from cloob_core.model.dual_encoder import PAPER_ARCHITECTURES, available_architectures, build_model, build_tokenizer
 
 
 @pytest.fixture(scope="module")

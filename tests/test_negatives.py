@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from cloob_core.losses import (
+from cloob_core.objectives.losses import (
     build_objective,
     cloob_loss,
     infoloob_loss,
@@ -20,7 +20,7 @@ from cloob_core.losses import (
     restricted_infonce_loss,
     restricted_terms,
 )
-from cloob_core.negatives import Band, BandSchedule, EmbeddingQueue, eligible_negatives
+from cloob_core.objectives.negatives import Band, BandSchedule, EmbeddingQueue, eligible_negatives
 
 INV_TAU = 30.0
 

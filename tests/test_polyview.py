@@ -13,9 +13,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from cloob_core import polyview
 from cloob_core.config import load_config
-from cloob_core.losses import build_objective, infoloob_loss, infonce_loss, objective_from_config
+from cloob_core.objectives import polyview
+from cloob_core.objectives.losses import build_objective, infoloob_loss, infonce_loss, objective_from_config
 
 INV_TAU = 10.0
 POLY = ("pvc_geometric", "pvc_arithmetic", "multicrop", "suffstats")

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from cloob_core import promotion, storage
+from cloob_core import storage
 from cloob_core.cli import main
 from cloob_core.config import PromoteConfig
+from cloob_core.ops import promotion
 
 METRIC = "set_zeroshot_classification.top1"
 GUARD = "set_linear_probe.top1"
@@ -79,7 +80,7 @@ def test_metrics_missing_on_one_side_stop_the_promotion_with_advice(tmp_path):
     assert not decision.promoted and "re-evaluate production" in decision.reason
     promotion.record_production_metrics(store, metrics(0.5, 0.8))  # the evaluation pipeline's step
     assert promotion.promote(model(tmp_path / "c", 3), metrics(0.9, 0.9), settings(store)).promoted
-    with pytest.raises(ValueError, match="not in the candidate's metrics"):
+    with pytest.raises(promotion.PromotionError, match="not in the candidate's metrics"):
         promotion.promote(model(tmp_path / "d", 4), {"other": {"top1": 1.0}}, settings(store))
 
 

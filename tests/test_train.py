@@ -19,8 +19,8 @@ import torch
 
 from cloob_core.cli import main
 from cloob_core.config import OBJECTIVE_NAMES, POLY_VIEW_OBJECTIVES, ConfigError, load_config
+from cloob_core.model.export import load_exported
 from cloob_core.training.env import detect
-from cloob_core.training.export import load_exported
 from cloob_core.training.loop import train
 
 
@@ -105,9 +105,9 @@ def test_two_rank_ddp_equals_one_process_with_the_same_global_batch(shards, tmp_
 
 
 def test_gradient_accumulation_equals_the_full_batch():
-    from cloob_core.losses import build_objective
-    from cloob_core.model import build_model
-    from cloob_core.optim import build_optimizer
+    from cloob_core.model.dual_encoder import build_model
+    from cloob_core.objectives.losses import build_objective
+    from cloob_core.training.optim import build_optimizer
     from cloob_core.training.step import StepParts, accumulate_gradients
 
     torch.manual_seed(0)
@@ -269,7 +269,7 @@ def test_a_restricted_negative_run_resumes_exactly_with_its_schedule_and_queue(s
 
 
 def test_a_poly_view_run_draws_image_and_text_views(shards, tmp_path, capsys):
-    from cloob_core.data.loader import shard_list
+    from cloob_core.data.shard_files import shard_list
     from cloob_core.training.streams import StreamChunks, draw_captions, sample_captions
 
     urls, _ = shard_list(str(shards))

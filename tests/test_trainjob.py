@@ -16,8 +16,9 @@ import pytest
 import torch
 import yaml
 
-from cloob_core import orchestration, storage, trainjob
-from cloob_core.trainjob import JobFailed, JobSettings
+from cloob_core import storage
+from cloob_core.ops import kubeflow, trainjob
+from cloob_core.ops.trainjob import JobFailed, JobSettings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from k8s_api_server import FakeTrainingCluster
@@ -186,7 +187,7 @@ def test_a_two_node_job_trains_and_equals_one_process(kind, local_shards, tmp_pa
     with FakeTrainingCluster(secrets={"cloob-s3": secret}, extra_env=pod_env) as cluster:
         monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig(tmp_path / "kubeconfig")))
         try:
-            metrics = orchestration.train_multinode(params, str(local_shards), shards_uri, str(tmp_path / "model"),
+            metrics = kubeflow.train_multinode(params, str(local_shards), shards_uri, str(tmp_path / "model"),
                                                     job.to_json(), "Run-42")
         except Exception:
             key = next(iter(cluster.logs), None)

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from cloob_core import storage
 from cloob_core.config import CloobConfig
-from cloob_core.data.local_shards import embedded_frame
 from cloob_core.data.manifest import read_manifest
+from cloob_core.data.sources import embedded_frame
 
 log = logging.getLogger(__name__)
 MANIFEST_NAME = "manifest.parquet"

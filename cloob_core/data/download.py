@@ -35,7 +35,9 @@ from cloob_core.config import CloobConfig
 from cloob_core.data.fetch import FetchPolicy
 from cloob_core.data.manifest import Manifest, ManifestError, Partition, row_key
 from cloob_core.data.plan import check_settings, plan_round, retry_plan_name, retry_round, settings_of
-from cloob_core.data.shards import (
+from cloob_core.data.summary import OutputSummary, merge_stats, summarize
+from cloob_core.data.worker import HttpSource, JobResult, ShardJob, init_worker, run_job
+from cloob_core.data.writer import (
     FAILURES_SUFFIX,
     STATS_SUFFIX,
     ShardRecord,
@@ -43,15 +45,17 @@ from cloob_core.data.shards import (
     jsonl_bytes,
     read_records,
 )
-from cloob_core.data.summary import OutputSummary, merge_stats, summarize
-from cloob_core.data.worker import HttpSource, JobResult, ShardJob, init_worker, run_job
+from cloob_core.errors import StageError
 from cloob_core.io import json_bytes
+from cloob_core.ops.pushgateway import push_download_summary
 
 log = logging.getLogger(__name__)
 
 
-class DownloadInterrupted(RuntimeError):
+class DownloadInterrupted(StageError):
     """SIGINT/SIGTERM arrived; completed shards are kept and a re-run resumes."""
+
+    exit_code = 130
 
 
 @dataclass
@@ -185,6 +189,7 @@ def download(
     manifest: str | Manifest,
     output: str,
     config: CloobConfig,
+    *,
     partition: Partition | None = None,
     retry_failed: bool = False,
     progress: bool = True,
@@ -193,7 +198,8 @@ def download(
     """Build (or finish building) the shards of ``manifest`` in ``output``; see the module docstring.
 
     ``source`` says how a row's URL becomes bytes (``open(threads)`` → an object with ``fetch(url)``); the
-    default fetches http(s) under ``config.download``. Local folders and the embedded set plug in here.
+    default fetches http(s) under ``config.download``. Local folders and the embedded set plug in here. The
+    outcome is pushed to ``download.pushgateway`` (when set), per partition.
     """
     started = time.monotonic()
     partition = partition or Partition()
@@ -201,7 +207,7 @@ def download(
     if not isinstance(manifest, Manifest):
         manifest = Manifest.load(manifest, dl.url_col, dl.caption_col, dl.input_format)
     if source is None:
-        from cloob_core.data.local_shards import embedded_source_for  # it imports this module
+        from cloob_core.data.sources import embedded_source_for  # it imports this module
 
         source = embedded_source_for(manifest.frame[manifest.url_col]) or HttpSource(FetchPolicy.from_config(dl))
     storage.ensure_folder(output)
@@ -265,6 +271,7 @@ def download(
         summary = merge_stats(output)
     else:  # this partition's view; the merged whole-output files come from `cloob data merge-stats`
         summary = summarize(output, [r for r in read_records(output) if partition.owns(r.shard)])
+    push_download_summary(dl.pushgateway, summary.stats, f"{partition.index}-{partition.count}")
     return DownloadResult(output, summary, done, skipped, time.monotonic() - started, partition)
 
 

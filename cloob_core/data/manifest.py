@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from cloob_core import storage
+from cloob_core.errors import StageError
 
 if TYPE_CHECKING:  # pandas is imported where a manifest is read, not in download workers
     import pandas as pd
@@ -23,7 +24,7 @@ KEY_DIGITS = 9
 _URL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 
 
-class ManifestError(ValueError):
+class ManifestError(StageError, ValueError):
     """A manifest that cannot be read as asked: the message says what was found."""
 
 

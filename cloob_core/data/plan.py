@@ -11,8 +11,9 @@ from typing import Any
 from cloob_core import storage
 from cloob_core.config import CloobConfig
 from cloob_core.data.manifest import Manifest, Partition
-from cloob_core.data.shards import SETTINGS_FILE, ShardRecord, shard_name
 from cloob_core.data.summary import NOT_RETRIED, latest_failures
+from cloob_core.data.writer import SETTINGS_FILE, ShardRecord, shard_name
+from cloob_core.errors import StageError
 from cloob_core.io import json_bytes
 
 
@@ -55,7 +56,7 @@ def retry_round(output: str, partition: Partition, records: list[ShardRecord]) -
     return 1
 
 
-class SettingsMismatch(ValueError):
+class SettingsMismatch(StageError, ValueError):
     """The output folder was started with another manifest or other shard-shaping settings."""
 
 

@@ -15,11 +15,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from cloob_core import storage
-from cloob_core.data.shards import SETTINGS_FILE, ShardRecord, jsonl_bytes, read_failures, read_records
+from cloob_core.data.writer import SETTINGS_FILE, ShardRecord, jsonl_bytes, read_failures, read_records
 from cloob_core.io import json_bytes
 
 # Rows dropped as duplicates are not failures to retry: retrying them would duplicate samples.
 NOT_RETRIED = frozenset({"duplicate_url", "duplicate_content"})
+
+
+# A shards folder's whole-output files (open_clip's sizes.json, our stats and failures), rebuilt from the shards'
+# own records by merge_stats.
+SUMMARY_FILES = ("sizes.json", "stats.json", "failures.jsonl")
 
 
 @dataclass
@@ -85,9 +90,10 @@ def _expected_shards(folder: str) -> int | None:
 
 
 def write_summary(folder: str, summary: OutputSummary) -> None:
-    storage.write_bytes(storage.join(folder, "sizes.json"), json_bytes(summary.sizes))
-    storage.write_bytes(storage.join(folder, "stats.json"), json_bytes(summary.stats))
-    storage.write_bytes(storage.join(folder, "failures.jsonl"), jsonl_bytes(summary.failures))
+    sizes, stats, failures = SUMMARY_FILES
+    storage.write_bytes(storage.join(folder, sizes), json_bytes(summary.sizes))
+    storage.write_bytes(storage.join(folder, stats), json_bytes(summary.stats))
+    storage.write_bytes(storage.join(folder, failures), jsonl_bytes(summary.failures))
 
 
 def merge_stats(folder: str) -> OutputSummary:

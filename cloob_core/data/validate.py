@@ -21,10 +21,11 @@ from typing import Any
 import pandas as pd
 
 from cloob_core import storage
-from cloob_core.config import CloobConfig
+from cloob_core.config import CloobConfig, ConfigError
 from cloob_core.data.manifest import read_manifest
-from cloob_core.data.shards import read_records, tar_sample_counts
 from cloob_core.data.summary import summarize
+from cloob_core.data.writer import read_records, tar_sample_counts
+from cloob_core.errors import StageError
 from cloob_core.io import json_bytes
 
 log = logging.getLogger(__name__)
@@ -172,8 +173,23 @@ def shard_expectations(gxe: Any, config: CloobConfig) -> tuple[list[Any], list[A
     return per_shard, totals
 
 
-def run_gate(config: CloobConfig, manifest: str | None = None, shards: str | None = None,
+class GateFailed(StageError):
+    """An expectation failed: the data must not go on to the next stage. ``details`` is the whole report."""
+
+    exit_code = 1
+
+    def __init__(self, report: GateReport):
+        failed = sum(not check.success for check in report.checks)
+        super().__init__(f"data gate FAILED: {failed} of {len(report.checks)} checks")
+        self.report, self.details = report, report.text()
+
+
+def run_gate(config: CloobConfig, *, manifest: str | None = None, shards: str | None = None,
              report_dir: str | None = None) -> GateReport:
+    """The manifest suite and/or the shard suite; the report is written (when ``report_dir``) before a failing
+    gate raises :class:`GateFailed`."""
+    if not manifest and not shards:
+        raise ConfigError("the data gate needs a manifest, shards or both")
     gx, gxe, context = _gx()
     report = GateReport()
     if manifest:
@@ -200,5 +216,7 @@ def run_gate(config: CloobConfig, manifest: str | None = None, shards: str | Non
         # retuning a threshold re-runs the gate, not everything after it.
         storage.write_bytes(storage.join(report_dir, "gate.json"),
                             json_bytes({"passed": report.passed, "suites": sorted(report.raw)}))
-    log.info("data gate %s", "passed" if report.passed else "failed")
+    if not report.passed:
+        raise GateFailed(report)
+    log.info("data gate passed")
     return report

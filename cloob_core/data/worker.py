@@ -20,7 +20,7 @@ from cloob_core.config import PreprocessConfig
 from cloob_core.data.fetch import Fetcher, FetchPolicy
 from cloob_core.data.imaging import caption_refusal, process_image
 from cloob_core.data.manifest import ManifestRow
-from cloob_core.data.shards import ShardWriter
+from cloob_core.data.writer import ShardWriter
 
 log = logging.getLogger(__name__)
 

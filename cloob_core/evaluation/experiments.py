@@ -1,11 +1,16 @@
-"""Reading DVC experiments back: ``dvc exp show --json`` lists the workspace, the baseline commit and each
-experiment with its params and metrics files; this picks out each run's report so `cloob eval compare` can put
-the objectives (or any other ablation) side by side."""
+"""``cloob eval compare``: several runs side by side. Runs are report files, or DVC experiments read back from
+``dvc exp show --json`` (the workspace, the baseline commit and each experiment with its params and metrics
+files), so the objectives (or any other ablation) can be compared in one table."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+from cloob_core.config import ConfigError
 
 
 def _runs(node: Any) -> Iterator[dict[str, Any]]:
@@ -50,3 +55,35 @@ def runs_from_dvc_exp_show(shown: Any, metrics_file: str = "reports/metrics.json
             label += "'"
         runs[label] = metrics
     return runs
+
+
+@dataclass
+class Comparison:
+    table: str  # Markdown
+    runs: dict[str, dict[str, dict]]
+    written: list[Path] = field(default_factory=list)
+
+
+def compare_runs(run_files: Sequence[str] = (), dvc_exps: str | None = None,
+                 metrics_file: str = "reports/metrics.json", output: str | Path | None = None) -> Comparison:
+    """``cloob eval compare``: runs given as ``LABEL=metrics.json`` and/or the experiments of a ``dvc exp show
+    --json`` file, as one Markdown table (and, with ``output``, comparison.md and a bar chart there)."""
+    from cloob_core.evaluation.reports import comparison_markdown, comparison_png
+    from cloob_core.io import write_text
+
+    runs: dict[str, dict[str, dict]] = {}
+    for spec in run_files:
+        label, _, path = spec.partition("=")
+        if not path or not Path(path).is_file():
+            raise ConfigError(f"--run {spec!r}: expected LABEL=PATH to a report's metrics.json")
+        runs[label] = json.loads(Path(path).read_text())
+    if dvc_exps:
+        runs.update(runs_from_dvc_exp_show(json.loads(Path(dvc_exps).read_text()), metrics_file))
+    if not runs:
+        raise ConfigError("nothing to compare: give --run LABEL=metrics.json or --dvc-exps exps.json")
+    comparison = Comparison(comparison_markdown(runs), runs)
+    if output is not None:
+        folder = Path(output)
+        comparison.written = [write_text(folder / "comparison.md", comparison.table),
+                              folder / comparison_png(folder / "comparison.png", runs)]
+    return comparison

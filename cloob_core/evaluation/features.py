@@ -17,8 +17,8 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from cloob_core.evaluation.inputs import EvalModel, ImageSet
+from cloob_core.evaluation.zeroshot import ensemble
 from cloob_core.io import atomic_path
-from cloob_core.zeroshot import ensemble
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ def text_features(model: EvalModel, texts: Sequence[str], cache_dir: Path | None
 
 def class_embeddings(model: EvalModel, classnames: Sequence[str], templates: Sequence[str],
                      cache_dir: Path | None) -> Tensor:
-    """The prompt ensemble of :func:`cloob_core.zeroshot.ensemble`, with the prompts' embeddings cached."""
+    """The prompt ensemble of :func:`cloob_core.evaluation.zeroshot.ensemble`, with the prompts' embeddings cached."""
     prompts = [template.format(name) for name in classnames for template in templates]
     embedded = text_features(model, prompts, cache_dir, "prompts").view(len(classnames), len(templates), -1)
     return ensemble(embedded)

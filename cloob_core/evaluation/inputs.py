@@ -21,8 +21,10 @@ from PIL import Image
 from torch import Tensor
 
 from cloob_core import storage
-from cloob_core.model import register_project_configs
-from cloob_core.training.export import INFO_FILE, load_exported
+from cloob_core.model.dual_encoder import register_project_configs, without_random_init_warning
+from cloob_core.model.export import INFO_FILE, load_exported
+
+_CLASS_SETS = resources.files("cloob_core.evaluation") / "classnames"  # the paper's data sets
 
 
 @dataclass
@@ -74,7 +76,8 @@ def load_model(model: str | None = None, architecture: str | None = None, weight
             fingerprint = _fingerprint(folder / info["state_dict"])
         architecture, inv_tau, source = info["architecture"], float(info["inv_tau"]), model
     elif architecture and weights:
-        net = open_clip.create_model(architecture, pretrained=None)
+        with without_random_init_warning():  # the weights are loaded next
+            net = open_clip.create_model(architecture, pretrained=None)
         state = torch.load(weights, map_location="cpu", weights_only=True)
         state = state.get("state_dict", state) if isinstance(state, dict) else state
         net.load_state_dict({k.removeprefix("module."): v for k, v in state.items()})
@@ -107,8 +110,8 @@ class ImageSet:
 
 
 def packaged_class_sets() -> list[str]:
-    """Names of the class-name/template sets shipped in ``cloob_core/zeroshot_metadata`` (the paper's data sets)."""
-    return sorted(p.name.removesuffix(".json") for p in resources.files("cloob_core.zeroshot_metadata").iterdir()
+    """Names of the class-name/template sets shipped in ``cloob_core/evaluation/classnames`` (the paper's data sets)."""
+    return sorted(p.name.removesuffix(".json") for p in _CLASS_SETS.iterdir()
                   if p.name.endswith(".json"))
 
 
@@ -118,7 +121,7 @@ def read_class_file(path: str | None) -> tuple[list[str] | None, list[str] | Non
     if not path:
         return None, None
     if not storage.is_s3(path) and not Path(path).exists() and path in packaged_class_sets():
-        data = json.loads((resources.files("cloob_core.zeroshot_metadata") / f"{path}.json").read_text())
+        data = json.loads((_CLASS_SETS / f"{path}.json").read_text())
     else:
         data = json.loads(storage.read_bytes(path))
     names, templates = data.get("classnames"), data.get("templates")
@@ -128,7 +131,7 @@ def read_class_file(path: str | None) -> tuple[list[str] | None, list[str] | Non
 
 
 def embedded_set(split: str) -> ImageSet:
-    from cloob_core.embedded_data import ZERO_SHOT_TEMPLATES, load_embedded
+    from cloob_core.data.embedded import ZERO_SHOT_TEMPLATES, load_embedded
 
     data = load_embedded(split)
     return ImageSet(
@@ -152,7 +155,7 @@ def shard_set(location: str, label_key: str) -> ImageSet:
     """WebDataset shards from `cloob data`: images, captions, and the class field ``label_key`` of the json."""
     import webdataset as wds
 
-    from cloob_core.data.loader import register_s3, shard_list
+    from cloob_core.data.shard_files import register_s3, shard_list
 
     register_s3()
     urls, _ = shard_list(location)

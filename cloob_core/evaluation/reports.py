@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -14,6 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
+from cloob_core.config import ConfigError
 from cloob_core.io import atomic_write, read_json_or, write_json, write_text
 from cloob_core.plots import save_png
 
@@ -67,6 +69,14 @@ def combine_reports(inputs: Sequence[Path], output: Path) -> dict[str, dict]:
 
 HEADLINE = ("top1", "mean_per_class_recall", "lambda_", "image_to_text_R@1", "text_to_image_R@1",
             "effective_eigenvalues_image", "effective_eigenvalues_text", "positive_probability_p1")
+
+
+def read_metrics(path: str | Path) -> dict[str, dict]:
+    """A report's ``metrics.json`` (result name -> scalars)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path} does not exist; run the pipeline (dvc repro) or `cloob eval report` first")
+    return json.loads(path.read_text())
 
 
 def summary_table(combined: dict[str, dict]) -> str:

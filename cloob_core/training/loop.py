@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,17 +17,18 @@ import open_clip
 import torch
 import torch.distributed as dist
 
+from cloob_core import storage
 from cloob_core.config import CloobConfig, ConfigError
-from cloob_core.data.loader import shard_list
+from cloob_core.data.shard_files import shard_list
 from cloob_core.io import write_json, write_text
-from cloob_core.losses import objective_from_config
-from cloob_core.model import build_model, build_tokenizer
-from cloob_core.optim import build_optimizer, build_scheduler
+from cloob_core.model.dual_encoder import build_model, build_tokenizer
+from cloob_core.model.export import export_model
+from cloob_core.objectives.losses import objective_from_config
 from cloob_core.plots import training_curves_png
 from cloob_core.training import checkpoint
 from cloob_core.training.env import DistEnv, choose_device, detect, init_process_group
-from cloob_core.training.export import export_model
 from cloob_core.training.monitor import Monitor, Snapshot
+from cloob_core.training.optim import build_optimizer, build_scheduler
 from cloob_core.training.step import StepParts, accumulate_gradients, optimizer_step
 from cloob_core.training.streams import StreamChunks, assemble, rank_streams
 
@@ -40,6 +41,7 @@ class TrainResult:
     metrics: dict[str, Any]
     model: Any  # the trained CLOOBModel (on the training device)
     is_main: bool = True
+    published: list[str] = field(default_factory=list)  # files copied to ``publish`` (rank 0)
 
 
 def plan_steps(config: CloobConfig, total_samples: int | None) -> int:
@@ -85,7 +87,11 @@ def resolve_resume(resume: str | None, output: Path, mirror: str | None) -> str 
     return found
 
 
-def train(config: CloobConfig, output: str | Path, resume: str | None = None, progress: bool = True) -> TrainResult:
+def train(config: CloobConfig, output: str | Path, *, resume: str | None = None, progress: bool = True,
+          publish: str | None = None) -> TrainResult:
+    """Train to ``config.train``'s length; ``resume``: 'latest' or a checkpoint. With ``publish`` (a folder or
+    s3:// prefix), rank 0 copies the outputs but checkpoints/ there: how the pods of a multi-node job hand their
+    result back."""
     output = Path(output)
     cfg = config.train
     env = detect()
@@ -214,12 +220,15 @@ def train(config: CloobConfig, output: str | Path, resume: str | None = None, pr
         "samples_per_second": round((steps - start_step) * cfg.batch_size / max(seconds, 1e-9), 2),
         "precision": cfg.precision,
     }
+    published: list[str] = []
     if env.is_main:
         _write_outputs(output, model, config, metrics, history)
+        if publish:
+            published = storage.upload_tree(str(output), publish, exclude=("checkpoints",))
     if env.distributed:
         dist.barrier()
         dist.destroy_process_group()
-    return TrainResult(output, metrics, model, env.is_main)
+    return TrainResult(output, metrics, model, env.is_main, published)
 
 
 def _save_checkpoint(config: CloobConfig, env: DistEnv, output: Path, model, optimizer, scheduler, scaler,

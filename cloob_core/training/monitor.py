@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cloob_core import pushgateway
+from cloob_core.ops import pushgateway
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ import torch
 import webdataset as wds
 from PIL import Image
 
-from cloob_core.data.loader import SkipCounter, register_s3
+from cloob_core.data.shard_files import SkipCounter, register_s3
 
 log = logging.getLogger(__name__)
 Position = tuple[int, int]  # (pass, samples of that pass consumed)

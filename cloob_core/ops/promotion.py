@@ -26,11 +26,17 @@ from typing import Any
 
 from cloob_core import storage
 from cloob_core.config import PromoteConfig
-from cloob_core.io import json_bytes
+from cloob_core.errors import StageError
+from cloob_core.evaluation.reports import read_metrics
+from cloob_core.io import json_bytes, write_json
 
 log = logging.getLogger(__name__)
 POINTER = "production.json"
 WEIGHTS = "open_clip_model.pt"
+
+
+class PromotionError(StageError):
+    """The store or the metrics do not allow a decision (nothing in production, a metric missing)."""
 
 
 @dataclass
@@ -72,7 +78,7 @@ def _lower_is_better(key: str) -> bool:
 def decide(candidate: dict[str, float], production: dict[str, float] | None, settings: PromoteConfig,
            candidate_id: str, production_id: str | None) -> Decision:
     if settings.metric not in candidate:
-        raise ValueError(f"promote.metric {settings.metric!r} is not in the candidate's metrics; it has "
+        raise PromotionError(f"promote.metric {settings.metric!r} is not in the candidate's metrics; it has "
                          f"{sorted(candidate)[:12]}...")
     decision = Decision(False, "", candidate_id, production_id, settings.metric, candidate[settings.metric])
     if production is None:
@@ -138,12 +144,27 @@ def promote(model_dir: str | Path, metrics: dict[str, dict[str, Any]], settings:
     return decision
 
 
+def promotion_gate(settings: PromoteConfig, *, model_dir: str | Path, metrics_file: str | Path,
+                   decision_file: str | Path | None = None) -> Decision:
+    """``cloob promote``: :func:`promote` on a report's metrics file; the decision also as JSON at
+    ``decision_file`` (a DVC metric, a Kubeflow artifact)."""
+    decision = promote(model_dir, read_metrics(metrics_file), settings)
+    if decision_file is not None:
+        write_json(decision_file, asdict(decision))
+    return decision
+
+
+def refresh_production_metrics(settings: PromoteConfig, *, metrics_file: str | Path) -> dict[str, Any]:
+    """``cloob promote --record-production-metrics``: :func:`record_production_metrics` from a report's file."""
+    return record_production_metrics(settings.store, read_metrics(metrics_file))
+
+
 def record_production_metrics(store: str, metrics: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """After re-evaluating production (the scheduled evaluation pipeline): its metrics on today's sets, so the
     next gate compares like with like. The pointer is rewritten atomically; the model does not change."""
     production = read_production(store)
     if production is None:
-        raise FileNotFoundError(f"{store} has no {POINTER}: nothing is in production yet")
+        raise PromotionError(f"{store} has no {POINTER}: nothing is in production yet")
     production = {**production, "metrics": {**production["metrics"], **flatten(metrics)},
                   "evaluated_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     storage.write_bytes(storage.join(store, POINTER), json_bytes(production))

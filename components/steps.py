@@ -1,6 +1,7 @@
-"""One component per pipeline stage. Each body only calls the stage in ``cloob_core.orchestration`` (which runs
-the same `cloob` subcommand as the DVC stage); the image already holds cloob_core, so nothing is installed at
-run time (``install_kfp_package=False``: the image carries kfp too)."""
+"""One component per pipeline stage. Each body only calls its step in ``cloob_core.ops.kubeflow``, which calls the
+stage function the `cloob` command (and so the DVC stage) calls, and fills the artifacts from its result; the
+image already holds cloob_core, so nothing is installed at run time (``install_kfp_package=False``: the image
+carries kfp too)."""
 
 # No `from __future__ import annotations` here: KFP reads the artifact types from the live annotations.
 from kfp import dsl
@@ -12,57 +13,57 @@ from components.images import CPU_IMAGE, CUDA_IMAGE
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
 def acquire(params: str, manifest: Output[Dataset]):
     """The run's image-text pairs as one manifest (the embedded default or acquire.source)."""
-    from cloob_core import orchestration
+    from cloob_core.ops import kubeflow
 
-    orchestration.acquire(params, manifest.path)
+    manifest.metadata.update(kubeflow.acquire(params, manifest.path))
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
 def validate_manifest(params: str, manifest: Input[Dataset], report: Output[Dataset]):
     """The data gate on the manifest: fails the task (and stops the run) when an expectation fails."""
-    from cloob_core import orchestration
+    from cloob_core.ops import kubeflow
 
-    orchestration.validate(params, report.path, manifest_dir=manifest.path)
+    report.metadata.update(kubeflow.validate(params, report.path, manifest_dir=manifest.path))
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
 def download_partition(params: str, manifest: Input[Dataset], partition: str, shards: Output[Dataset]):
     """Part I/N of the shards (shard k belongs to part k % N); resumable, so a retry continues."""
-    from cloob_core import orchestration
+    from cloob_core.ops import kubeflow
 
-    orchestration.download(params, manifest.path, partition, shards.path)
+    shards.metadata.update(kubeflow.download(params, manifest.path, partition, shards.path))
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
 def merge_shards(parts: Input[list[Dataset]], shards: Output[Dataset]):
     """The partitions' shards in one dataset, with sizes.json / stats.json / failures.jsonl rebuilt."""
-    from cloob_core import orchestration
+    from cloob_core.ops import kubeflow
 
-    shards.metadata.update(orchestration.merge_partitions([part.path for part in parts], shards.path))
+    shards.metadata.update(kubeflow.merge_partitions([part.path for part in parts], shards.path))
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
 def validate_shards(params: str, shards: Input[Dataset], report: Output[Dataset]):
     """The data gate on the built shards: the last check before GPU hours."""
-    from cloob_core import orchestration
+    from cloob_core.ops import kubeflow
 
-    orchestration.validate(params, report.path, shards_dir=shards.path)
+    report.metadata.update(kubeflow.validate(params, report.path, shards_dir=shards.path))
 
 
 @dsl.component(base_image=CUDA_IMAGE, install_kfp_package=False)
 def train(params: str, shards: Input[Dataset], gpus: int, model: Output[Model], metrics: Output[Metrics]):
     """`cloob train` on one node; several GPUs run under torchrun, one process each."""
-    from cloob_core import orchestration
+    from cloob_core.ops import kubeflow
 
-    orchestration.train(params, shards.path, model.path, gpus, model=model, metrics=metrics)
+    kubeflow.train(params, shards.path, model.path, gpus, model=model, metrics=metrics)
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
 def evaluate(task: str, model: Input[Model], results: Output[Dataset]):
     """One `cloob eval` task (zeroshot, linear-probe, retrieval, diagnostics) on the embedded held-out split."""
-    from cloob_core import orchestration
+    from cloob_core.ops import kubeflow
 
-    orchestration.evaluate(task, model.path + "/model", results.path)
+    results.metadata["results"] = sorted(kubeflow.evaluate(task, model.path + "/model", results.path))
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
@@ -70,34 +71,34 @@ def report(zeroshot: Input[Dataset], linear_probe: Input[Dataset], retrieval: In
            diagnostics: Input[Dataset], folder: Output[Dataset], metrics: Output[Metrics],
            confusion: Output[ClassificationMetrics], page: Output[Markdown]):
     """The combined report: scalars as KFP metrics, the zero-shot confusion matrix, the Markdown page."""
-    from cloob_core import orchestration
+    from cloob_core.ops import kubeflow
 
-    orchestration.report([zeroshot.path, linear_probe.path, retrieval.path, diagnostics.path], folder.path,
+    kubeflow.report([zeroshot.path, linear_probe.path, retrieval.path, diagnostics.path], folder.path,
                          metrics=metrics, markdown_path=page.path, classification=confusion)
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
 def promote(params: str, model: Input[Model], report: Input[Dataset], decision: Output[Metrics]):
     """The promotion gate: production moves to the new model only when it is better (promote.* settings)."""
-    from cloob_core import orchestration
+    from cloob_core.ops import kubeflow
 
-    orchestration.promote(params, model.path + "/model", report.path + "/metrics.json", decision)
+    kubeflow.promote(params, model.path + "/model", report.path + "/metrics.json", decision)
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
 def production_model(params: str, model: Output[Model]):
     """The model production.json in promote.store points to, for scheduled re-evaluation."""
-    from cloob_core import orchestration
+    from cloob_core.ops import kubeflow
 
-    model.metadata.update({"model_id": orchestration.fetch_production(params, model.path)["model_id"]})
+    model.metadata.update({"model_id": kubeflow.fetch_production(params, model.path)["model_id"]})
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
 def record_production_metrics(params: str, report: Input[Dataset]):
     """Production's metrics on today's evaluation sets, so the next promotion compares like with like."""
-    from cloob_core import orchestration
+    from cloob_core.ops import kubeflow
 
-    orchestration.record_production_metrics(params, report.path + "/metrics.json")
+    kubeflow.record_production_metrics(params, report.path + "/metrics.json")
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
@@ -105,7 +106,7 @@ def train_multinode(params: str, shards: Input[Dataset], job: str, run_id: str, 
                     metrics: Output[Metrics]):
     """`cloob train` on several GPU nodes: creates a PyTorchJob / TrainJob (job: its settings), waits for it
     and fetches the result. This pod only watches, so it needs no GPU, only RBAC for the job kind."""
-    from cloob_core import orchestration
+    from cloob_core.ops import kubeflow
 
-    orchestration.train_multinode(params, shards.path, shards.uri, model.path, job, run_id, model=model,
+    kubeflow.train_multinode(params, shards.path, shards.uri, model.path, job, run_id, model=model,
                                   metrics=metrics)

@@ -30,10 +30,10 @@ _configs_registered = False
 
 
 def register_project_configs() -> None:
-    """Make the JSON configs shipped in ``cloob_core/model_configs`` known to open_clip by name."""
+    """Make the JSON configs shipped in ``cloob_core/model/configs`` known to open_clip by name."""
     global _configs_registered
     if not _configs_registered:
-        open_clip.add_model_config(resources.files("cloob_core") / "model_configs")
+        open_clip.add_model_config(resources.files("cloob_core.model") / "configs")
         _configs_registered = True
 
 
@@ -43,8 +43,9 @@ def available_architectures() -> list[str]:
 
 
 @contextlib.contextmanager
-def _without_random_init_warning() -> Iterator[None]:
-    """open_clip warns on the root logger that no weights were loaded; random init is our intent."""
+def without_random_init_warning() -> Iterator[None]:
+    """open_clip warns on the root logger that no weights were loaded: we never ask it for any (random init, or
+    our own weights loaded right after), so the warning would only mislead."""
 
     class _Drop(logging.Filter):
         def filter(self, record: logging.LogRecord) -> bool:
@@ -70,7 +71,7 @@ class CLOOBModel(nn.Module):
                 f"unknown architecture {config.architecture!r}; known: {available_architectures()} "
                 "(or any open_clip config name)"
             )
-        with _without_random_init_warning():
+        with without_random_init_warning():
             self.encoder: open_clip.CLIP = open_clip.create_model(
                 config.architecture, pretrained=None, pretrained_text=False, pretrained_image=False
             )

@@ -23,8 +23,8 @@ from cloob_core.evaluation.reports import (
     write_result,
 )
 from cloob_core.evaluation.retrieval import retrieval_metrics
-from cloob_core.losses import hopfield_retrieval
-from cloob_core.zeroshot import classification_metrics
+from cloob_core.evaluation.zeroshot import classification_metrics
+from cloob_core.objectives.losses import hopfield_retrieval
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,6 @@
-"""``cloob data shards``: the download stage's shard layout from local images, so later stages read one format.
-
-Local files and the embedded digits go through the very engine of ``cloob data download`` (same checks,
-resizing, dedup, records, resume); only the step that turns a row into bytes differs.
+"""Where a manifest row's bytes come from, besides http(s) (``worker.HttpSource``): files under a local folder,
+or the embedded set. Each is a source the download engine plugs in (``open(threads)`` -> ``fetch(url)``), so
+local images go through the very checks, resizing, dedup and records that downloaded ones do.
 """
 
 from __future__ import annotations
@@ -13,11 +12,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from cloob_core.config import CloobConfig
-from cloob_core.data.download import download
 from cloob_core.data.fetch import FetchResult
-from cloob_core.data.manifest import Manifest, ManifestError, read_manifest
-from cloob_core.data.summary import OutputSummary
+from cloob_core.data.manifest import ManifestError
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 EMBEDDED_PREFIX = "embedded:"
@@ -72,7 +68,7 @@ class EmbeddedSource:
 def embedded_frame(split: str) -> tuple[pd.DataFrame, EmbeddedSource]:
     """The embedded set as manifest rows. ``captions`` lists every phrasing of the label (the row's own caption
     first): the text views poly-view objectives draw from, as a web manifest's several captions would be."""
-    from cloob_core.embedded_data import CAPTION_TEMPLATES, caption_for, load_embedded
+    from cloob_core.data.embedded import CAPTION_TEMPLATES, caption_for, load_embedded
 
     rows, images = [], {}
     for name in (("train", "test") if split == "all" else (split,)):
@@ -88,7 +84,7 @@ def embedded_frame(split: str) -> tuple[pd.DataFrame, EmbeddedSource]:
 
 def embedded_source_for(urls: pd.Series) -> EmbeddedSource | None:
     """The embedded set as a fetch source when every URL names it (``cloob data acquire``'s default)."""
-    from cloob_core.embedded_data import load_embedded
+    from cloob_core.data.embedded import load_embedded
 
     if len(urls) == 0 or not urls.str.startswith(EMBEDDED_PREFIX).all():
         return None
@@ -112,22 +108,3 @@ def folder_frame(root: Path) -> pd.DataFrame:
     if not rows:
         raise ManifestError(f"no images ({', '.join(IMAGE_SUFFIXES)}) under {root}")
     return pd.DataFrame(rows)
-
-
-def build_shards(source: str, output: str, config: CloobConfig, manifest: str | None = None, split: str = "train",
-                 progress: bool = True) -> OutputSummary:
-    if source == "embedded":
-        (frame, fetch_source), url_col, caption_col = embedded_frame(split), "url", "caption"
-    else:
-        root = Path(source)
-        if not root.is_dir():
-            raise ManifestError(f"--source {source} is neither 'embedded' nor a folder")
-        if manifest:
-            dl = config.download
-            frame = read_manifest(manifest, dl.url_col, dl.caption_col, dl.input_format)
-            url_col, caption_col = dl.url_col, dl.caption_col
-        else:
-            frame, url_col, caption_col = folder_frame(root), "url", "caption"
-        fetch_source = FolderSource(str(root), config.download.max_bytes)
-    result = download(Manifest(frame, url_col, caption_col), output, config, progress=progress, source=fetch_source)
-    return result.summary

@@ -16,7 +16,7 @@ import open_clip
 import torch
 
 from cloob_core.io import atomic_path, write_json
-from cloob_core.model import CLOOBModel
+from cloob_core.model.dual_encoder import CLOOBModel, without_random_init_warning
 
 STATE_FILE = "open_clip_model.pt"
 INFO_FILE = "model_info.json"
@@ -52,6 +52,7 @@ def load_exported(folder: str | Path) -> tuple[open_clip.CLIP, dict[str, Any]]:
     info = json.loads((folder / INFO_FILE).read_text())
     if info["architecture"] not in open_clip.list_models():
         open_clip.add_model_config(folder / info["open_clip_config"])
-    model = open_clip.create_model(info["architecture"], pretrained=None)
+    with without_random_init_warning():  # the trained weights are loaded next
+        model = open_clip.create_model(info["architecture"], pretrained=None)
     model.load_state_dict(torch.load(folder / info["state_dict"], map_location="cpu", weights_only=True))
     return model, info

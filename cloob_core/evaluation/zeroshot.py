@@ -2,33 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-
 import numpy as np
 import torch
 from torch import Tensor
-
-Tokenizer = Callable[[Sequence[str]], Tensor]
 
 
 def ensemble(prompt_embeddings: Tensor) -> Tensor:
     """``[C, T, d]`` prompt embeddings -> ``[C, d]``: each normalised, averaged per class, re-normalised (CLIP)."""
     mean = torch.nn.functional.normalize(prompt_embeddings, dim=-1).mean(dim=1)
     return torch.nn.functional.normalize(mean, dim=-1)
-
-
-@torch.no_grad()
-def class_embeddings(
-    encode_text: Callable[[Tensor], Tensor],
-    tokenizer: Tokenizer,
-    classnames: Sequence[str],
-    templates: Sequence[str],
-) -> Tensor:
-    """``[C, d]`` class embeddings of a prompt ensemble (all prompts embedded in one batch)."""
-    if not classnames or not templates:
-        raise ValueError("zero-shot classification needs at least one class name and one template")
-    prompts = [template.format(name) for name in classnames for template in templates]
-    return ensemble(encode_text(tokenizer(prompts)).view(len(classnames), len(templates), -1))
 
 
 def classification_metrics(scores: Tensor, labels: Tensor, num_classes: int) -> dict[str, object]:

@@ -7,7 +7,7 @@ the mutual information (their Lemma 4.2, Thm. 4.1), looser as the band narrows.
 What lives here: the band (a fraction pair), its annealing schedule (``p_out`` from 100% down to the target over
 ``anneal_steps``, and optionally ``p_in`` from 0 up), the eligibility mask computed from similarities without
 gradient, and a FIFO queue of past embeddings that adds candidates beyond the batch (the paper's memory bank),
-kept apart from the Hopfield memories. The objectives in :mod:`cloob_core.losses` apply the mask.
+kept apart from the Hopfield memories. The objectives in :mod:`cloob_core.objectives.losses` apply the mask.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ not re-normalise them, so values and gradients are exactly those of the formulas
 The pure functions hold the math. The ``nn.Module`` classes share one call signature,
 ``objective(image_features, text_features, inv_tau)``, and add only the distribution policy: with
 ``torch.distributed`` initialised they gather the features of all ranks *with gradient* first
-(see :mod:`cloob_core.distributed`), so the loss is always that of the global batch.
+(see :mod:`cloob_core.objectives.distributed`), so the loss is always that of the global batch.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from cloob_core import polyview
 from cloob_core.config import OBJECTIVE_NAMES, POLY_VIEW_OBJECTIVES
-from cloob_core.distributed import gather_features
-from cloob_core.negatives import Band, BandSchedule, EmbeddingQueue, band_columns
+from cloob_core.objectives import polyview
+from cloob_core.objectives.distributed import gather_features
+from cloob_core.objectives.negatives import Band, BandSchedule, EmbeddingQueue, band_columns
 
 __all__ = [
     "OBJECTIVES",
@@ -461,7 +461,7 @@ class _PolyViewObjective(ContrastiveObjective):
     """A poly-view objective over ``image_views`` image and ``text_views`` text embeddings per sample, laid
     out sample-major (``[K * M, d]``: sample 0's views, then sample 1's, ...), as the training loader
     produces them. ``leave_one_out`` swaps in CLOOB's InfoLOOB denominator (scaled by tau as InfoLOOB is); the
-    MI bounds of the paper do not hold then (see :mod:`cloob_core.polyview`)."""
+    MI bounds of the paper do not hold then (see :mod:`cloob_core.objectives.polyview`)."""
 
     loss_fn: Callable[..., Tensor]
     takes_leave_one_out = True

@@ -1,0 +1,146 @@
+"""The ``cloob eval TASK`` stage: a task's settings and a model in, its results written and returned.
+
+Each task is a small frozen dataclass whose fields are the task's options (the CLI builds it from its flags of
+the same names, a Kubeflow step from defaults); :func:`evaluate` loads the model and the image sets the task
+names and runs it, so the CLI and the Kubeflow step share everything but the printing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from cloob_core.evaluation import tasks
+from cloob_core.evaluation.inputs import EvalModel, ImageSet, load_images, load_model
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A `cloob train` export (``model``, local or s3://), or an open_clip ``architecture`` with ``weights``."""
+
+    model: str | None = None
+    architecture: str | None = None
+    weights: str | None = None
+    device: str = "cpu"
+
+
+@dataclass(frozen=True)
+class EvalOptions:
+    """Settings every task shares: class names/templates, the label field of shards, the feature cache."""
+
+    classnames: str | None = None
+    label_key: str = "label"
+    cache: Path | None = None  # None: no feature cache
+    progress: bool = True
+
+    def images(self, source: str, split: str) -> ImageSet:
+        return load_images(source, split=split, label_key=self.label_key, class_file=self.classnames)
+
+
+@dataclass
+class EvalResult:
+    task: str
+    output: Path
+    metrics: dict[str, dict[str, Any]] = field(default_factory=dict)  # result name (data set) -> metrics
+    lines: list[str] = field(default_factory=list)  # one human-readable line per result
+
+
+@dataclass(frozen=True)
+class ZeroShotTask:
+    """Prompt-ensemble zero-shot classification on each ``data`` set, and their mean when there are several."""
+
+    name: ClassVar[str] = "zeroshot"
+    data: tuple[str, ...] = ("embedded",)
+    split: str = "test"
+    hopfield_beta: float | None = None
+    mean_name: str | None = None
+
+    def run(self, model: EvalModel, options: EvalOptions, output: Path) -> EvalResult:
+        result = EvalResult(self.name, output)
+        test_sets = [options.images(data, self.split) for data in self.data]
+        for images in test_sets:
+            metrics = tasks.zeroshot(model, images, output, options.cache, self.hopfield_beta, options.progress)
+            top_k = next((key for key in metrics if key.startswith("top") and key != "top1"), "top1")
+            result.metrics[images.name] = metrics
+            result.lines.append(
+                f"{images.name} zero-shot ({metrics['embeddings']} embeddings): top-1 {100 * metrics['top1']:.2f}%, "
+                f"top-{top_k[3:]} {100 * metrics[top_k]:.2f}%, mean per-class recall "
+                f"{100 * metrics['mean_per_class_recall']:.2f}% (chance {100 * metrics['chance']:.1f}%)")
+        if len(test_sets) > 1:
+            name = self.mean_name or "mean"
+            mean = tasks.mean_over_test_sets(model, test_sets, output, name)
+            result.metrics[name] = mean
+            result.lines.append(f"{name} over {len(test_sets)} test sets: top-1 {100 * mean['top1']:.2f}%")
+        return result
+
+
+@dataclass(frozen=True)
+class LinearProbeTask:
+    """L-BFGS logistic regression on frozen image features with CLIP's lambda search."""
+
+    name: ClassVar[str] = "linear-probe"
+    train_data: str = "embedded"
+    train_split: str = "train"
+    test_data: str | None = None  # None: train_data
+    test_split: str = "test"
+    val_data: str | None = None  # None: a random half of train
+    val_split: str = "val"
+    few_shot: int | None = None
+    seed: int = 0
+
+    def run(self, model: EvalModel, options: EvalOptions, output: Path) -> EvalResult:
+        train = options.images(self.train_data, self.train_split)
+        test = options.images(self.test_data or self.train_data, self.test_split)
+        validation = options.images(self.val_data, self.val_split) if self.val_data else None
+        metrics = tasks.linear_probe_stage(model, train, test, output, options.cache, validation, self.few_shot,
+                                           self.seed, options.progress)
+        line = (f"{test.name} linear probe: top-1 {100 * metrics['top1']:.2f}% with lambda {metrics['lambda_']:.3g} "
+                f"(validation {100 * metrics['validation_accuracy']:.2f}%, {metrics['train_size']} training images)")
+        return EvalResult(self.name, output, {test.name: metrics}, [line])
+
+
+@dataclass(frozen=True)
+class RetrievalTask:
+    """Image-to-text and text-to-image retrieval; several captions of an image are several right answers."""
+
+    name: ClassVar[str] = "retrieval"
+    data: str = "embedded"
+    split: str = "test"
+
+    def run(self, model: EvalModel, options: EvalOptions, output: Path) -> EvalResult:
+        images = options.images(self.data, self.split)
+        metrics = tasks.retrieval(model, images, output, options.cache, options.progress)
+        line = (f"{images.name} retrieval ({metrics['images']} images, {metrics['captions']} captions): "
+                + ", ".join(f"{k} {100 * v:.1f}%" for k, v in metrics.items() if "R@" in k))
+        return EvalResult(self.name, output, {images.name: metrics}, [line])
+
+
+@dataclass(frozen=True)
+class DiagnosticsTask:
+    """The paper's embedding analyses: effective eigenvalues, uniformity, alignment, InfoNCE saturation."""
+
+    name: ClassVar[str] = "diagnostics"
+    data: str = "embedded"
+    split: str = "test"
+
+    def run(self, model: EvalModel, options: EvalOptions, output: Path) -> EvalResult:
+        images = options.images(self.data, self.split)
+        metrics = tasks.diagnostics(model, images, output, options.cache, progress=options.progress)
+        line = (f"{images.name} diagnostics: effective eigenvalues image {metrics['effective_eigenvalues_image']}, "
+                f"text {metrics['effective_eigenvalues_text']}; Ajne A_n image {metrics['ajne_image']:.3f}, text "
+                f"{metrics['ajne_text']:.3f}; p1 {metrics['positive_probability_p1']:.3f}")
+        return EvalResult(self.name, output, {images.name: metrics}, [line])
+
+
+EvalTask = ZeroShotTask | LinearProbeTask | RetrievalTask | DiagnosticsTask
+TASKS: dict[str, type[EvalTask]] = {task.name: task for task in (ZeroShotTask, LinearProbeTask, RetrievalTask,
+                                                                  DiagnosticsTask)}
+
+
+def evaluate(task: EvalTask, source: ModelSource, output: str | Path,
+             options: EvalOptions | None = None) -> EvalResult:
+    """Load the model, run ``task``, write its results (CLIP_benchmark JSON, metrics.json, plots, report.md)."""
+    model = load_model(source.model, source.architecture, source.weights, source.device)
+    return task.run(model, options or EvalOptions(), Path(output))
+

@@ -1,0 +1,48 @@
+"""Command-line flags generated from a pydantic settings model: one ``--flag`` per field, its help text and
+default taken from the field, so a setting is documented and defaulted in one place whichever command shows it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import types
+import typing
+from typing import Any
+
+from pydantic import BaseModel
+
+
+def add_model_flags(parser: argparse.ArgumentParser, model: type[BaseModel], prefix: str, title: str,
+                    skip: tuple[str, ...] = ()) -> None:
+    """Flags for ``model``'s fields, each with ``dest`` ``PREFIX__FIELD`` and default ``None`` (unset)."""
+    group = parser.add_argument_group(title)
+    for name, field in model.model_fields.items():
+        if name in skip:
+            continue
+        annotation = field.annotation
+        args = typing.get_args(annotation)
+        if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+            annotation = next(a for a in args if a is not type(None))
+            args = typing.get_args(annotation)
+        help_text = f"{field.description} (default: {field.get_default(call_default_factory=True)})"
+        options: dict[str, Any] = {"dest": f"{prefix}__{name}", "default": None, "help": help_text}
+        if annotation is bool:
+            options["action"] = argparse.BooleanOptionalAction
+        elif typing.get_origin(annotation) is typing.Literal:
+            options["choices"] = list(args)
+        elif typing.get_origin(annotation) is dict:
+            options["type"], options["metavar"] = json.loads, "JSON"
+        else:
+            options["type"] = annotation
+            options["metavar"] = name.upper()
+        group.add_argument("--" + name.replace("_", "-"), **options)
+
+
+def flag_values(args: argparse.Namespace, prefix: str) -> dict[str, Any]:
+    """The flags of :func:`add_model_flags` that were given, as ``{field: value}``."""
+    values = {}
+    for dest, value in vars(args).items():
+        head, _, name = dest.partition("__")
+        if head == prefix and value is not None:
+            values[name] = value
+    return values

@@ -1,0 +1,1 @@
+"""The contrastive objectives: the math of the papers, restricted negatives, poly-view, distribution."""

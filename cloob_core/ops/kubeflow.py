@@ -1,0 +1,212 @@
+"""The bodies of the Kubeflow steps: each parses the run's parameters (the text of a params.yaml), calls the same
+stage function the ``cloob`` command calls, and fills KFP's typed artifacts from the stage's result object. A
+stage that fails raises its typed error, whose message is what the run shows.
+
+Artifacts are duck-typed (``.path``, ``.metadata``, ``log_metric``, ``log_confusion_matrix``), so this module
+does not import kfp and the steps run without it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from cloob_core.config import CloobConfig, config_from_text
+from cloob_core.errors import StageError
+
+log = logging.getLogger(__name__)
+MANIFEST = "manifest.parquet"
+Params = dict[str, Any] | str  # a params.yaml as a mapping (KFP's struct parameter) or as its text
+
+
+class TrainingFailed(StageError):
+    """The torchrun processes of a multi-GPU training step exited with an error (their log says which)."""
+
+
+def _params_text(params: Params) -> str:
+    import yaml
+
+    return params if isinstance(params, str) else yaml.safe_dump(params, sort_keys=False)
+
+
+def _config(params: Params, overrides: Sequence[str] = ()) -> CloobConfig:
+    return config_from_text(_params_text(params), overrides, source="the run's params")
+
+
+def acquire(params: Params, manifest_dir: str) -> dict[str, Any]:
+    """The manifest; its row count and source for the ``Dataset`` artifact's metadata."""
+    from cloob_core.data.acquire import acquire as acquire_stage
+
+    result = acquire_stage(_config(params), manifest_dir)
+    return {"rows": result.rows, "source": result.source}
+
+
+def validate(params: Params, report_dir: str, manifest_dir: str | None = None,
+             shards_dir: str | None = None) -> dict[str, Any]:
+    """The gate; a failure raises :class:`~cloob_core.data.validate.GateFailed`, so the run stops here."""
+    from cloob_core.data.validate import run_gate
+
+    report = run_gate(_config(params), manifest=str(Path(manifest_dir) / MANIFEST) if manifest_dir else None,
+                      shards=shards_dir, report_dir=report_dir)
+    return {"passed": report.passed, "checks": len(report.checks)}
+
+
+def download(params: Params, manifest_dir: str, partition: str, shards_dir: str) -> dict[str, Any]:
+    """One partition of the shards; its counts for the ``Dataset`` artifact's metadata."""
+    from cloob_core.data.download import download as download_stage
+    from cloob_core.data.manifest import Partition
+
+    result = download_stage(str(Path(manifest_dir) / MANIFEST), shards_dir, _config(params),
+                            partition=Partition.parse(partition), progress=False)
+    stats = result.summary.stats
+    return {"partition": partition, "rows": stats.get("rows", 0), "successes": stats.get("successes", 0),
+            "shards_built": result.shards_done, "shards_resumed": result.shards_skipped}
+
+
+def merge_partitions(partition_dirs: Sequence[str], shards_dir: str) -> dict[str, Any]:
+    """Put the partitions' shards (disjoint by shard number) in one folder and rebuild its summary files."""
+    from cloob_core.data.summary import SUMMARY_FILES, merge_stats
+
+    target = Path(shards_dir)
+    target.mkdir(parents=True, exist_ok=True)
+    for folder in partition_dirs:
+        for file in sorted(Path(folder).iterdir()):
+            if file.is_file() and file.name not in SUMMARY_FILES:
+                shutil.copyfile(file, target / file.name)
+    summary = merge_stats(str(target))
+    return {"samples": sum(summary.sizes.values()), "shards": len(summary.sizes), "failures": len(summary.failures)}
+
+
+def _record_training(result: dict[str, Any], model: Any = None, metrics: Any = None) -> dict[str, Any]:
+    """The run's figures onto KFP ``Metrics`` and its identity onto the ``Model`` artifact's metadata."""
+    if metrics is not None:
+        for key in ("final_loss", "steps", "samples_per_second", "train_seconds"):
+            metrics.log_metric(key, float(result[key]))
+    if model is not None:
+        model.metadata.update({key: result[key] for key in ("objective", "architecture", "world_size")})
+    return result
+
+
+def train(params: Params, shards_dir: str, output_dir: str, gpus: int = 0, model: Any = None,
+          metrics: Any = None) -> dict[str, Any]:
+    """Training on this node: in process for one device; with several GPUs, torchrun starts one `cloob train`
+    process per GPU (each a rank of the same stage function)."""
+    from cloob_core.training.loop import train as train_stage
+
+    shards = [f"train.shards={json.dumps(shards_dir)}"]
+    if gpus <= 1:
+        result = train_stage(_config(params, shards), output_dir, progress=False).metrics
+        return _record_training(result, model, metrics)
+    _config(params, shards)  # a bad configuration fails here, with its message, not in every rank
+    with tempfile.TemporaryDirectory() as tmp:
+        params_file = Path(tmp) / "params.yaml"
+        params_file.write_text(_params_text(params), encoding="utf-8")
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}",
+                   "-m", "cloob_core.cli", "train", "--params", str(params_file), "--output", output_dir,
+                   "--no-progress", "--set", shards[0]]
+        log.info("running %s", " ".join(command))
+        code = subprocess.run(command, env=os.environ.copy(), check=False).returncode
+    if code != 0:
+        raise TrainingFailed(f"torchrun cloob train exited with status {code}; the ranks' log above says why")
+    return _record_training(json.loads((Path(output_dir) / "metrics.json").read_text()), model, metrics)
+
+
+def train_multinode(params: Params, shards_dir: str, shards_uri: str, output_dir: str, job: str,
+                    run_id: str, model: Any = None, metrics: Any = None) -> dict[str, Any]:
+    """Training on several nodes as a PyTorchJob / TrainJob (``job``: JobSettings as JSON); waits for it and
+    fetches the published result into ``output_dir``, the layout the one-node step writes."""
+    from cloob_core import storage
+    from cloob_core.ops import trainjob
+
+    _config(params)  # a bad configuration fails here, before any pod starts
+    settings = trainjob.JobSettings.from_json(job)
+    name = trainjob.job_name(run_id)
+    workdir = storage.join(settings.workdir, name)
+    shards = shards_uri
+    if not (storage.is_s3(shards_uri) and storage.exists(storage.join(shards_uri, "sizes.json"))):
+        shards = storage.join(workdir, "shards")  # the pods cannot read this pod's artifact folder
+        log.info("copying the shards to %s for the job's pods", shards)
+        storage.upload_tree(shards_dir, shards)
+    trainjob.run(trainjob.manifest(settings, name, _params_text(params), shards, workdir), settings)
+    storage.download_tree(storage.join(workdir, "output"), output_dir)
+    return _record_training(json.loads((Path(output_dir) / "metrics.json").read_text()), model, metrics)
+
+
+def evaluate(task: str, model_dir: str, output_dir: str) -> dict[str, dict[str, Any]]:
+    """One evaluation task with its default settings (the embedded held-out split); its metrics by data set."""
+    from cloob_core.evaluation.run import TASKS, EvalOptions, ModelSource
+    from cloob_core.evaluation.run import evaluate as evaluate_stage
+
+    if task not in TASKS:
+        raise StageError(f"unknown evaluation task {task!r}; choose one of {sorted(TASKS)}")
+    result = evaluate_stage(TASKS[task](), ModelSource(model=model_dir), output_dir, EvalOptions(progress=False))
+    return result.metrics
+
+
+def report(eval_dirs: Sequence[str], output_dir: str, metrics: Any = None, markdown_path: str | None = None,
+           classification: Any = None) -> dict[str, dict]:
+    """The combined report, then its scalars onto a KFP ``Metrics`` artifact, the Markdown page onto a
+    ``Markdown`` artifact and the first zero-shot confusion matrix onto a ``ClassificationMetrics`` one."""
+    from cloob_core.evaluation.reports import combine_reports
+
+    combined = combine_reports([Path(folder) for folder in eval_dirs], Path(output_dir))
+    if metrics is not None:
+        for name, scalars in combined.items():
+            for key, value in scalars.items():
+                metrics.log_metric(f"{name}.{key}", float(value))
+    if markdown_path:
+        Path(markdown_path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(Path(output_dir) / "report.md", markdown_path)
+    if classification is not None:
+        for record in sorted((Path(output_dir) / "results").glob("*_zeroshot_classification.json")):
+            result = json.loads(record.read_text())
+            matrix = result["metrics"].get("confusion_matrix")
+            names = result["metrics"].get("classnames") or [str(i) for i in range(len(matrix or []))]
+            if matrix:
+                classification.log_confusion_matrix(list(names), [list(map(int, row)) for row in matrix])
+                break
+    return combined
+
+
+def promote(params: Params, model_dir: str, metrics_file: str, decision_metrics: Any = None) -> dict[str, Any]:
+    """The promotion gate; the decision's numbers onto a KFP ``Metrics`` artifact. Not promoting is not a
+    failure."""
+    from dataclasses import asdict
+
+    from cloob_core.ops.promotion import promotion_gate
+
+    decision = asdict(promotion_gate(_config(params).promote, model_dir=model_dir, metrics_file=metrics_file))
+    if decision_metrics is not None:
+        decision_metrics.log_metric("promoted", float(decision["promoted"]))
+        for key in ("candidate_value", "production_value", "improvement"):
+            if decision.get(key) is not None:
+                decision_metrics.log_metric(key, float(decision[key]))
+        decision_metrics.metadata["reason"] = decision["reason"]
+    return decision
+
+
+def fetch_production(params: Params, output_dir: str) -> dict[str, Any]:
+    """The production model of ``promote.store`` into ``output_dir/model`` (the layout `cloob train` writes)."""
+    from cloob_core import storage
+    from cloob_core.ops.promotion import PromotionError, read_production
+
+    store = _config(params).promote.store
+    pointer = read_production(store)
+    if pointer is None:
+        raise PromotionError(f"{store} has no production model yet: run the training pipeline first")
+    storage.download_tree(pointer["model"], Path(output_dir) / "model")
+    return pointer
+
+
+def record_production_metrics(params: Params, metrics_file: str) -> None:
+    from cloob_core.ops.promotion import refresh_production_metrics
+
+    refresh_production_metrics(_config(params).promote, metrics_file=metrics_file)
