@@ -71,7 +71,7 @@ def sklearn_probe(train_x, train_y, test_x, test_y, tol: float, max_iter: int, s
 def warm_up() -> None:
     """Pay both libraries' one-time costs (imports, thread pools) before any clock starts."""
     x, y = features(400, 16, 4, "isotropic")
-    linear_probe(x[:300], y[:300], x[300:], y[300:], 4)
+    linear_probe(x[:300], y[:300], 4)
     sklearn_probe(x[:300], y[:300], x[300:], y[300:], 1e-4, 100)
 
 
@@ -113,7 +113,7 @@ def main() -> None:
             x, y = features(args.n, args.d, classes, kind)
             cut = int(0.8 * args.n)
             started = time.perf_counter()
-            fit, search = linear_probe(x[:cut], y[:cut], x[cut:], y[cut:], classes)
+            fit, search = linear_probe(x[:cut], y[:cut], classes)
             ours_s, ours_acc = time.perf_counter() - started, accuracy(fit, x[cut:], y[cut:])
             print(f"  {kind:<10} {classes:>7}  {'ours (torch L-BFGS)':<34} {ours_s:>8.2f} {search.lam:>9.3g} "
                   f"{100 * ours_acc:>8.2f}%")

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from bench_losses import INV_TAU, open_clip_loss, time_fwd_bwd  # this folder, run as a script
 
-from cloob_core.objectives.losses import build_objective
+from cloob_core.objectives.registry import build_objective
 
 
 def main() -> None:

@@ -32,7 +32,7 @@ def build_variant(variant: str, model_name: str, batch: int):
 
     from cloob_core.config import load_config
     from cloob_core.model.dual_encoder import build_model, register_project_configs
-    from cloob_core.objectives.losses import build_objective
+    from cloob_core.objectives.registry import build_objective
     from cloob_core.training.optim import build_optimizer
     from cloob_core.training.step import StepParts, accumulate_gradients, optimizer_step
 
@@ -61,9 +61,9 @@ def build_variant(variant: str, model_name: str, batch: int):
                 model.logit_scale.clamp_(0, math.log(100))
     else:
         model = build_model(config.model).to(device)
-        objective = build_objective("cloob" if variant == "ours_cloob" else "clip", beta=8.0)
-        parts = StepParts(model, objective, build_optimizer(model, config.optim),
-                          torch.amp.GradScaler(device.type, enabled=False), device.type)
+        objective = build_objective("cloob", beta=8.0) if variant == "ours_cloob" else build_objective("clip")
+        parts = StepParts(model=model, objective=objective, optimizer=build_optimizer(model, config.optim),
+                          scaler=torch.amp.GradScaler(device.type, enabled=False), device_type=device.type)
 
         def step() -> None:
             accumulate_gradients(parts, images, tokens)

@@ -14,12 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from cloob_core.errors import StageError
-
-# The names of cloob_core.objectives.losses.OBJECTIVES, kept here so reading a config never imports torch (the data
-# stages' processes do not need it); losses.py checks at import that both lists agree.
-OBJECTIVE_NAMES = ("cloob", "clip", "infoloob", "infonce_hopfield", "clip_ring", "infoloob_ring", "cloob_ring",
-                   "pvc_geometric", "pvc_arithmetic", "multicrop", "suffstats")
-POLY_VIEW_OBJECTIVES = ("pvc_geometric", "pvc_arithmetic", "multicrop", "suffstats")
+from cloob_core.objectives.names import OBJECTIVE_NAMES, POLY_VIEW_OBJECTIVES, unknown
 
 
 class ConfigError(StageError, ValueError):
@@ -241,7 +236,7 @@ class TrainConfig(_Section):
     @classmethod
     def _known_objective(cls, name: str) -> str:
         if name not in OBJECTIVE_NAMES:
-            raise ValueError(f"unknown objective {name!r}; choose one of {sorted(OBJECTIVE_NAMES)}")
+            raise ValueError(unknown(name))
         return name
 
 

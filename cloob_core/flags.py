@@ -9,6 +9,7 @@ import types
 import typing
 from typing import Any
 
+import yaml
 from pydantic import BaseModel
 
 
@@ -30,19 +31,29 @@ def add_model_flags(parser: argparse.ArgumentParser, model: type[BaseModel], pre
             options["action"] = argparse.BooleanOptionalAction
         elif typing.get_origin(annotation) is typing.Literal:
             options["choices"] = list(args)
-        elif typing.get_origin(annotation) is dict:
-            options["type"], options["metavar"] = json.loads, "JSON"
+        elif typing.get_origin(annotation) is dict:  # repeatable KEY=VALUE, or one JSON object
+            options.update(type=_mapping, metavar="KEY=VALUE|JSON", action="append")
         else:
             options["type"] = annotation
             options["metavar"] = name.upper()
         group.add_argument("--" + name.replace("_", "-"), **options)
 
 
+def _mapping(text: str) -> dict[str, Any]:
+    if text.lstrip().startswith("{"):
+        return json.loads(text)
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=VALUE or a JSON object")
+    return {key: yaml.safe_load(value)}
+
+
 def flag_values(args: argparse.Namespace, prefix: str) -> dict[str, Any]:
-    """The flags of :func:`add_model_flags` that were given, as ``{field: value}``."""
+    """The flags of :func:`add_model_flags` that were given, as ``{field: value}`` (a repeated mapping flag's
+    items merged)."""
     values = {}
     for dest, value in vars(args).items():
         head, _, name = dest.partition("__")
         if head == prefix and value is not None:
-            values[name] = value
+            values[name] = {k: v for item in value for k, v in item.items()} if isinstance(value, list) else value
     return values

@@ -9,7 +9,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from cloob_core.flags import add_model_flags, flag_values
 from cloob_core.io import atomic_write
+from cloob_core.ops.cluster import ClusterSettings
 
 
 def _compile(args: argparse.Namespace) -> int:
@@ -17,15 +19,8 @@ def _compile(args: argparse.Namespace) -> int:
 
     from pipelines.pretrain import build, build_evaluation
 
-    selector = dict(item.split("=", 1) for item in args.node_selector)
-    if args.pipeline == "evaluate":
-        pipeline = build_evaluation(s3_secret=args.s3_secret)
-    else:
-        pipeline = build(partitions=args.partitions, gpus=args.gpus, accelerator=args.accelerator, cpu=args.cpu,
-                         memory=args.memory, shm=args.shm, node_selector=selector,
-                         gpu_taint=args.gpu_taint or None, s3_secret=args.s3_secret, nodes=args.nodes,
-                         job_kind=args.job_kind, job_workdir=args.job_workdir, job_namespace=args.job_namespace,
-                         data=args.data)
+    settings = ClusterSettings(**flag_values(args, "cluster"))
+    pipeline = build_evaluation(settings) if args.pipeline == "evaluate" else build(settings)
     with tempfile.TemporaryDirectory() as tmp:  # the compiler picks the format from the file name's suffix
         compiled = Path(tmp) / "pipeline.yaml"
         compiler.Compiler().compile(pipeline, str(compiled))
@@ -58,8 +53,9 @@ def _submit(args: argparse.Namespace) -> int:
 
     parameters = _parameters(args)
     api = client.connect(args.host, args.namespace)
-    submitted = client.submit(api, _package(args.package), args.experiment, args.run_name, parameters,
-                              args.namespace, enable_caching=False if args.no_cache else None)
+    submitted = client.submit(api, _package(args.package), experiment=args.experiment, run_name=args.run_name,
+                              parameters=parameters, namespace=args.namespace,
+                              enable_caching=False if args.no_cache else None)
     print(f"submitted run {submitted.run_id} in experiment {args.experiment} ({submitted.experiment_id})")
     return 0
 
@@ -70,8 +66,9 @@ def _schedule(args: argparse.Namespace) -> int:
     api = client.connect(args.host, args.namespace)
     if args.action == "create":
         parameters = _parameters(args)
-        recurring = client.schedule(api, _package(args.package), args.experiment, args.name, args.cron, parameters,
-                                    args.namespace, enabled=not args.paused)
+        recurring = client.schedule(api, _package(args.package), experiment=args.experiment, name=args.name,
+                                    cron=args.cron, parameters=parameters, namespace=args.namespace,
+                                    enabled=not args.paused)
         print(f"created recurring run {recurring} '{args.name}' ({args.cron}, one at a time, no catch-up)")
     elif args.action == "list":
         for entry in client.list_schedules(api, args.experiment, args.namespace):
@@ -110,28 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="pretrain: data -> training -> evaluation -> promotion (default); evaluate: re-evaluate "
                       "the production model")
     comp.add_argument("--output", type=Path, default=DEFAULT_PACKAGE)
-    comp.add_argument("--partitions", type=int, default=2, help="download fan-out (default 2)")
-    comp.add_argument("--gpus", type=int, default=1, help="GPUs of the training pod; >1 runs torchrun (default 1)")
-    comp.add_argument("--accelerator", default="nvidia.com/gpu", help="accelerator resource (default nvidia.com/gpu)")
-    comp.add_argument("--cpu", default="8", help="training pod CPU request (default 8)")
-    comp.add_argument("--memory", default="32Gi", help="training pod memory request (default 32Gi)")
-    comp.add_argument("--shm", default="16Gi", help="size of the memory-backed /dev/shm (default 16Gi)")
-    comp.add_argument("--node-selector", action="append", default=[], metavar="KEY=VALUE",
-                      help="node label the training pod needs (repeatable)")
-    comp.add_argument("--gpu-taint", default="nvidia.com/gpu",
-                      help="taint key the training pod tolerates ('' for none)")
-    comp.add_argument("--s3-secret", default="cloob-s3", help="Kubernetes secret with the S3 credentials")
-    comp.add_argument("--data", choices=["acquire", "import"], default="acquire",
-                      help="acquire: build the shards in the run (default); import: train on shards already on S3, "
-                      "given as the run parameter shards_uri (e.g. a DVC worktree remote's data/shards)")
-    comp.add_argument("--nodes", type=int, default=1,
-                      help="training nodes; >1 creates a Training Operator job with --gpus per node (default 1)")
-    comp.add_argument("--job-kind", choices=["pytorchjob", "trainjob"], default="pytorchjob",
-                      help="pytorchjob (Training Operator v1) or trainjob (Kubeflow Trainer v2)")
-    comp.add_argument("--job-workdir", default="s3://cloob/jobs",
-                      help="s3:// prefix the job's pods share: shards copy, checkpoints, result (default "
-                      "s3://cloob/jobs)")
-    comp.add_argument("--job-namespace", help="namespace of the job (default: the pipeline pod's own)")
+    add_model_flags(comp, ClusterSettings, "cluster", "cluster settings (cloob_core.ops.cluster.ClusterSettings)",
+                    skip=("image",))
     comp.set_defaults(func=_compile)
 
     run = sub.add_parser("submit", help="start one run of a compiled pipeline")

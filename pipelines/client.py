@@ -91,7 +91,7 @@ class Submitted:
     experiment_id: str
 
 
-def submit(client: Any, package: str, experiment: str, run_name: str, parameters: dict[str, str],
+def submit(client: Any, package: str, *, experiment: str, run_name: str, parameters: dict[str, str],
            namespace: str | None = None, enable_caching: bool | None = None) -> Submitted:
     result = client.create_run_from_pipeline_package(package, arguments=parameters, run_name=run_name,
                                                      experiment_name=experiment, namespace=namespace,
@@ -99,7 +99,7 @@ def submit(client: Any, package: str, experiment: str, run_name: str, parameters
     return Submitted(result.run_id, experiment_id(client, experiment, namespace))
 
 
-def schedule(client: Any, package: str, experiment: str, name: str, cron: str, parameters: dict[str, str],
+def schedule(client: Any, package: str, *, experiment: str, name: str, cron: str, parameters: dict[str, str],
              namespace: str | None = None, enabled: bool = True) -> str:
     """A recurring run on a cron schedule (KFP's six fields, seconds first: ``0 0 3 * * *`` is 03:00 daily),
     at most one run at a time and no backfill of the times missed while paused or down."""

@@ -11,7 +11,8 @@ from typing import Any
 import yaml
 from kfp import dsl, kubernetes
 
-from cloob_core.ops.trainjob import PART_OF, JobSettings
+from cloob_core.ops.cluster import ClusterSettings
+from cloob_core.ops.trainjob import PART_OF
 from components import steps
 from components.images import CUDA_IMAGE
 
@@ -25,46 +26,39 @@ def partition_names(count: int) -> list[str]:
     return [f"{i}/{count}" for i in range(count)]
 
 
-def with_s3_credentials(task: dsl.PipelineTask, secret: str) -> dsl.PipelineTask:
+def with_s3_credentials(task: dsl.PipelineTask, secret: str | None) -> dsl.PipelineTask:
     """S3 credentials (and endpoint, for MinIO) from a Kubernetes secret, as environment variables: never as
     pipeline parameters, so they stay out of the run's recorded inputs. Optional, for clusters with IRSA."""
+    if not secret:
+        return task
     return kubernetes.use_secret_as_env(
         task, secret_name=secret, optional=True,
         secret_key_to_env={"AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY": "AWS_SECRET_ACCESS_KEY",
                            "AWS_ENDPOINT_URL": "AWS_ENDPOINT_URL"})
 
 
-def build(partitions: int = 2, gpus: int = 1, accelerator: str = "nvidia.com/gpu", cpu: str = "8",
-          memory: str = "32Gi", shm: str = "16Gi", node_selector: dict[str, str] | None = None,
-          gpu_taint: str | None = "nvidia.com/gpu", s3_secret: str = "cloob-s3", nodes: int = 1,
-          job_kind: str = "pytorchjob", job_workdir: str = "s3://cloob/jobs", job_namespace: str | None = None,
-          data: str = "acquire"):
-    """The pipeline function for these cluster settings (fixed at compile time: resources and scheduling are
-    part of the pod spec, not run parameters). ``nodes`` > 1 trains through the Training Operator (``job_kind``
+def build(settings: ClusterSettings | None = None):
+    """The pipeline function for these cluster settings (fixed at compile time: resources and scheduling are part
+    of the pod spec, not run parameters). ``nodes`` > 1 trains through the Training Operator (``job_kind``
     pytorchjob or trainjob, pods sharing ``job_workdir``). ``data``: ``acquire`` builds the shards (acquire ->
     gate -> download fan-out -> merge); ``import`` takes shards already on S3 (e.g. a DVC worktree remote) by
     URI through ``dsl.importer``."""
-    if data not in ("acquire", "import"):
-        raise ValueError(f"data={data!r}: choose acquire or import")
-    job = None
-    if nodes > 1:
-        job = JobSettings(image=CUDA_IMAGE, workdir=job_workdir, kind=job_kind, nodes=nodes, gpus_per_node=gpus,
-                          accelerator=accelerator, cpu=cpu, memory=memory, shm=shm,
-                          node_selector=dict(node_selector or {}), gpu_taint=gpu_taint, s3_secret=s3_secret,
-                          namespace=job_namespace).to_json()
+    settings = settings or ClusterSettings()
+    if settings.nodes > 1 and not settings.image:
+        settings = settings.model_copy(update={"image": CUDA_IMAGE})
 
     def train_and_promote(params: str, shards: Any) -> None:
         shard_gate = steps.validate_shards(params=params, shards=shards)
-        trained = train_task(params, shards, gpus, job, accelerator, cpu, memory, shm, node_selector, gpu_taint)
+        trained = train_task(params, shards, settings)
         trained.after(shard_gate)
         trained.set_caching_options(False)  # a retraining run must train, even on unchanged inputs
-        with_s3_credentials(trained, s3_secret)
+        with_s3_credentials(trained, settings.s3_secret)
         reported = evaluate_and_report(trained.outputs["model"])
         gate = steps.promote(params=params, model=trained.outputs["model"], report=reported.outputs["folder"])
         gate.set_caching_options(False)  # production may have moved since a cached decision
-        with_s3_credentials(gate, s3_secret)
+        with_s3_credentials(gate, settings.s3_secret)
 
-    if data == "import":
+    if settings.data == "import":
         @dsl.pipeline(name="cloob-pretrain-evaluate-imported",
                       description="CLOOB pretraining and evaluation on shards already on S3 (imported).")
         def pretrain_imported(shards_uri: str, params: str = DEFAULT_PARAMS):
@@ -77,39 +71,38 @@ def build(partitions: int = 2, gpus: int = 1, accelerator: str = "nvidia.com/gpu
     @dsl.pipeline(name="cloob-pretrain-evaluate",
                   description="CLOOB pretraining and evaluation: data gate, sharded download, training, report.")
     def pretrain_evaluate(params: str = DEFAULT_PARAMS):
-        acquired = with_s3_credentials(steps.acquire(params=params), s3_secret)
+        acquired = with_s3_credentials(steps.acquire(params=params), settings.s3_secret)
         acquired.set_caching_options(False)  # the source (a URL or bucket) can change under the same name
         gate = with_s3_credentials(steps.validate_manifest(params=params, manifest=acquired.outputs["manifest"]),
-                                   s3_secret)
-        with dsl.ParallelFor(items=partition_names(partitions), parallelism=partitions) as part:
+                                   settings.s3_secret)
+        with dsl.ParallelFor(items=partition_names(settings.partitions), parallelism=settings.partitions) as part:
             downloaded = steps.download_partition(params=params, manifest=acquired.outputs["manifest"],
-                                                   partition=part)
+                                                  partition=part)
             downloaded.after(gate)
             downloaded.set_retry(num_retries=3, backoff_duration="60s", backoff_factor=2)
-            with_s3_credentials(downloaded, s3_secret)
+            with_s3_credentials(downloaded, settings.s3_secret)
         merged = steps.merge_shards(parts=dsl.Collected(downloaded.outputs["shards"]))
         train_and_promote(params, merged.outputs["shards"])
 
     return pretrain_evaluate
 
 
-def train_task(params: str, shards: Any, gpus: int, job: str | None, accelerator: str, cpu: str, memory: str,
-               shm: str, node_selector: dict[str, str] | None, gpu_taint: str | None) -> dsl.PipelineTask:
-    """One GPU pod (torchrun over its GPUs), or, with ``job`` settings, a small pod that runs the multi-node
-    job and waits for it (its service account needs the RBAC in infra/k8s/base/rbac.yaml)."""
-    if job is not None:
-        watcher = steps.train_multinode(params=params, shards=shards, job=job,
-                                         run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
+def train_task(params: str, shards: Any, settings: ClusterSettings) -> dsl.PipelineTask:
+    """One GPU pod (torchrun over its GPUs), or, for several nodes, a small pod that runs the multi-node job and
+    waits for it (its service account needs the RBAC in infra/k8s/base/rbac.yaml)."""
+    if settings.nodes > 1:
+        watcher = steps.train_multinode(params=params, shards=shards, job=settings.to_json(),
+                                        run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
         return watcher.set_cpu_request("500m").set_memory_request("1Gi")
-    trained = steps.train(params=params, shards=shards, gpus=gpus)
-    trained.set_cpu_request(cpu).set_memory_request(memory)
-    if gpus > 0:
-        trained.set_accelerator_type(accelerator).set_accelerator_limit(gpus)
+    trained = steps.train(params=params, shards=shards, gpus=settings.gpus)
+    trained.set_cpu_request(settings.cpu).set_memory_request(settings.memory)
+    if settings.gpus > 0:
+        trained.set_accelerator_type(settings.accelerator).set_accelerator_limit(settings.gpus)
     kubernetes.empty_dir_mount(trained, volume_name="dshm", mount_path="/dev/shm", medium="Memory",
-                               size_limit=shm)  # DataLoader workers share batches through /dev/shm
-    if gpu_taint:
-        kubernetes.add_toleration(trained, key=gpu_taint, operator="Exists", effect="NoSchedule")
-    for key, value in (node_selector or {}).items():
+                               size_limit=settings.shm)  # DataLoader workers share batches through /dev/shm
+    if settings.gpu_taint:
+        kubernetes.add_toleration(trained, key=settings.gpu_taint, operator="Exists", effect="NoSchedule")
+    for key, value in settings.node_selector.items():
         kubernetes.add_node_selector(trained, label_key=key, label_value=value)
     for key, value in PART_OF.items():  # the PodMonitor in infra/k8s selects training pods by these labels
         kubernetes.add_pod_label(trained, label_key=key, label_value=value)
@@ -128,9 +121,10 @@ def evaluate_and_report(model: Any) -> dsl.PipelineTask:  # model: a task output
                          retrieval=results["retrieval"], diagnostics=results["diagnostics"])
 
 
-def build_evaluation(s3_secret: str = "cloob-s3"):
+def build_evaluation(settings: ClusterSettings | None = None):
     """Scheduled re-evaluation of the production model: the same evaluations, and production's stored metrics
     refreshed so the next promotion compares both models on the same sets."""
+    s3_secret = (settings or ClusterSettings()).s3_secret
 
     @dsl.pipeline(name="cloob-evaluate-production",
                   description="Re-evaluate the production model of promote.store and record its metrics.")

@@ -1,10 +1,17 @@
 #!/usr/bin/env bash
-# The main command: set up (if needed), run the DVC pipeline (acquire -> validate -> shards -> train -> eval ->
-# report) on the embedded default, and print the results. Extra arguments go to `dvc repro`.
+# The main command: set up (if needed), run the DVC pipeline (acquire -> validate -> download -> train -> eval ->
+# report -> promote) on the embedded default, and print the evaluation summary when this run produced one.
+# Extra arguments go to `dvc repro` (e.g. `train` stops after training).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 export PATH="$PWD/.venv/bin:$PATH" DVC_NO_ANALYTICS=1
+metrics=reports/metrics.json
+before=$(stat -c %y "$metrics" 2>/dev/null || true)
 dvc repro "$@"
-echo
-cloob eval summary --metrics reports/metrics.json
+if [ -f "$metrics" ] && [ "$(stat -c %y "$metrics")" != "$before" ]; then
+  echo
+  cloob eval summary --metrics "$metrics"
+else
+  echo "(no evaluation ran in this run; \`cloob eval summary\` prints the last report's figures)"
+fi

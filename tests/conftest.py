@@ -85,3 +85,25 @@ def pushgateway():
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture(scope="session")
+def read_shards():
+    """Samples of a shards folder (local or s3://) as plain webdataset reads them, in shard order:
+    ``(RGB image as a numpy array, caption, metadata dict)``."""
+    import json
+
+    import numpy as np
+    import webdataset as wds
+
+    from cloob_core.data.shard_files import register_s3, shard_list
+
+    def read(location: str) -> list[tuple]:
+        register_s3()
+        urls, _ = shard_list(location)
+        pipeline = wds.DataPipeline(wds.SimpleShardList(urls), wds.tarfile_to_samples(), wds.decode("pilrgb"),
+                                    wds.to_tuple("jpg;png", "txt", "json"))
+        return [(np.asarray(image), caption, json.loads(meta) if isinstance(meta, bytes) else meta)
+                for image, caption, meta in pipeline]
+
+    return read

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import logging
 import tarfile
 
 import numpy as np
 import pytest
+import torch
 from image_server import photo_bytes
 
 from cloob_core.cli import main
 from cloob_core.config import load_config
 from cloob_core.data.local import build_shards
-from cloob_core.data.shard_files import SkipCounter, make_dataset, shard_list
+from cloob_core.data.shard_files import shard_list
 from cloob_core.data.validate import run_gate
+from cloob_core.training.streams import StreamChunks
 
 
 def to_array(image):
@@ -28,13 +32,15 @@ def embedded_shards(tmp_path_factory):
     return out, summary
 
 
-def test_embedded_set_becomes_shards_with_labels(embedded_shards):
+def test_embedded_set_becomes_shards_with_labels(embedded_shards, read_shards):
     out, summary = embedded_shards
     assert summary.stats["successes"] == 1000 and summary.sizes == {"00000.tar": 400, "00001.tar": 400,
                                                                     "00002.tar": 200}
-    samples = list(make_dataset(str(out), to_array, str, shuffle_buffer=0, extra_keys=("label", "classname")))
+    assert shard_list(str(out)) == ([str(out / f"0000{i}.tar") for i in range(3)], 1000)
+    samples = read_shards(str(out))
     assert len(samples) == 1000
-    image, caption, label, classname = samples[0]
+    image, caption, meta = samples[0]
+    label, classname = meta["label"], meta["classname"]
     assert image.shape == (28, 28, 3) and classname == str(label)
     from cloob_core.data.embedded import load_embedded
 
@@ -93,7 +99,7 @@ def test_gate_on_manifests(tmp_path, capsys):
     assert run_gate(loose, manifest=str(bad)).passed
 
 
-def test_folder_with_sidecar_captions(tmp_path):
+def test_folder_with_sidecar_captions(tmp_path, read_shards):
     source = tmp_path / "photos"
     (source / "cats").mkdir(parents=True)
     (source / "dogs").mkdir()
@@ -104,9 +110,9 @@ def test_folder_with_sidecar_captions(tmp_path):
     config = load_config(overrides=["preprocess.image_size=32"])
     summary = build_shards(str(source), str(tmp_path / "out"), config, progress=False)
     assert summary.stats["successes"] == 3 and summary.stats["failures_by_reason"] == {"empty_caption": 1}
-    samples = list(make_dataset(str(tmp_path / "out"), to_array, str, shuffle_buffer=0, extra_keys=("classname",)))
-    assert [(c, k) for _, c, k in samples] == [("a photo of cats 0", "cats"), ("a photo of cats 1", "cats"),
-                                               ("a photo of dogs 2", "dogs")]
+    samples = read_shards(str(tmp_path / "out"))
+    assert [(c, meta["classname"]) for _, c, meta in samples] == [
+        ("a photo of cats 0", "cats"), ("a photo of cats 1", "cats"), ("a photo of dogs 2", "dogs")]
 
 
 def test_manifest_of_paths_cannot_escape_its_folder(tmp_path):
@@ -122,7 +128,7 @@ def test_manifest_of_paths_cannot_escape_its_folder(tmp_path):
     assert summary.stats["failures_by_reason"] == {"blocked_path": 2, "missing_file": 1}
 
 
-def test_reader_skips_corrupt_samples_and_tars_with_a_count(embedded_shards, tmp_path):
+def test_the_training_reader_skips_corrupt_samples_and_tars_with_a_count(embedded_shards, tmp_path, caplog):
     out, _ = embedded_shards
     good = out / "00002.tar"
     with tarfile.open(good) as tar:
@@ -140,25 +146,15 @@ def test_reader_skips_corrupt_samples_and_tars_with_a_count(embedded_shards, tmp
             tar.addfile(member, io.BytesIO(data))
     truncated = tmp_path / "truncated.tar"
     truncated.write_bytes(good.read_bytes()[: 20 * 1024 + 100])
-    counter = SkipCounter()
-    samples = list(make_dataset([str(corrupt), str(truncated)], to_array, str, shuffle_buffer=0,
-                                skip_counter=counter))
-    assert counter.skipped >= 3  # the bad image, the caption-less sample, the cut-off tar
-    assert 8 <= len(samples) < 10 + 200
-    assert all(image.shape == (28, 28, 3) for image, _ in samples)
-
-
-def test_shuffling_and_resampling(embedded_shards):
-    out, _ = embedded_shards
-    urls, total = shard_list(str(out))
-    assert total == 1000 and len(urls) == 3
-    ordered = [c for _, c in make_dataset(str(out), to_array, str, shuffle_buffer=0)]
-    shuffled = [c for _, c in make_dataset(str(out), to_array, str, shuffle_buffer=200, seed=1)]
-    assert sorted(ordered) == sorted(shuffled) and ordered != shuffled
-    again = [c for _, c in make_dataset(str(out), to_array, str, shuffle_buffer=200, seed=1)]
-    assert again == shuffled  # seeded
-    virtual = list(make_dataset(str(out), to_array, str, resampled=True, epoch_samples=1500, shuffle_buffer=50))
-    assert len(virtual) == 1500  # a virtual epoch of a fixed size, drawn from shards with replacement
+    stream = StreamChunks(urls=[str(corrupt), str(truncated)], streams=1, owned=[0], chunk_size=1, start_step=0,
+                          positions={}, transform=lambda image: torch.from_numpy(to_array(image).copy()),
+                          tokenizer=lambda texts: torch.zeros(len(texts), 4), seed=0, shuffle_buffer=0)
+    with caplog.at_level(logging.WARNING, logger="cloob_core.data.shard_files"):
+        first_pass = list(itertools.takewhile(lambda chunk: chunk.position[0] == 0, stream))
+    assert sum(chunk.skipped for chunk in first_pass) == 2  # the bad image, the caption-less sample
+    assert sum("skipping unreadable data" in record.getMessage() for record in caplog.records) >= 3  # + the cut
+    assert 8 <= len(first_pass) < 10 + 200
+    assert all(chunk.images.shape == (1, 28, 28, 3) for chunk in first_pass)
 
 
 @pytest.mark.parametrize("stage", ["download", "validate", "shards", "merge-stats"])
@@ -172,33 +168,3 @@ def test_every_data_stage_documents_its_options(stage, capsys):
         for flag in ("--manifest", "--output", "--url-col", "--caption-col", "--allow-private-network",
                      "--retry-failed", "--partition", "--resize-mode", "--url-deadline", "--max-image-pixels"):
             assert flag in text
-
-
-def test_reader_applies_the_models_transform_and_tokenizer(embedded_shards):
-    import open_clip
-    import torch
-
-    from cloob_core.model.dual_encoder import build_model, build_tokenizer
-
-    out, _ = embedded_shards
-    model = build_model(load_config().model)
-    transform = open_clip.image_transform(model.image_size, is_train=True)
-    tokenizer = build_tokenizer("cloob-tiny")
-    loader = torch.utils.data.DataLoader(make_dataset(str(out), transform, tokenizer, shuffle_buffer=100),
-                                         batch_size=50, num_workers=2)
-    images, tokens = next(iter(loader))
-    assert images.shape == (50, 3, model.image_size, model.image_size) and images.dtype == torch.float32
-    assert tokens.shape == (50, 16) and tokens.dtype == torch.long
-    with torch.no_grad():
-        assert model.encode_image(images).shape == model.encode_text(tokens).shape == (50, 64)
-
-
-def test_each_epoch_reshuffles_reproducibly(embedded_shards):
-    out, _ = embedded_shards
-
-    def order(epoch, seed=0):
-        return [c for _, c in make_dataset(str(out), to_array, str, shuffle_buffer=100, seed=seed, epoch=epoch)]
-
-    first, second = order(0), order(1)
-    assert sorted(first) == sorted(second) and first != second
-    assert order(1) == second and order(0, seed=5) != first

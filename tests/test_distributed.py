@@ -13,11 +13,17 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 
-from cloob_core.config import POLY_VIEW_OBJECTIVES
-from cloob_core.objectives.losses import OBJECTIVES, build_objective
+from cloob_core.config import load_config
+from cloob_core.objectives.names import OBJECTIVES, POLY_VIEW_OBJECTIVES
+from cloob_core.objectives.registry import build_objective, objective_from_config
 
 WORLD_SIZE = 2
 BATCH = 12
+
+
+def configured(name: str):
+    """The objective as a run configures it (beta for the Hopfield ones only)."""
+    return objective_from_config(load_config(overrides=[f"train.objective={name}"]))
 
 
 class TwoTowers(nn.Module):
@@ -59,7 +65,7 @@ def _rank_main(rank: int, port: int, result_path: str) -> None:
         model = nn.parallel.DistributedDataParallel(TwoTowers())
         results = {}
         for name in sorted(OBJECTIVES):
-            loss, grads = loss_and_grads(model, build_objective(name, beta=8.0), images[local], texts[local])
+            loss, grads = loss_and_grads(model, configured(name), images[local], texts[local])
             results[name] = {"loss": loss, **{k.removeprefix("module."): v for k, v in grads.items()}}
         if rank == 0:
             torch.save(results, result_path)
@@ -81,7 +87,7 @@ def test_two_gloo_ranks_match_single_process_gradients(tmp_path):
     images, texts = batch()
     model = TwoTowers()
     for name in sorted(OBJECTIVES):
-        loss, grads = loss_and_grads(model, build_objective(name, beta=8.0), images, texts)
+        loss, grads = loss_and_grads(model, configured(name), images, texts)
         for param, grad in grads.items():
             assert grad.abs().max() > 0, f"{name}: {param} has no gradient, the comparison would be vacuous"
         assert_same(distributed[name], loss, grads, name)
@@ -124,7 +130,7 @@ def test_single_process_objectives_do_not_gather(name):
         F.normalize(torch.randn(4, 3, dtype=torch.float64), dim=-1),
         F.normalize(torch.randn(4, 3, dtype=torch.float64), dim=-1),
     )
-    assert torch.isfinite(build_objective(name, beta=8.0)(x, y, 30.0))
+    assert torch.isfinite(configured(name)(x, y, 30.0))
 
 
 VIEWS = (2, 3)  # image and text views per sample

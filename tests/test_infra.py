@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from cloob_core.ops import trainjob
+from cloob_core.ops.cluster import ClusterSettings
 
 REPO = Path(__file__).resolve().parents[1]
 INFRA = REPO / "infra"
@@ -92,7 +93,7 @@ def test_the_pod_monitor_selects_the_training_pods_and_their_metrics_port(render
     _, documents = rendered
     (monitor,) = by_kind(documents, "PodMonitor")
     selector = monitor["spec"]["selector"]["matchLabels"]
-    settings = trainjob.JobSettings(image="i", workdir="s3://w", nodes=2)
+    settings = ClusterSettings(image="i", job_workdir="s3://w", nodes=2)
     pod = trainjob.manifest(settings, "n", "", "s3://d", "s3://w")["spec"]["pytorchReplicaSpecs"]["Master"][
         "template"]
     assert selector.items() <= pod["metadata"]["labels"].items()
@@ -109,7 +110,7 @@ def test_the_pod_monitor_selects_the_training_pods_and_their_metrics_port(render
 def test_training_job_pod_templates_are_valid_kubernetes(kind):
     """The operators copy these into pods: as a core PodTemplate they must validate strictly."""
     kv = validator()
-    settings = trainjob.JobSettings(image="reg/cloob:cuda", workdir="s3://w", kind=kind, nodes=3,
+    settings = ClusterSettings(image="reg/cloob:cuda", job_workdir="s3://w", job_kind=kind, nodes=3,
                                     node_selector={"pool": "a100"}, service_account="cloob-pipeline")
     body = trainjob.manifest(settings, "cloob-train-x", "train: {}\n", "s3://d", "s3://w/x")
     if kind == "pytorchjob":

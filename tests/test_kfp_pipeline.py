@@ -84,13 +84,14 @@ def test_training_runs_on_gpu_nodes_with_shared_memory_and_the_secret(compiled):
 def test_kfp_local_runs_the_whole_pipeline_on_the_embedded_default(tmp_path):
     from kfp import local
 
+    from cloob_core.ops.cluster import ClusterSettings
     from pipelines.pretrain import DEFAULT_PARAMS, build, build_evaluation
 
     params = json.loads(DEFAULT_PARAMS)
     params["train"]["epochs"] = 3.0  # CI time
     params["promote"]["store"] = str(tmp_path / "store")
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "root"))
-    build(partitions=2, gpus=0)(params=json.dumps(params))
+    build(ClusterSettings(partitions=2, gpus=0))(params=json.dumps(params))
     (report,) = (tmp_path / "root").glob("*/report/folder/metrics.json")
     metrics = json.loads(report.read_text())
     zeroshot = metrics["embedded-mnist-test_zeroshot_classification"]
@@ -205,7 +206,7 @@ def test_multi_node_training_is_a_training_operator_job_watched_by_a_small_pod(t
     watcher = tasks["train-multinode"]
     assert "validate-shards" in watcher["dependentTasks"]
     job = json.loads(watcher["inputs"]["parameters"]["job"]["runtimeValue"]["constant"])
-    assert (job["kind"], job["nodes"], job["gpus_per_node"], job["workdir"]) == ("trainjob", 4, 8, "s3://team/jobs")
+    assert (job["job_kind"], job["nodes"], job["gpus"], job["job_workdir"]) == ("trainjob", 4, 8, "s3://team/jobs")
     assert job["node_selector"] == {"pool": "h100"} and job["image"] == "cloob-pipelines:0.1.0-cuda"
     assert watcher["inputs"]["parameters"]["run_id"]["runtimeValue"]["constant"] == "{{$.pipeline_job_uuid}}"
     resources = spec["deploymentSpec"]["executors"]["exec-train-multinode"]["container"]["resources"]

@@ -12,10 +12,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from cloob_core.config import load_config
 from cloob_core.objectives.losses import (
-    OBJECTIVES,
     CLOOBLoss,
-    build_objective,
     cloob_loss,
     hopfield_retrieval,
     infoloob_loss,
@@ -23,8 +22,15 @@ from cloob_core.objectives.losses import (
     infonce_loss,
     loob,
 )
+from cloob_core.objectives.names import OBJECTIVES
+from cloob_core.objectives.registry import build_objective, objective_from_config
 
 DTYPES = (torch.float32, torch.float64)
+
+
+def configured(name: str, beta: float = 8.0):
+    """The objective as a run configures it: ``objective.beta`` reaches the Hopfield objectives only."""
+    return objective_from_config(load_config(overrides=[f"train.objective={name}", f"objective.beta={beta}"]))
 
 
 def unit(n: int, d: int, seed: int, dtype=torch.float64) -> torch.Tensor:
@@ -245,7 +251,7 @@ def test_loob_can_be_negative_unlike_infonce():
 @pytest.mark.parametrize("name", sorted(OBJECTIVES))
 def test_invariant_to_joint_permutation_and_rotation(name):
     x, y = correlated_pair(10, 6, seed=18)
-    objective = build_objective(name, beta=8.0)
+    objective = configured(name)
     base = objective(x, y, 30.0)
     perm = torch.randperm(10, generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(objective(x[perm], y[perm], 30.0), base, rtol=1e-12, atol=1e-12)
@@ -265,7 +271,7 @@ def test_finite_values_and_gradients_in_extreme_regimes(name, dtype):
     y = x.clone()
     x.requires_grad_()
     y.requires_grad_()
-    loss = build_objective(name, beta=14.3)(x, y, 100.0)
+    loss = configured(name, beta=14.3)(x, y, 100.0)
     loss.backward()
     assert torch.isfinite(loss)
     assert torch.isfinite(x.grad).all() and torch.isfinite(y.grad).all()
@@ -274,7 +280,7 @@ def test_finite_values_and_gradients_in_extreme_regimes(name, dtype):
 @pytest.mark.parametrize("name", sorted(OBJECTIVES))
 def test_bf16_autocast_on_cpu_is_finite_and_close_to_fp32(name):
     x, y = correlated_pair(64, 32, seed=20, dtype=torch.float32)
-    objective = build_objective(name, beta=8.0)
+    objective = configured(name)
     reference = objective(x, y, 30.0)
     xa, ya = x.clone().requires_grad_(), y.clone().requires_grad_()
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -309,6 +315,8 @@ def test_registry_rejects_unknown_names_and_options():
         build_objective("simclr")
     with pytest.raises(ValueError, match="does not take options"):
         build_objective("cloob", queue_size=5)
+    with pytest.raises(ValueError, match="does not take options"):  # beta parameterises Hopfield memories only
+        build_objective("clip", beta=8.0)
     with pytest.raises(ValueError, match="beta must be > 0"):
         build_objective("cloob", beta=0.0)
 
@@ -330,5 +338,5 @@ def test_learnable_inv_tau_receives_gradient():
     x, y = correlated_pair(8, 5, seed=23)
     inv_tau = torch.tensor(30.0, dtype=torch.float64, requires_grad=True)
     for name in OBJECTIVES:
-        (grad,) = torch.autograd.grad(build_objective(name, beta=8.0)(x, y, inv_tau), inv_tau)
+        (grad,) = torch.autograd.grad(configured(name)(x, y, inv_tau), inv_tau)
         assert torch.isfinite(grad) and grad.item() != 0.0

@@ -13,7 +13,6 @@ import torch
 import torch.nn.functional as F
 
 from cloob_core.objectives.losses import (
-    build_objective,
     cloob_loss,
     infoloob_loss,
     infonce_loss,
@@ -21,6 +20,7 @@ from cloob_core.objectives.losses import (
     restricted_terms,
 )
 from cloob_core.objectives.negatives import Band, BandSchedule, EmbeddingQueue, eligible_negatives
+from cloob_core.objectives.registry import build_objective
 
 INV_TAU = 30.0
 

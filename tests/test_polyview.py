@@ -15,7 +15,8 @@ import torch.nn.functional as F
 
 from cloob_core.config import load_config
 from cloob_core.objectives import polyview
-from cloob_core.objectives.losses import build_objective, infoloob_loss, infonce_loss, objective_from_config
+from cloob_core.objectives.losses import infoloob_loss, infonce_loss
+from cloob_core.objectives.registry import build_objective, objective_from_config
 
 INV_TAU = 10.0
 POLY = ("pvc_geometric", "pvc_arithmetic", "multicrop", "suffstats")

@@ -18,8 +18,9 @@ import pytest
 import torch
 
 from cloob_core.cli import main
-from cloob_core.config import OBJECTIVE_NAMES, POLY_VIEW_OBJECTIVES, ConfigError, load_config
+from cloob_core.config import ConfigError, load_config
 from cloob_core.model.export import load_exported
+from cloob_core.objectives.names import OBJECTIVE_NAMES, POLY_VIEW_OBJECTIVES
 from cloob_core.training.env import detect
 from cloob_core.training.loop import train
 
@@ -106,7 +107,7 @@ def test_two_rank_ddp_equals_one_process_with_the_same_global_batch(shards, tmp_
 
 def test_gradient_accumulation_equals_the_full_batch():
     from cloob_core.model.dual_encoder import build_model
-    from cloob_core.objectives.losses import build_objective
+    from cloob_core.objectives.registry import build_objective
     from cloob_core.training.optim import build_optimizer
     from cloob_core.training.step import StepParts, accumulate_gradients
 
@@ -117,8 +118,9 @@ def test_gradient_accumulation_equals_the_full_batch():
     for k in (1, 2, 4):
         torch.manual_seed(0)
         model = build_model(config.model).double()
-        parts = StepParts(model, build_objective("cloob", beta=8.0), build_optimizer(model, config.optim),
-                          torch.amp.GradScaler("cpu", enabled=False), "cpu", accum_freq=k)
+        parts = StepParts(model=model, objective=build_objective("cloob", beta=8.0),
+                          optimizer=build_optimizer(model, config.optim),
+                          scaler=torch.amp.GradScaler("cpu", enabled=False), device_type="cpu", accum_freq=k)
         loss = accumulate_gradients(parts, images, tokens)
         grads[k] = (loss, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
     full_loss, full = grads[1]
@@ -273,8 +275,9 @@ def test_a_poly_view_run_draws_image_and_text_views(shards, tmp_path, capsys):
     from cloob_core.training.streams import StreamChunks, draw_captions, sample_captions
 
     urls, _ = shard_list(str(shards))
-    chunks = StreamChunks(urls, 4, [0], 4, 0, {}, lambda image: torch.zeros(3, 8, 8), lambda texts: texts, 0, 10,
-                          image_views=3, text_views=2)
+    chunks = StreamChunks(urls=urls, streams=4, owned=[0], chunk_size=4, start_step=0, positions={},
+                          transform=lambda image: torch.zeros(3, 8, 8), tokenizer=lambda texts: texts, seed=0,
+                          shuffle_buffer=10, image_views=3, text_views=2)
     chunk = next(iter(chunks))
     assert chunk.images.shape == (12, 3, 8, 8) and len(chunk.tokens) == 8  # sample-major: 4 samples x views
     for i in range(4):  # a sample's two text views are two phrasings of its digit

@@ -18,7 +18,8 @@ import yaml
 
 from cloob_core import storage
 from cloob_core.ops import kubeflow, trainjob
-from cloob_core.ops.trainjob import JobFailed, JobSettings
+from cloob_core.ops.cluster import ClusterSettings
+from cloob_core.ops.trainjob import JobFailed
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from k8s_api_server import FakeTrainingCluster
@@ -26,10 +27,10 @@ from k8s_api_server import FakeTrainingCluster
 PARAMS = "train:\n  objective: cloob\n  note: \"quotes ' and \\\" and $HOME and `ticks`\"\n"
 
 
-def settings(**changes) -> JobSettings:
-    base = {"image": "registry.example/cloob:cuda", "workdir": "s3://jobs/prefix", "nodes": 3, "gpus_per_node": 8,
+def settings(**changes) -> ClusterSettings:
+    base = {"image": "registry.example/cloob:cuda", "job_workdir": "s3://jobs/prefix", "nodes": 3, "gpus": 8,
             "node_selector": {"pool": "h100"}}
-    return JobSettings(**{**base, **changes})
+    return ClusterSettings(**{**base, **changes})
 
 
 def test_a_pytorchjob_has_a_master_workers_gpus_shm_and_secrets_by_reference(monkeypatch):
@@ -58,15 +59,15 @@ def test_a_pytorchjob_has_a_master_workers_gpus_shm_and_secrets_by_reference(mon
 
 
 def test_one_node_has_no_workers_and_a_cpu_job_asks_for_no_gpu():
-    body = trainjob.manifest(settings(nodes=1, gpus_per_node=0), "cloob-train-x", PARAMS, "s3://d", "s3://w")
+    body = trainjob.manifest(settings(nodes=1, gpus=0), "cloob-train-x", PARAMS, "s3://d", "s3://w")
     assert set(body["spec"]["pytorchReplicaSpecs"]) == {"Master"} and body["spec"]["nprocPerNode"] == "1"
     assert "limits" not in body["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0][
         "resources"]
 
 
 def test_a_trainjob_uses_the_torch_runtime_with_nodes_and_overrides():
-    body = trainjob.manifest(settings(kind="trainjob", namespace="team-a"), "cloob-train-run1", PARAMS, "s3://d",
-                             "s3://w")
+    body = trainjob.manifest(settings(job_kind="trainjob", job_namespace="team-a"), "cloob-train-run1", PARAMS,
+                             "s3://d", "s3://w")
     assert body["apiVersion"] == "trainer.kubeflow.org/v1alpha1" and body["kind"] == "TrainJob"
     assert body["metadata"]["namespace"] == "team-a"
     spec = body["spec"]
@@ -88,7 +89,7 @@ def test_the_pod_command_writes_the_params_verbatim_and_calls_torchrun_with_inta
     fake.write_text(f"#!{sys.executable}\nimport json, sys\njson.dump(sys.argv[1:], open('argv.json', 'w'))\n")
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     shards = "s3://data/odd name/it's"
-    body = trainjob.manifest(settings(nodes=2, gpus_per_node=4), "n", PARAMS, shards, "s3://w/n")
+    body = trainjob.manifest(settings(nodes=2, gpus=4), "n", PARAMS, shards, "s3://w/n")
     command = body["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["command"]
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "CLOOB_PARAMS": PARAMS}
     subprocess.run(command, cwd=tmp_path, env=env, check=True)
@@ -122,11 +123,11 @@ def test_job_names_are_valid_dns_labels():
 
 
 def test_bad_job_settings_are_refused():
-    with pytest.raises(ValueError, match="job kind"):
-        settings(kind="mpijob")
+    with pytest.raises(ValueError, match="job_kind"):
+        settings(job_kind="mpijob")
     with pytest.raises(ValueError, match="work folder"):
-        settings(workdir="")
-    assert JobSettings.from_json(settings().to_json()) == settings()
+        settings(job_workdir="")
+    assert ClusterSettings.from_json(settings().to_json()) == settings()
 
 
 def _stub_python(folder: Path, body: str) -> dict[str, str]:
@@ -140,7 +141,7 @@ def _stub_python(folder: Path, body: str) -> dict[str, str]:
 def test_a_failed_job_raises_with_its_condition_and_is_deleted(tmp_path, monkeypatch):
     with FakeTrainingCluster(extra_env=_stub_python(tmp_path / "bin", "exit 3\n")) as cluster:
         monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig(tmp_path / "kubeconfig")))
-        job = settings(nodes=2, gpus_per_node=0, namespace="team-a", poll_s=0.1)
+        job = settings(nodes=2, gpus=0, job_namespace="team-a", job_poll_s=0.1)
         with pytest.raises(JobFailed, match=r"failed: Failed: PodFailed exit codes \[3, 3\]"):
             trainjob.run(trainjob.manifest(job, "cloob-train-f", PARAMS, "s3://d", "s3://w"), job)
     methods = [(r["method"], r["path"]) for r in cluster.requests]
@@ -152,7 +153,7 @@ def test_a_failed_job_raises_with_its_condition_and_is_deleted(tmp_path, monkeyp
 def test_a_job_past_its_time_limit_is_deleted_and_its_pods_stopped(tmp_path, monkeypatch):
     with FakeTrainingCluster(extra_env=_stub_python(tmp_path / "bin", "sleep 60\n")) as cluster:
         monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig(tmp_path / "kubeconfig", namespace="ns-b")))
-        job = settings(kind="trainjob", nodes=2, gpus_per_node=0, timeout_s=1.0, poll_s=0.1)
+        job = settings(job_kind="trainjob", nodes=2, gpus=0, job_timeout_s=1.0, job_poll_s=0.1)
         with pytest.raises(JobFailed, match="did not finish in 1 s"):
             trainjob.run(trainjob.manifest(job, "cloob-train-t", PARAMS, "s3://d", "s3://w"), job)
         assert cluster.requests[-1]["method"] == "DELETE"
@@ -179,8 +180,8 @@ def test_a_two_node_job_trains_and_equals_one_process(kind, local_shards, tmp_pa
         shards_uri = "minio://mlpipeline/v2/artifacts/shards"
     secret = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
               "AWS_ENDPOINT_URL": os.environ["AWS_ENDPOINT_URL"]}
-    job = JobSettings(image="cloob:cuda", workdir=f"s3://{s3_bucket}/jobs", kind=kind, nodes=2, gpus_per_node=0,
-                      poll_s=0.5, timeout_s=600)
+    job = ClusterSettings(image="cloob:cuda", job_workdir=f"s3://{s3_bucket}/jobs", job_kind=kind, nodes=2, gpus=0,
+                      job_poll_s=0.5, job_timeout_s=600)
     # The pods see only what the secret gives them: not this process's S3 settings.
     pod_env = {"AWS_ENDPOINT_URL": "", "AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": "", "OMP_NUM_THREADS": "1",
                "AWS_DEFAULT_REGION": "us-east-1"}

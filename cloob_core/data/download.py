@@ -47,7 +47,7 @@ from cloob_core.data.writer import (
 )
 from cloob_core.errors import StageError
 from cloob_core.io import json_bytes
-from cloob_core.ops.pushgateway import push_download_summary
+from cloob_core.pushgateway import push_download_summary
 
 log = logging.getLogger(__name__)
 
@@ -142,8 +142,8 @@ def _digest_key(sha256_hex: str) -> bytes:
 class _Finaliser:
     """Publishes shards in plan order, dropping content seen in any earlier shard."""
 
-    def __init__(self, output: str, staging_dir: Path, dedup_content: bool, seen: dict[str, str]):
-        self.output, self.staging_dir, self.dedup_content, self.seen = output, staging_dir, dedup_content, seen
+    def __init__(self, output: str, dedup_content: bool, seen: dict[bytes, str]):
+        self.output, self.dedup_content, self.seen = output, dedup_content, seen
 
     def publish(self, result: JobResult) -> ShardRecord:
         job = result.job
@@ -216,14 +216,14 @@ def download(
     records = [r for r in read_records(output) if partition.owns(r.shard)]
 
     if retry_failed:
-        missing = plan_round(manifest, output, records, partition, 0, pre.shard_size, dl.dedup_urls)
+        missing = plan_round(manifest, output, records, partition, 0, pre.shard_size)
         if missing:
             raise ManifestError(f"{len(missing)} shard(s) of the first pass are not complete yet; re-run without "
                                 "--retry-failed to finish them, then retry")
         round_ = retry_round(output, partition, records)
     else:
         round_ = 0
-    plan = plan_round(manifest, output, records, partition, round_, pre.shard_size, dl.dedup_urls)
+    plan = plan_round(manifest, output, records, partition, round_, pre.shard_size)
     if round_ > 0 and plan:
         plan_file = storage.join(output, retry_plan_name(round_, partition))
         if not storage.exists(plan_file):
@@ -237,7 +237,7 @@ def download(
 
     staging_dir = Path(output) if not storage.is_s3(output) else Path(tempfile.mkdtemp(prefix="cloob-staging-"))
     seen = {_digest_key(sha): key for r in records for key, sha in r.samples} if pre.dedup_content else {}
-    finaliser = _Finaliser(output, staging_dir, pre.dedup_content, seen)
+    finaliser = _Finaliser(output, pre.dedup_content, seen)
     first_row = manifest.first_row_of_url
 
     def staging(name: str) -> str:

@@ -166,8 +166,10 @@ class FetchPolicy:
 
     @classmethod
     def from_config(cls, config) -> FetchPolicy:  # config: cloob_core.config.DownloadConfig
-        return cls(config.connect_timeout, config.read_timeout, config.url_deadline, config.retries, config.backoff,
-                   config.max_redirects, config.max_bytes, config.respect_opt_out, config.allow_private_network)
+        return cls(connect_timeout=config.connect_timeout, read_timeout=config.read_timeout,
+                   deadline=config.url_deadline, retries=config.retries, backoff=config.backoff,
+                   max_redirects=config.max_redirects, max_bytes=config.max_bytes,
+                   respect_opt_out=config.respect_opt_out, allow_private_network=config.allow_private_network)
 
 
 @dataclass

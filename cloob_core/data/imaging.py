@@ -95,7 +95,8 @@ def process_image(data: bytes, config: PreprocessConfig) -> ProcessedImage:
     image = _resize(image, new_w, new_h, config)
     out = io.BytesIO()
     image.save(out, format="JPEG", quality=config.jpeg_quality)
-    return ProcessedImage(out.getvalue(), None, "", width, height, image.width, image.height)
+    return ProcessedImage(jpeg=out.getvalue(), reason=None, detail="", original_width=width,
+                          original_height=height, width=image.width, height=image.height)
 
 
 def _resize(image: Image.Image, new_w: int, new_h: int, config: PreprocessConfig) -> Image.Image:

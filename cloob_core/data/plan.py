@@ -18,7 +18,7 @@ from cloob_core.io import json_bytes
 
 
 def plan_round(manifest: Manifest, output: str, records: list[ShardRecord], partition: Partition,
-                round_: int, shard_size: int, dedup_urls: bool) -> list[tuple[str, int, list[int]]]:
+               round_: int, shard_size: int) -> list[tuple[str, int, list[int]]]:
     """(name, base shard, rows) for each shard still to do in this round."""
     done = {r.name for r in records}
     plan = []

@@ -1,24 +1,17 @@
-"""Reading shards for training: a WebDataset pipeline over local or ``s3://`` shards.
-
-Shards are split by node (rank) and by data-loader worker, samples shuffled through a buffer, and a corrupt
-sample or tar is skipped with a counted warning instead of ending the run. With ``resampled=True`` shards are
-drawn with replacement and an epoch is a fixed number of samples ("virtual epochs", as open_clip does for
-data sets that do not divide evenly over ranks and workers).
+"""Finding and opening a folder of shards, for its readers (the training streams, the evaluation's shard sets):
+the shard list and sample count from ``sizes.json`` (or a brace pattern, or the folder's tars), ``s3://`` for
+webdataset through boto3, and the handler that skips what cannot be read with a count instead of ending a run.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import random
 import re
 import sys
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-
-import webdataset as wds
 
 from cloob_core import storage
 
@@ -74,72 +67,3 @@ def shard_list(location: str | list[str]) -> tuple[list[str], int | None]:
             raise FileNotFoundError(f"no sizes.json and no .tar shards in {location}") from None
         return [storage.join(location, name) for name in names], None
     return [storage.join(location, name) for name in sorted(sizes)], int(sum(sizes.values()))
-
-
-def make_dataset(
-    shards: str | list[str],
-    image_transform: Callable[[Any], Any],
-    tokenize: Callable[[str], Any],
-    *,
-    shuffle_buffer: int = 1000,
-    seed: int = 0,
-    resampled: bool = False,
-    epoch: int = 0,
-    epoch_samples: int | None = None,
-    extra_keys: tuple[str, ...] = (),
-    skip_counter: SkipCounter | None = None,
-) -> wds.DataPipeline:
-    """Samples as ``(image, tokens, *extra)``; ``extra_keys`` picks fields of the sample's json (e.g. label).
-
-    ``seed`` and ``epoch`` fix the shard order and the sample shuffle, so a run is reproducible.
-    """
-    register_s3()
-    urls, _ = shard_list(shards)
-    handler = skip_counter or SkipCounter()
-    stages: list[Any] = []
-    if resampled:
-        stages.append(wds.ResampledShards(urls, seed=seed, deterministic=True))  # seeds include rank and worker
-    else:
-        stages.append(wds.SimpleShardList(urls))
-        if shuffle_buffer > 1:  # the same shard order on every rank, a new one each epoch, then split
-            stages.append(wds.detshuffle(bufsize=len(urls), initial=len(urls), seed=seed, epoch=epoch - 1))
-        stages += [wds.split_by_node, wds.split_by_worker]
-    stages.append(wds.tarfile_to_samples(handler=handler))
-    if shuffle_buffer > 1:
-        stages.append(SampleShuffle(shuffle_buffer, seed, epoch))
-    stages += [
-        wds.decode("pilrgb", handler=handler),
-        wds.to_tuple("jpg;png;jpeg;webp", "txt", "json", handler=handler),
-        wds.map(_finish(image_transform, tokenize, extra_keys), handler=handler),
-    ]
-    pipeline = wds.DataPipeline(*stages)
-    if epoch_samples is not None:
-        pipeline = pipeline.with_epoch(epoch_samples)
-    return pipeline
-
-
-class SampleShuffle(wds.PipelineStage):
-    """Buffer shuffle seeded by (seed, epoch, rank and worker): reproducible, different in every data-loader
-    worker and every epoch (each pass over the pipeline is the next epoch)."""
-
-    def __init__(self, bufsize: int, seed: int, epoch: int = 0):
-        self.bufsize, self.seed, self.epoch = bufsize, seed, epoch
-
-    def run(self, src: Any) -> Any:
-        rng = random.Random(wds.utils.make_seed(self.seed, self.epoch, wds.utils.pytorch_worker_seed()))
-        self.epoch += 1
-        return wds.filters._shuffle(src, self.bufsize, min(self.bufsize, 100), rng)
-
-
-def _finish(image_transform: Callable, tokenize: Callable, extra_keys: tuple[str, ...]) -> Callable:
-    def finish(sample: tuple) -> tuple:
-        image, caption, meta = sample
-        if isinstance(caption, bytes):
-            caption = caption.decode("utf-8")
-        tokens = tokenize(caption)
-        if getattr(tokens, "ndim", 1) == 2:
-            tokens = tokens[0]
-        extras = tuple(meta[key] for key in extra_keys)
-        return (image_transform(image), tokens, *extras)
-
-    return finish

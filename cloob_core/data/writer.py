@@ -119,9 +119,10 @@ class ShardRecord:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ShardRecord:
-        return cls(data["name"], data["shard"], data["round"], data["rows"], data["successes"],
-                   dict(data["failures_by_reason"]), data["duration_s"], data["tar"], data.get("samples", []),
-                   data.get("image_sides", {}), data.get("tar_bytes", 0))
+        return cls(name=data["name"], shard=data["shard"], round=data["round"], rows=data["rows"],
+                   successes=data["successes"], failures_by_reason=dict(data["failures_by_reason"]),
+                   duration_s=data["duration_s"], tar=data["tar"], samples=data.get("samples", []),
+                   image_sides=data.get("image_sides", {}), tar_bytes=data.get("tar_bytes", 0))
 
 
 def read_records(folder: str) -> list[ShardRecord]:

@@ -69,11 +69,10 @@ def few_shot_indices(labels: Tensor, k: int, generator: torch.Generator) -> Tens
     return torch.cat(chosen).sort().values
 
 
-def linear_probe(train_x: Tensor, train_y: Tensor, test_x: Tensor, test_y: Tensor, num_classes: int,
-                 val_x: Tensor | None = None, val_y: Tensor | None = None, seed: int = 0,
-                 max_iter: int = 1000) -> tuple[ProbeFit, SearchResult]:
+def linear_probe(train_x: Tensor, train_y: Tensor, num_classes: int, *, val_x: Tensor | None = None,
+                 val_y: Tensor | None = None, seed: int = 0, max_iter: int = 1000) -> tuple[ProbeFit, SearchResult]:
     """Search lambda on the validation split (or a random half of train), refit on train (+ val), return the
-    final fit; score it on ``test_x`` with :func:`accuracy`."""
+    final fit; the test split is never seen here (score it with :func:`accuracy`)."""
     if val_x is None:
         generator = torch.Generator().manual_seed(seed)
         order = torch.randperm(len(train_y), generator=generator)

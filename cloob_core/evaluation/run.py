@@ -93,8 +93,8 @@ class LinearProbeTask:
         train = options.images(self.train_data, self.train_split)
         test = options.images(self.test_data or self.train_data, self.test_split)
         validation = options.images(self.val_data, self.val_split) if self.val_data else None
-        metrics = tasks.linear_probe_stage(model, train, test, output, options.cache, validation, self.few_shot,
-                                           self.seed, options.progress)
+        metrics = tasks.linear_probe_task(model, train, test, output, options.cache, validation=validation,
+                                           few_shot=self.few_shot, seed=self.seed, progress=options.progress)
         line = (f"{test.name} linear probe: top-1 {100 * metrics['top1']:.2f}% with lambda {metrics['lambda_']:.3g} "
                 f"(validation {100 * metrics['validation_accuracy']:.2f}%, {metrics['train_size']} training images)")
         return EvalResult(self.name, output, {test.name: metrics}, [line])

@@ -1,4 +1,5 @@
-"""The four `cloob eval` stages as plain functions: inputs in, CLIP_benchmark-style results and plots out."""
+"""The four evaluation tasks as plain functions: a model and image sets in, CLIP_benchmark-style results and plots
+out. ``run.py`` wraps them as the `cloob eval TASK` stage."""
 
 from __future__ import annotations
 
@@ -77,7 +78,7 @@ def mean_over_test_sets(model: EvalModel, test_sets: list[ImageSet], output: Pat
     return metrics
 
 
-def linear_probe_stage(model: EvalModel, train: ImageSet, test: ImageSet, output: Path, cache: Path | None,
+def linear_probe_task(model: EvalModel, train: ImageSet, test: ImageSet, output: Path, cache: Path | None, *,
                        validation: ImageSet | None = None, few_shot: int | None = None, seed: int = 0,
                        progress: bool = True) -> dict[str, Any]:
     for images in (train, test, *( [validation] if validation else [])):
@@ -92,7 +93,7 @@ def linear_probe_stage(model: EvalModel, train: ImageSet, test: ImageSet, output
     val_x = val_y = None
     if validation is not None:
         val_x, val_y = image_features(model, validation, cache, progress=progress), torch.tensor(validation.labels)
-    fit, search = linear_probe(train_x, train_y, test_x, test_y, num_classes, val_x, val_y, seed=seed)
+    fit, search = linear_probe(train_x, train_y, num_classes, val_x=val_x, val_y=val_y, seed=seed)
     scores = fit.predict_scores(test_x)
     metrics = classification_metrics(scores, test_y, num_classes)
     metrics.update(lambda_=search.lam, validation_accuracy=search.validation_accuracy,

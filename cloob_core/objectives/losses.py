@@ -19,26 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from cloob_core.config import OBJECTIVE_NAMES, POLY_VIEW_OBJECTIVES
 from cloob_core.objectives import polyview
 from cloob_core.objectives.distributed import gather_features
+from cloob_core.objectives.names import OBJECTIVES
 from cloob_core.objectives.negatives import Band, BandSchedule, EmbeddingQueue, band_columns
-
-__all__ = [
-    "OBJECTIVES",
-    "CLOOBLoss",
-    "ClipLoss",
-    "ContrastiveObjective",
-    "HopfieldInfoNCELoss",
-    "InfoLOOBLoss",
-    "build_objective",
-    "cloob_loss",
-    "hopfield_retrieval",
-    "infoloob_loss",
-    "infonce_hopfield_loss",
-    "infonce_loss",
-    "loob",
-]
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
@@ -257,7 +241,10 @@ class ContrastiveObjective(nn.Module):
     with gradient when ``torch.distributed`` is initialised, so the math never sees the distribution.
     """
 
-    name: str = ""
+    name: str = ""  # set from the registry (cloob_core.objectives.registry)
+    takes_beta = False  # the Hopfield memories' inverse temperature
+    takes_band = False  # the restricted-negative band and queue
+    takes_leave_one_out = False
 
     def compute(
         self, image_features: Tensor, text_features: Tensor, inv_tau: float | Tensor, **memories: Tensor | None
@@ -289,7 +276,6 @@ class ContrastiveObjective(nn.Module):
 class ClipLoss(ContrastiveObjective):
     """CLIP's symmetric InfoNCE (the paper's baseline)."""
 
-    name = "clip"
 
     def compute(self, image_features: Tensor, text_features: Tensor, inv_tau: float | Tensor) -> Tensor:
         return infonce_loss(image_features, text_features, inv_tau)
@@ -298,7 +284,6 @@ class ClipLoss(ContrastiveObjective):
 class InfoLOOBLoss(ContrastiveObjective):
     """InfoLOOB without Hopfield retrieval (ablation "InfoLOOB")."""
 
-    name = "infoloob"
 
     def compute(self, image_features: Tensor, text_features: Tensor, inv_tau: float | Tensor) -> Tensor:
         return infoloob_loss(image_features, text_features, inv_tau)
@@ -308,6 +293,7 @@ class _HopfieldObjective(ContrastiveObjective):
     """An objective over Hopfield-retrieved embeddings, with inverse temperature ``beta`` of the memories."""
 
     loss_fn: Callable[..., Tensor]
+    takes_beta = True
 
     def __init__(self, beta: float = 8.0) -> None:
         super().__init__()
@@ -336,14 +322,12 @@ class _HopfieldObjective(ContrastiveObjective):
 class CLOOBLoss(_HopfieldObjective):
     """CLOOB: modern Hopfield retrieval plus InfoLOOB (Eq. 5)."""
 
-    name = "cloob"
     loss_fn = staticmethod(cloob_loss)
 
 
 class HopfieldInfoNCELoss(_HopfieldObjective):
     """Ablation "InfoNCE with Hopfield": retrieval as in CLOOB, CLIP's InfoNCE as objective."""
 
-    name = "infonce_hopfield"
     loss_fn = staticmethod(infonce_hopfield_loss)
 
 
@@ -353,6 +337,7 @@ class _RestrictedObjective(ContrastiveObjective):
     ``raw`` by the encoders' embeddings. The step counter and the queue are checkpointed."""
 
     leave_one_out = False
+    takes_band = True
 
     def __init__(self, p_in: float = 0.0, p_out: float = 0.1, anneal_steps: int = 0, anneal_inner: bool = False,
                  queue_size: int = 0, ranking: str = "loss") -> None:
@@ -410,7 +395,6 @@ class _RestrictedObjective(ContrastiveObjective):
 class ClipRingLoss(_RestrictedObjective):
     """CLIP's InfoNCE with BALL / RING negatives (Wu et al.): ``objective.p_in = 0`` is BALL."""
 
-    name = "clip_ring"
 
     def compute(self, image_features: Tensor, text_features: Tensor, inv_tau: float | Tensor) -> Tensor:
         """Both directions over the embeddings themselves: their mean (InfoNCE), or with the leave-one-out
@@ -425,7 +409,6 @@ class ClipRingLoss(_RestrictedObjective):
 class InfoLOOBRingLoss(ClipRingLoss):
     """InfoLOOB (leave-one-out denominator, scaled by tau) with BALL / RING negatives."""
 
-    name = "infoloob_ring"
     leave_one_out = True
 
 
@@ -433,8 +416,8 @@ class CLOOBRingLoss(_RestrictedObjective):
     """CLOOB (Eq. 5) with BALL / RING negatives. Queued embeddings are retrieved from the current batch's
     memories like the batch's own (U for texts, V for images) but never join a memory."""
 
-    name = "cloob_ring"
     leave_one_out = True
+    takes_beta = True
 
     def __init__(self, beta: float = 8.0, **band: Any) -> None:
         super().__init__(**band)
@@ -499,76 +482,35 @@ class _PolyViewObjective(ContrastiveObjective):
 class GeometricPVCLoss(_PolyViewObjective):
     """Geometric poly-view contrastive loss (Shidani et al. Eq. 10): the tightest MI bound in their study."""
 
-    name = "pvc_geometric"
     loss_fn = staticmethod(polyview.geometric_pvc_loss)
 
 
 class ArithmeticPVCLoss(_PolyViewObjective):
     """Arithmetic poly-view contrastive loss (Shidani et al. Eq. 9)."""
 
-    name = "pvc_arithmetic"
     loss_fn = staticmethod(polyview.arithmetic_pvc_loss)
 
 
 class MultiCropLoss(_PolyViewObjective):
     """Multi-Crop: the average of the two-view losses of all (image view, text view) pairs."""
 
-    name = "multicrop"
     loss_fn = staticmethod(polyview.multicrop_loss)
 
 
 class SufficientStatisticsLoss(_PolyViewObjective):
     """Sufficient-statistics contrastive loss (Shidani et al. Eq. 22, mean-pooled Q)."""
 
-    name = "suffstats"
     loss_fn = staticmethod(polyview.sufficient_statistics_loss)
     takes_leave_one_out = False
 
 
-OBJECTIVES: dict[str, type[ContrastiveObjective]] = {
-    cls.name: cls for cls in (ClipLoss, InfoLOOBLoss, HopfieldInfoNCELoss, CLOOBLoss, ClipRingLoss,
-                              InfoLOOBRingLoss, CLOOBRingLoss, GeometricPVCLoss, ArithmeticPVCLoss,
-                              MultiCropLoss, SufficientStatisticsLoss)
-}
-if set(OBJECTIVES) != set(OBJECTIVE_NAMES) or {n for n, c in OBJECTIVES.items()
-                                                if issubclass(c, _PolyViewObjective)} != set(POLY_VIEW_OBJECTIVES):
-    raise ImportError(f"config.OBJECTIVE_NAMES {OBJECTIVE_NAMES} and POLY_VIEW_OBJECTIVES must match the registry "
-                      f"{sorted(OBJECTIVES)}")
+def _name_the_classes() -> None:
+    """Each class takes its registry name; the registry's poly-view flags must match the classes."""
+    for name, entry in OBJECTIVES.items():
+        cls = globals()[entry.class_name]
+        if issubclass(cls, _PolyViewObjective) != entry.poly_view:
+            raise ImportError(f"registry entry {name!r}: poly_view={entry.poly_view} does not match {cls.__name__}")
+        cls.name = name
 
 
-def objective_options(name: str, config: Any) -> dict[str, Any]:
-    """The settings of a :class:`~cloob_core.config.CloobConfig` that objective ``name`` takes."""
-    cls = OBJECTIVES.get(name)
-    if cls is None:
-        raise ValueError(f"unknown objective {name!r}; choose one of {sorted(OBJECTIVES)}")
-    o, t = config.objective, config.train
-    options: dict[str, Any] = {}
-    if issubclass(cls, (_HopfieldObjective, CLOOBRingLoss)):
-        options["beta"] = o.beta
-    if issubclass(cls, _RestrictedObjective):
-        options.update(p_in=o.p_in, p_out=o.p_out, anneal_steps=o.anneal_steps, anneal_inner=o.anneal_inner,
-                       queue_size=o.queue_size, ranking=o.ranking)
-    if issubclass(cls, _PolyViewObjective):
-        options.update(image_views=t.image_views, text_views=t.text_views)
-        if cls.takes_leave_one_out:
-            options["leave_one_out"] = o.leave_one_out
-    return options
-
-
-def objective_from_config(config: Any) -> ContrastiveObjective:
-    """The objective ``train.objective`` with its settings from ``objective.*`` and ``train.*_views``."""
-    return build_objective(config.train.objective, **objective_options(config.train.objective, config))
-
-
-def build_objective(name: str, **options: Any) -> ContrastiveObjective:
-    """Instantiate an objective of the registry by name; unknown names and options fail loudly."""
-    try:
-        cls = OBJECTIVES[name]
-    except KeyError:
-        raise ValueError(f"unknown objective {name!r}; choose one of {sorted(OBJECTIVES)}") from None
-    if not issubclass(cls, (_HopfieldObjective, CLOOBRingLoss)):
-        options.pop("beta", None)  # beta parameterises the Hopfield memories only
-    try:
-        return cls(**options)
-    except TypeError as err:
-        raise ValueError(f"objective {name!r} does not take options {sorted(options)}: {err}") from None
+_name_the_classes()

@@ -121,15 +121,16 @@ def train(params: Params, shards_dir: str, output_dir: str, gpus: int = 0, model
 
 def train_multinode(params: Params, shards_dir: str, shards_uri: str, output_dir: str, job: str,
                     run_id: str, model: Any = None, metrics: Any = None) -> dict[str, Any]:
-    """Training on several nodes as a PyTorchJob / TrainJob (``job``: JobSettings as JSON); waits for it and
-    fetches the published result into ``output_dir``, the layout the one-node step writes."""
+    """Training on several nodes as a PyTorchJob / TrainJob (``job``: the ClusterSettings as JSON); waits for it
+    and fetches the published result into ``output_dir``, the layout the one-node step writes."""
     from cloob_core import storage
     from cloob_core.ops import trainjob
+    from cloob_core.ops.cluster import ClusterSettings
 
     _config(params)  # a bad configuration fails here, before any pod starts
-    settings = trainjob.JobSettings.from_json(job)
+    settings = ClusterSettings.from_json(job)
     name = trainjob.job_name(run_id)
-    workdir = storage.join(settings.workdir, name)
+    workdir = storage.join(settings.job_workdir, name)
     shards = shards_uri
     if not (storage.is_s3(shards_uri) and storage.exists(storage.join(shards_uri, "sizes.json"))):
         shards = storage.join(workdir, "shards")  # the pods cannot read this pod's artifact folder

@@ -21,9 +21,11 @@ import shlex
 import signal
 import threading
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from cloob_core.errors import StageError
+from cloob_core.ops.cluster import ClusterSettings
 
 log = logging.getLogger(__name__)
 
@@ -41,47 +43,8 @@ SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL")
 _NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
-class JobFailed(RuntimeError):
+class JobFailed(StageError):
     """The training job ended in failure, timed out or was cancelled (it is deleted then)."""
-
-
-@dataclass
-class JobSettings:
-    """How the job is laid out on the cluster: fixed when the pipeline is compiled, like the pod resources."""
-
-    image: str
-    workdir: str  # s3:// prefix: per job, shards (when they are not on S3 already), checkpoints/, output/
-    kind: str = "pytorchjob"
-    nodes: int = 2
-    gpus_per_node: int = 1
-    accelerator: str = "nvidia.com/gpu"
-    cpu: str = "8"
-    memory: str = "32Gi"
-    shm: str = "16Gi"
-    node_selector: dict[str, str] = field(default_factory=dict)
-    gpu_taint: str | None = "nvidia.com/gpu"
-    s3_secret: str | None = "cloob-s3"
-    service_account: str | None = None
-    namespace: str | None = None  # None: the namespace of the pod that submits the job
-    runtime: str = "torch-distributed"  # Trainer v2 ClusterTrainingRuntime
-    backoff_limit: int = 3  # pod restarts before the job fails; each restart resumes from the last checkpoint
-    timeout_s: float = 7 * 24 * 3600.0
-    poll_s: float = 20.0
-
-    def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"job kind {self.kind!r}: choose one of {', '.join(KINDS)}")
-        if self.nodes < 1 or self.gpus_per_node < 0:
-            raise ValueError(f"nodes ({self.nodes}) must be >= 1 and gpus_per_node ({self.gpus_per_node}) >= 0")
-        if not self.workdir:
-            raise ValueError("a multi-node job needs a work folder its pods share (an s3:// prefix)")
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> JobSettings:
-        return cls(**json.loads(text))
 
 
 def job_name(run_id: str) -> str:
@@ -90,12 +53,12 @@ def job_name(run_id: str) -> str:
     return f"cloob-train-{slug}"[:52].rstrip("-")
 
 
-def worker_script(settings: JobSettings, shards: str, workdir: str) -> str:
+def worker_script(settings: ClusterSettings, shards: str, workdir: str) -> str:
     """What every pod runs: the parameters to a file, then torchrun around `cloob train` (resuming)."""
     sets = {"train.shards": shards, "train.checkpoint_sync": f"{workdir}/checkpoints",
             "train.metrics_host": "0.0.0.0", "train.metrics_port": str(METRICS_PORT)}
     train = ["python", "-m", "torch.distributed.run", f"--nnodes={settings.nodes}",
-             f"--nproc-per-node={max(settings.gpus_per_node, 1)}", "-m", "cloob_core.cli", "train",
+             f"--nproc-per-node={max(settings.gpus, 1)}", "-m", "cloob_core.cli", "train",
              "--params", "params.yaml", "--output", "run", "--resume", "latest", "--no-progress",
              "--publish", f"{workdir}/output"]
     for key, value in sets.items():
@@ -103,7 +66,7 @@ def worker_script(settings: JobSettings, shards: str, workdir: str) -> str:
     return f'set -eu\nprintf "%s" "${PARAMS_ENV}" > params.yaml\nexec {shlex.join(train)}\n'
 
 
-def _env(settings: JobSettings, params_text: str) -> list[dict[str, Any]]:
+def _env(settings: ClusterSettings, params_text: str) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [{"name": PARAMS_ENV, "value": params_text},
                                  {"name": "PYTHONUNBUFFERED", "value": "1"}]
     if settings.s3_secret:
@@ -112,21 +75,21 @@ def _env(settings: JobSettings, params_text: str) -> list[dict[str, Any]]:
     return env
 
 
-def _resources(settings: JobSettings) -> dict[str, Any]:
+def _resources(settings: ClusterSettings) -> dict[str, Any]:
     resources: dict[str, Any] = {"requests": {"cpu": settings.cpu, "memory": settings.memory}}
-    if settings.gpus_per_node > 0:
-        resources["limits"] = {settings.accelerator: str(settings.gpus_per_node)}
+    if settings.gpus > 0:
+        resources["limits"] = {settings.accelerator: str(settings.gpus)}
     return resources
 
 
-def _volumes(settings: JobSettings) -> tuple[list[dict], list[dict]]:
+def _volumes(settings: ClusterSettings) -> tuple[list[dict], list[dict]]:
     volumes = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": settings.shm}},
                {"name": "workspace", "emptyDir": {}}]
     mounts = [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "workspace", "mountPath": WORKSPACE}]
     return volumes, mounts
 
 
-def _scheduling(settings: JobSettings) -> dict[str, Any]:
+def _scheduling(settings: ClusterSettings) -> dict[str, Any]:
     spec: dict[str, Any] = {}
     if settings.node_selector:
         spec["nodeSelector"] = dict(settings.node_selector)
@@ -137,16 +100,16 @@ def _scheduling(settings: JobSettings) -> dict[str, Any]:
     return spec
 
 
-def manifest(settings: JobSettings, name: str, params_text: str, shards: str, workdir: str) -> dict[str, Any]:
+def manifest(settings: ClusterSettings, name: str, params_text: str, shards: str, workdir: str) -> dict[str, Any]:
     """The PyTorchJob or TrainJob resource for this run."""
-    group, version, _, kind = KINDS[settings.kind]
+    group, version, _, kind = KINDS[settings.job_kind]
     command = ["/bin/sh", "-c", worker_script(settings, shards, workdir)]
     volumes, mounts = _volumes(settings)
     metadata = {"name": name, "labels": dict(PART_OF)}
-    if settings.namespace:
-        metadata["namespace"] = settings.namespace
+    if settings.job_namespace:
+        metadata["namespace"] = settings.job_namespace
     port = [{"name": "metrics", "containerPort": METRICS_PORT}]
-    if settings.kind == "pytorchjob":
+    if settings.job_kind == "pytorchjob":
         container = {"name": "pytorch", "image": settings.image, "command": command, "workingDir": WORKSPACE,
                      "env": _env(settings, params_text), "resources": _resources(settings), "volumeMounts": mounts,
                      "ports": port}
@@ -156,13 +119,13 @@ def manifest(settings: JobSettings, name: str, params_text: str, shards: str, wo
         if settings.nodes > 1:
             replicas["Worker"] = {"replicas": settings.nodes - 1, "restartPolicy": "OnFailure",
                                   "template": json.loads(json.dumps(template))}
-        spec = {"nprocPerNode": str(max(settings.gpus_per_node, 1)),
-                "runPolicy": {"backoffLimit": settings.backoff_limit, "cleanPodPolicy": "None"},
+        spec = {"nprocPerNode": str(max(settings.gpus, 1)),
+                "runPolicy": {"backoffLimit": settings.job_backoff_limit, "cleanPodPolicy": "None"},
                 "pytorchReplicaSpecs": replicas}
     else:
-        spec = {"runtimeRef": {"name": settings.runtime, "apiGroup": group, "kind": "ClusterTrainingRuntime"},
+        spec = {"runtimeRef": {"name": settings.job_runtime, "apiGroup": group, "kind": "ClusterTrainingRuntime"},
                 "trainer": {"image": settings.image, "command": command, "env": _env(settings, params_text),
-                            "numNodes": settings.nodes, "numProcPerNode": max(settings.gpus_per_node, 1),
+                            "numNodes": settings.nodes, "numProcPerNode": max(settings.gpus, 1),
                             "resourcesPerNode": _resources(settings)},
                 "podTemplateOverrides": [{
                     "targetJobs": [{"name": "node"}],
@@ -222,23 +185,23 @@ def _raise_cancelled(signum: int, _frame: Any) -> None:
     raise _Cancelled(f"signal {signum}")
 
 
-def run(body: dict[str, Any], settings: JobSettings, api: Any = None) -> str:
+def run(body: dict[str, Any], settings: ClusterSettings, api: Any = None) -> str:
     """Create the job and wait for it to end. Failure, time-out or cancellation (SIGTERM, as when the pipeline
     run is stopped) deletes the job, so no GPU node stays held by an orphan."""
-    group, version, plural, kind = KINDS[settings.kind]
+    group, version, plural, kind = KINDS[settings.job_kind]
     api = api or _custom_objects_api()
-    namespace = settings.namespace or current_namespace()
+    namespace = settings.job_namespace or current_namespace()
     name = body["metadata"]["name"]
     api.create_namespaced_custom_object(group, version, namespace, plural, body)
     log.info("created %s %s/%s: %d node(s) x %d GPU(s)", kind, namespace, name, settings.nodes,
-             settings.gpus_per_node)
+             settings.gpus)
     previous = signal.signal(signal.SIGTERM, _raise_cancelled) if _main_thread() else None
     finished, last = False, ""
-    deadline = time.monotonic() + settings.timeout_s
+    deadline = time.monotonic() + settings.job_timeout_s
     try:
         while True:
             status = api.get_namespaced_custom_object(group, version, namespace, plural, name).get("status")
-            state, text = outcome(settings.kind, status)
+            state, text = outcome(settings.job_kind, status)
             if text != last:
                 log.info("%s %s: %s", kind, name, text)
                 last = text
@@ -249,8 +212,8 @@ def run(body: dict[str, Any], settings: JobSettings, api: Any = None) -> str:
                 raise JobFailed(f"{kind} {namespace}/{name} failed: {text} (kubectl -n {namespace} logs -l "
                                 f"training.kubeflow.org/job-name={name})")
             if time.monotonic() > deadline:
-                raise JobFailed(f"{kind} {namespace}/{name} did not finish in {settings.timeout_s:.0f} s")
-            time.sleep(settings.poll_s)
+                raise JobFailed(f"{kind} {namespace}/{name} did not finish in {settings.job_timeout_s:.0f} s")
+            time.sleep(settings.job_poll_s)
     except _Cancelled as err:
         raise JobFailed(f"{kind} {namespace}/{name} cancelled ({err})") from None
     finally:

@@ -1,8 +1,10 @@
 """Checkpoints: everything a run needs to continue at the exact next step, written atomically.
 
-Saved with ``torch.save`` and read with ``torch.load(weights_only=True)``, so a checkpoint is data, never code:
-tensors and plain containers only (numpy RNG state is stored as lists). Local files are written to a temporary
-name and renamed; an optional ``s3://`` mirror receives each checkpoint as a completed upload.
+:class:`TrainingState` is the one place that knows a checkpoint's layout: what is saved, under which key, and
+how it is put back into the model, optimiser, schedule, scaler, objective and RNGs. Saved with ``torch.save``
+and read with ``torch.load(weights_only=True)``, so a checkpoint is data, never code: tensors and plain
+containers only (numpy RNG state is stored as lists). Local files are written to a temporary name and renamed;
+an optional ``s3://`` mirror receives each checkpoint as a completed upload.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import logging
 import random
 import re
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +23,7 @@ import torch
 from cloob_core import storage
 from cloob_core.config import ConfigError
 from cloob_core.io import atomic_path
+from cloob_core.training.streams import Position
 
 log = logging.getLogger(__name__)
 _NAME = re.compile(r"^step-(\d{8})\.pt$")
@@ -27,6 +31,55 @@ _NAME = re.compile(r"^step-(\d{8})\.pt$")
 # Settings a resumed run must share with its checkpoint: they fix parameter shapes or the data order.
 MUST_MATCH = ("model.architecture", "train.objective", "train.batch_size", "train.data_streams", "train.seed",
               "train.shuffle_buffer", "train.augment")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Trainables:
+    """What a checkpoint restores into, besides the RNGs."""
+
+    model: Any  # the CLOOBModel, unwrapped (not DDP)
+    optimizer: Any
+    scheduler: Any
+    scaler: Any
+    objective: Any
+
+
+@dataclass(kw_only=True)
+class TrainingState:
+    """Where a run stands: the next step, each data stream's position, the logged history."""
+
+    step: int = 0
+    positions: dict[int, Position] = field(default_factory=dict)
+    history: list[tuple[int, float, float]] = field(default_factory=list)  # (step, loss, learning rate)
+
+    def checkpoint(self, parts: Trainables, config: dict[str, Any], world_size: int) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "model": parts.model.state_dict(),
+            "optimizer": parts.optimizer.state_dict(),
+            "scheduler": parts.scheduler.state_dict(),  # a pure function of the step; kept for inspection
+            "scaler": parts.scaler.state_dict(),
+            "objective": parts.objective.checkpoint_state(),  # band schedule step, negative queue
+            "positions": {str(v): list(p) for v, p in sorted(self.positions.items())},
+            "rng": rng_state(),
+            "config": config,
+            "world_size": world_size,
+            "history": [list(row) for row in self.history],
+        }
+
+    @classmethod
+    def restore(cls, saved: dict[str, Any], parts: Trainables, config: dict[str, Any], where: str) -> TrainingState:
+        """Put a checkpoint back into ``parts`` and the RNGs; refused when its configuration is incompatible."""
+        check_compatible(saved["config"], config, where)
+        parts.model.load_state_dict(saved["model"])
+        parts.optimizer.load_state_dict(saved["optimizer"])
+        parts.scheduler.load_state_dict(saved["scheduler"])
+        parts.scaler.load_state_dict(saved["scaler"])
+        parts.objective.load_checkpoint_state(saved.get("objective", {}))
+        set_rng_state(saved["rng"])
+        return cls(step=int(saved["step"]),
+                   positions={int(v): (int(p), int(o)) for v, (p, o) in saved["positions"].items()},
+                   history=[tuple(row) for row in saved["history"]])
 
 
 def checkpoint_name(step: int) -> str:

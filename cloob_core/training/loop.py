@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,14 +24,15 @@ from cloob_core.data.shard_files import shard_list
 from cloob_core.io import write_json, write_text
 from cloob_core.model.dual_encoder import build_model, build_tokenizer
 from cloob_core.model.export import export_model
-from cloob_core.objectives.losses import objective_from_config
+from cloob_core.objectives.registry import objective_from_config
 from cloob_core.plots import training_curves_png
 from cloob_core.training import checkpoint
+from cloob_core.training.checkpoint import Trainables, TrainingState
 from cloob_core.training.env import DistEnv, choose_device, detect, init_process_group
 from cloob_core.training.monitor import Monitor, Snapshot
 from cloob_core.training.optim import build_optimizer, build_scheduler
 from cloob_core.training.step import StepParts, accumulate_gradients, optimizer_step
-from cloob_core.training.streams import StreamChunks, assemble, rank_streams
+from cloob_core.training.streams import Batch, StreamChunks, assemble, rank_streams
 
 log = logging.getLogger(__name__)
 
@@ -87,175 +89,203 @@ def resolve_resume(resume: str | None, output: Path, mirror: str | None) -> str 
     return found
 
 
-def train(config: CloobConfig, output: str | Path, *, resume: str | None = None, progress: bool = True,
-          publish: str | None = None) -> TrainResult:
-    """Train to ``config.train``'s length; ``resume``: 'latest' or a checkpoint. With ``publish`` (a folder or
-    s3:// prefix), rank 0 copies the outputs but checkpoints/ there: how the pods of a multi-node job hand their
-    result back."""
-    output = Path(output)
+@dataclass(frozen=True, kw_only=True)
+class _Setup:
+    """One rank's training objects, built once."""
+
+    env: DistEnv
+    device: torch.device
+    steps: int
+    parts: Trainables
+    step_parts: StepParts  # what forward and backward run through (the DDP / compiled wrapper)
+    transform: Any
+    tokenizer: Any
+
+
+def _build(config: CloobConfig, steps: int) -> _Setup:
     cfg = config.train
     env = detect()
     device = choose_device(cfg.device, env)
     init_process_group(env, device)
-    chunk_size = _check_batch(config, env)
-    urls, total_samples = shard_list(cfg.shards)
-    steps = plan_steps(config, total_samples)
-    owned = rank_streams(cfg.data_streams, env.rank, env.world_size)
-
     torch.manual_seed(cfg.seed)
     model = build_model(config.model).to(device)
     if device.type == "cuda":
         model = model.to(memory_format=torch.channels_last)
     if cfg.grad_checkpointing:
         model.encoder.set_grad_checkpointing(True)
-    tokenizer = build_tokenizer(config.model.architecture)
     preprocess = getattr(model.encoder.visual, "preprocess_cfg", {}) or {}
     transform = open_clip.image_transform(model.image_size, is_train=cfg.augment, mean=preprocess.get("mean"),
                                           std=preprocess.get("std"))
-    objective = objective_from_config(config)
     optimizer = build_optimizer(model, config.optim)
-    scheduler = build_scheduler(optimizer, config.optim, steps)
-    scaler = torch.amp.GradScaler(device.type, enabled=cfg.precision == "fp16")
-
-    start_step, positions, history = 0, {}, []
-    source = resolve_resume(resume, output, cfg.checkpoint_sync)
-    if source is not None:
-        state = checkpoint.load(source)
-        checkpoint.check_compatible(state["config"], config.model_dump(), source)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        scaler.load_state_dict(state["scaler"])
-        checkpoint.set_rng_state(state["rng"])
-        objective.load_checkpoint_state(state.get("objective", {}))
-        start_step = int(state["step"])
-        positions = {int(v): (int(p), int(o)) for v, (p, o) in state["positions"].items()}
-        history = [tuple(row) for row in state["history"]]
-        log.info("resuming from %s at step %d of %d", source, start_step, steps)
-
+    parts = Trainables(model=model, optimizer=optimizer, scheduler=build_scheduler(optimizer, config.optim, steps),
+                       scaler=torch.amp.GradScaler(device.type, enabled=cfg.precision == "fp16"),
+                       objective=objective_from_config(config))
     forward_model: torch.nn.Module = model
     if cfg.sync_batchnorm and env.distributed and device.type == "cuda":
         forward_model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(forward_model)
     if env.distributed:
         forward_model = torch.nn.parallel.DistributedDataParallel(
-            forward_model, device_ids=[device.index] if device.type == "cuda" else None
-        )
+            forward_model, device_ids=[device.index] if device.type == "cuda" else None)
     if cfg.compile:
         forward_model = torch.compile(forward_model)
-    parts = StepParts(forward_model, objective, optimizer, scaler, device.type, cfg.precision, cfg.accum_freq,
-                      cfg.grad_clip_norm)
+    step_parts = StepParts(model=forward_model, objective=parts.objective, optimizer=optimizer, scaler=parts.scaler,
+                           device_type=device.type, precision=cfg.precision, accum_freq=cfg.accum_freq,
+                           grad_clip_norm=cfg.grad_clip_norm)
+    return _Setup(env=env, device=device, steps=steps, parts=parts, step_parts=step_parts, transform=transform,
+                  tokenizer=build_tokenizer(config.model.architecture))
 
-    dataset = StreamChunks(urls, cfg.data_streams, owned, chunk_size, start_step, positions, transform, tokenizer,
-                           cfg.seed, cfg.shuffle_buffer, cfg.image_views, cfg.text_views)
+
+def _resume(config: CloobConfig, output: Path, resume: str | None, parts: Trainables, steps: int) -> TrainingState:
+    source = resolve_resume(resume, output, config.train.checkpoint_sync)
+    if source is None:
+        return TrainingState()
+    state = TrainingState.restore(checkpoint.load(source), parts, config.model_dump(), source)
+    log.info("resuming from %s at step %d of %d", source, state.step, steps)
+    return state
+
+
+def _batches(config: CloobConfig, setup: _Setup, urls: list[str], state: TrainingState) -> Iterator[Batch]:
+    cfg = config.train
+    owned = rank_streams(cfg.data_streams, setup.env.rank, setup.env.world_size)
+    dataset = StreamChunks(urls=urls, streams=cfg.data_streams, owned=owned,
+                           chunk_size=_check_batch(config, setup.env), start_step=state.step,
+                           positions=state.positions, transform=setup.transform, tokenizer=setup.tokenizer,
+                           seed=cfg.seed, shuffle_buffer=cfg.shuffle_buffer, image_views=cfg.image_views,
+                           text_views=cfg.text_views)
     loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=cfg.workers,
-                                         pin_memory=device.type == "cuda",
+                                         pin_memory=setup.device.type == "cuda",
                                          prefetch_factor=4 if cfg.workers else None)
-    batches = assemble(iter(loader), owned)  # workers fork here, before any monitoring thread starts
+    return assemble(iter(loader), owned)  # workers fork here, before any monitoring thread starts
 
-    monitor = Monitor(env.is_main, steps, start_step, output, progress, cfg.tensorboard, cfg.metrics_port,
-                      cfg.metrics_host, cfg.pushgateway).start()
+
+@dataclass
+class _Window:
+    """What happened since the last log line: summed on the device, read once when the window closes."""
+
+    device: torch.device
+    loss: torch.Tensor = field(init=False)
+    steps: int = 0
+    errors: int = 0
+    data_seconds: float = 0.0
+    started: float = field(default_factory=time.perf_counter)
+
+    def __post_init__(self) -> None:
+        self.loss = torch.zeros((), device=self.device)
+
+    def close(self, *, step: int, total: int, batch_size: int, lr: float, inv_tau: float,
+              grad_norm: torch.Tensor | None) -> Snapshot:
+        elapsed = max(time.perf_counter() - self.started, 1e-9)
+        return Snapshot(step=step, total_steps=total, loss=float(self.loss) / self.steps, lr=lr, inv_tau=inv_tau,
+                        samples_per_second=self.steps * batch_size / elapsed,
+                        data_seconds=self.data_seconds / self.steps,
+                        grad_norm=None if grad_norm is None else float(grad_norm), samples=step * batch_size,
+                        data_errors=self.errors)
+
+
+def _save_checkpoint(config: CloobConfig, setup: _Setup, output: Path, state: TrainingState) -> None:
+    positions = state.positions
+    if setup.env.distributed:  # every rank knows only its own streams' positions
+        gathered: list[dict] = [{} for _ in range(setup.env.world_size)]
+        dist.all_gather_object(gathered, positions)
+        positions = {v: p for part in gathered for v, p in part.items()}
+    if setup.env.is_main:
+        whole = TrainingState(step=state.step, positions=positions, history=state.history)
+        path = checkpoint.save(whole.checkpoint(setup.parts, config.model_dump(), setup.env.world_size),
+                               output / "checkpoints", state.step, config.train.keep_checkpoints,
+                               config.train.checkpoint_sync)
+        log.info("checkpoint %s", path)
+    if setup.env.distributed:
+        dist.barrier()
+
+
+def _run_steps(config: CloobConfig, setup: _Setup, batches: Iterator[Batch], state: TrainingState,
+               monitor: Monitor, output: Path) -> float:
+    """Train from ``state.step`` to the end, checkpointing on the way; the last logged loss."""
+    cfg, parts, device = config.train, setup.parts, setup.device
+    window, last_loss = _Window(device), float("nan")
+    parts.model.train()
+    for step in range(state.step, setup.steps):
+        fetch_start = time.perf_counter()
+        batch = next(batches)
+        window.data_seconds += time.perf_counter() - fetch_start
+        if batch.step != step:
+            raise RuntimeError(f"data stream out of step: expected batch {step}, got {batch.step}")
+        images = batch.images.to(device, non_blocking=True)
+        if device.type == "cuda":
+            images = images.contiguous(memory_format=torch.channels_last)
+        parts.scheduler.step_update(step)
+        loss = accumulate_gradients(setup.step_parts, images, batch.tokens.to(device, non_blocking=True))
+        logging_step = (step + 1) % cfg.log_every == 0 or step + 1 == setup.steps
+        grad_norm = optimizer_step(setup.step_parts, measure_norm=logging_step and setup.env.is_main)
+        parts.objective.end_step()  # band schedules and queues advance once per optimiser step
+        parts.model.clamp_inv_tau_()
+        state.step = step + 1
+        state.positions.update(batch.positions)
+        window.loss += loss.float()
+        window.steps += 1
+        window.errors += batch.skipped
+        monitor.advance()
+        if logging_step:
+            lr = parts.optimizer.param_groups[0]["lr"]
+            snapshot = window.close(step=state.step, total=setup.steps, batch_size=cfg.batch_size, lr=lr,
+                                    inv_tau=float(parts.model.inv_tau), grad_norm=grad_norm)
+            last_loss = snapshot.loss  # the one host sync, once per window
+            state.history.append((state.step, last_loss, lr))
+            monitor.update(snapshot, window.steps, window.steps * cfg.batch_size, window.errors)
+            window = _Window(device)
+        if state.step % cfg.checkpoint_every == 0 or state.step == setup.steps:
+            _save_checkpoint(config, setup, output, state)
+            monitor.checkpointed()
+    return last_loss
+
+
+def train(config: CloobConfig, output: str | Path, *, resume: str | None = None, progress: bool = True,
+          publish: str | None = None) -> TrainResult:
+    """Train to ``config.train``'s length; ``resume``: 'latest' or a checkpoint. With ``publish`` (a folder or
+    s3:// prefix), rank 0 copies the outputs but checkpoints/ there: how the pods of a multi-node job hand their
+    result back."""
+    output, cfg = Path(output), config.train
+    urls, total_samples = shard_list(cfg.shards)
+    setup = _build(config, plan_steps(config, total_samples))
+    env = setup.env
+    state = _resume(config, output, resume, setup.parts, setup.steps)
+    start_step = state.step
+    batches = _batches(config, setup, urls, state)
+    monitor = Monitor(enabled=env.is_main, total_steps=setup.steps, start_step=start_step, output=output,
+                      progress=progress, tensorboard=cfg.tensorboard, metrics_port=cfg.metrics_port,
+                      metrics_host=cfg.metrics_host, pushgateway=cfg.pushgateway).start()
     if env.is_main:
         log.info("training %s with %s: %d steps of %d pairs (%d rank(s), %s, %d data streams) from %s",
-                 config.model.architecture, objective.name, steps, cfg.batch_size, env.world_size, device,
-                 cfg.data_streams, cfg.shards)
+                 config.model.architecture, setup.parts.objective.name, setup.steps, cfg.batch_size,
+                 env.world_size, setup.device, cfg.data_streams, cfg.shards)
     started = time.perf_counter()
-    window_loss = torch.zeros((), device=device)
-    window_steps, window_errors, window_data = 0, 0, 0.0
-    window_start = time.perf_counter()
-    last_loss = float("nan")
-    model.train()
     try:
-        for step in range(start_step, steps):
-            fetch_start = time.perf_counter()
-            batch = next(batches)
-            window_data += time.perf_counter() - fetch_start
-            if batch.step != step:
-                raise RuntimeError(f"data stream out of step: expected batch {step}, got {batch.step}")
-            images = batch.images.to(device, non_blocking=True)
-            if device.type == "cuda":
-                images = images.contiguous(memory_format=torch.channels_last)
-            tokens = batch.tokens.to(device, non_blocking=True)
-            scheduler.step_update(step)
-            loss = accumulate_gradients(parts, images, tokens)
-            logging_step = (step + 1) % cfg.log_every == 0 or step + 1 == steps
-            grad_norm = optimizer_step(parts, measure_norm=logging_step and env.is_main)
-            objective.end_step()  # band schedules and queues advance once per optimiser step
-            model.clamp_inv_tau_()
-            positions.update(batch.positions)
-            window_loss += loss.float()
-            window_steps += 1
-            window_errors += batch.skipped
-            monitor.advance()
-            if logging_step:
-                last_loss = float(window_loss) / window_steps  # the one host sync, once per window
-                elapsed = time.perf_counter() - window_start
-                lr = optimizer.param_groups[0]["lr"]
-                history.append((step + 1, last_loss, lr))
-                snapshot = Snapshot(step + 1, steps, last_loss, lr, float(model.inv_tau),
-                                    window_steps * cfg.batch_size / max(elapsed, 1e-9), window_data / window_steps,
-                                    None if grad_norm is None else float(grad_norm), (step + 1) * cfg.batch_size,
-                                    window_errors)
-                monitor.update(snapshot, window_steps, window_steps * cfg.batch_size, window_errors)
-                window_loss.zero_()
-                window_steps, window_errors, window_data = 0, 0, 0.0
-                window_start = time.perf_counter()
-            if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == steps:
-                _save_checkpoint(config, env, output, model, optimizer, scheduler, scaler, step + 1, positions,
-                                 history, objective.checkpoint_state())
-                monitor.checkpointed()
+        last_loss = _run_steps(config, setup, batches, state, monitor, output)
     finally:
         monitor.close()
     seconds = time.perf_counter() - started
-
     metrics = {
-        "objective": objective.name,
+        "objective": setup.parts.objective.name,
         "architecture": config.model.architecture,
-        "steps": steps,
+        "steps": setup.steps,
         "resumed_from_step": start_step,
         "batch_size": cfg.batch_size,
         "world_size": env.world_size,
-        "samples_seen": steps * cfg.batch_size,
+        "samples_seen": setup.steps * cfg.batch_size,
         "final_loss": last_loss,
         "train_seconds": round(seconds, 2),
-        "samples_per_second": round((steps - start_step) * cfg.batch_size / max(seconds, 1e-9), 2),
+        "samples_per_second": round((setup.steps - start_step) * cfg.batch_size / max(seconds, 1e-9), 2),
         "precision": cfg.precision,
     }
     published: list[str] = []
     if env.is_main:
-        _write_outputs(output, model, config, metrics, history)
+        _write_outputs(output, setup.parts.model, config, metrics, state.history)
         if publish:
             published = storage.upload_tree(str(output), publish, exclude=("checkpoints",))
     if env.distributed:
         dist.barrier()
         dist.destroy_process_group()
-    return TrainResult(output, metrics, model, env.is_main, published)
-
-
-def _save_checkpoint(config: CloobConfig, env: DistEnv, output: Path, model, optimizer, scheduler, scaler,
-                     step: int, positions: dict, history: list, objective_state: dict) -> None:
-    if env.distributed:  # every rank knows only its own streams' positions
-        gathered: list[dict] = [{} for _ in range(env.world_size)]
-        dist.all_gather_object(gathered, positions)
-        positions = {v: p for part in gathered for v, p in part.items()}
-    if env.is_main:
-        state = {
-            "step": step,
-            "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),  # a pure function of the step; kept for inspection and tools
-            "scaler": scaler.state_dict(),
-            "positions": {str(v): list(p) for v, p in sorted(positions.items())},
-            "rng": checkpoint.rng_state(),
-            "config": config.model_dump(),
-            "world_size": env.world_size,
-            "history": [list(row) for row in history],
-            "objective": objective_state,  # band schedule step, negative queue
-        }
-        path = checkpoint.save(state, output / "checkpoints", step, config.train.keep_checkpoints,
-                               config.train.checkpoint_sync)
-        log.info("checkpoint %s", path)
-    if env.distributed:
-        dist.barrier()
+    return TrainResult(output, metrics, setup.parts.model, env.is_main, published)
 
 
 def _write_outputs(output: Path, model, config: CloobConfig, metrics: dict, history: list) -> None:

@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cloob_core.ops import pushgateway
+from cloob_core import pushgateway
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class Snapshot:
     step: int
     total_steps: int
@@ -29,7 +29,7 @@ class Snapshot:
     data_errors: int
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Monitor:
     enabled: bool
     total_steps: int

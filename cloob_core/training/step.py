@@ -20,7 +20,7 @@ from torch import Tensor, nn
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-@dataclass
+@dataclass(kw_only=True)
 class StepParts:
     model: nn.Module  # what forward runs through: the DDP wrapper when distributed
     objective: nn.Module

@@ -88,7 +88,7 @@ class StreamChunks(torch.utils.data.IterableDataset):
     """Per step, one chunk of ``chunk_size`` decoded samples from each stream of this rank (split over the
     data-loader workers)."""
 
-    def __init__(self, urls: list[str], streams: int, owned: list[int], chunk_size: int, start_step: int,
+    def __init__(self, *, urls: list[str], streams: int, owned: list[int], chunk_size: int, start_step: int,
                  positions: dict[int, Position], transform: Callable, tokenizer: Callable, seed: int,
                  shuffle_buffer: int, image_views: int = 1, text_views: int = 1):
         super().__init__()

@@ -1,0 +1,61 @@
+"""Where and how the pipeline runs on Kubernetes: the settings fixed when it is compiled (pod resources and
+scheduling are part of the pod spec, not run parameters). One model, read by the pipeline builder and the
+multi-node training job alike; `python -m pipelines compile` has one flag per field, generated from it."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class ClusterSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    data: Literal["acquire", "import"] = Field(
+        "acquire", description="acquire: build the shards in the run; import: train on shards already on S3, given "
+        "as the run parameter shards_uri (e.g. a DVC worktree remote's data/shards)")
+    partitions: int = Field(2, ge=1, description="Download fan-out: parallel download tasks.")
+    nodes: int = Field(1, ge=1, description="Training nodes; >1 creates a Training Operator job with `gpus` per node.")
+    gpus: int = Field(1, ge=0, description="GPUs per training node; >1 runs torchrun, one process per GPU.")
+    accelerator: str = Field("nvidia.com/gpu", description="Accelerator resource name.")
+    cpu: str = Field("8", description="Training pod CPU request.")
+    memory: str = Field("32Gi", description="Training pod memory request.")
+    shm: str = Field("16Gi", description="Size of the training pods' memory-backed /dev/shm (DataLoader workers).")
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels the training pods need.")
+    gpu_taint: str | None = Field("nvidia.com/gpu", description="Taint key the training pods tolerate ('' for none).")
+    s3_secret: str | None = Field("cloob-s3", description="Kubernetes secret with the S3 credentials (and endpoint), "
+                                  "given to the steps as environment variables ('' for none, e.g. with IRSA).")
+    service_account: str | None = Field(None, description="Service account of the multi-node job's pods.")
+    job_kind: Literal["pytorchjob", "trainjob"] = Field(
+        "pytorchjob", description="pytorchjob (Training Operator v1) or trainjob (Kubeflow Trainer v2).")
+    job_workdir: str = Field("s3://cloob/jobs", description="s3:// prefix a multi-node job's pods share: the shards' "
+                             "copy, checkpoints, the result.")
+    job_namespace: str | None = Field(None, description="Namespace of the multi-node job (default: the pipeline "
+                                      "pod's own).")
+    job_runtime: str = Field("torch-distributed", description="Trainer v2 ClusterTrainingRuntime of a trainjob.")
+    job_backoff_limit: int = Field(3, ge=0, description="Pod restarts before the job fails; each restart resumes "
+                                   "from the last checkpoint.")
+    job_timeout_s: float = Field(7 * 24 * 3600.0, gt=0, description="Seconds the job may run before it is deleted.")
+    job_poll_s: float = Field(20.0, gt=0, description="Seconds between looks at the job's status.")
+    image: str = Field("", description="The job pods' image; filled with the training image when the pipeline is "
+                       "compiled.")
+
+    @field_validator("gpu_taint", "s3_secret", "service_account", "job_namespace", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: Any) -> Any:
+        return None if value == "" else value
+
+    @model_validator(mode="after")
+    def _job_needs_a_workdir(self) -> ClusterSettings:
+        if self.nodes > 1 and not self.job_workdir.startswith("s3://"):
+            raise ValueError(f"a multi-node job needs a work folder its pods share (an s3:// prefix), not "
+                             f"{self.job_workdir!r}")
+        return self
+
+    def to_json(self) -> str:
+        return self.model_dump_json()
+
+    @classmethod
+    def from_json(cls, text: str) -> ClusterSettings:
+        return cls.model_validate_json(text)

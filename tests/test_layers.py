@@ -1,0 +1,90 @@
+"""The package structure holds: no import cycle (lazy imports included), imports only go down the layers, and
+nothing but the console entry point imports the CLI (the Kubeflow steps call the stage functions)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+from import_graph import ROOT, module_imports
+
+# Lowest first; a module may import its own layer and the ones below it.
+LAYERS = (
+    ("cloob_core", "cloob_core.errors", "cloob_core.io", "cloob_core.storage", "cloob_core.pushgateway",
+     "cloob_core.flags", "cloob_core.plots"),
+    ("cloob_core.config", "cloob_core.objectives.names", "cloob_core.objectives"),
+    ("cloob_core.objectives.", "cloob_core.model", "cloob_core.data"),
+    ("cloob_core.training", "cloob_core.evaluation"),
+    ("cloob_core.ops",),
+    ("cloob_core.cli",),
+)
+
+
+def modules() -> list[str]:
+    found = []
+    for path in sorted((ROOT / "cloob_core").rglob("*.py")):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        found.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return found
+
+
+def layer(module: str) -> int:
+    """The layer of the most specific prefix naming the module."""
+    best, level = -1, None
+    for index, prefixes in enumerate(LAYERS):
+        for prefix in prefixes:
+            matches = module == prefix or module.startswith(prefix if prefix.endswith(".") else prefix + ".")
+            if matches and len(prefix) > best:
+                best, level = len(prefix), index
+    assert level is not None, f"{module} is in no layer of tests/test_layers.py"
+    return level
+
+
+def test_no_import_cycles():
+    graph = {module: {m for m in module_imports(module) if m != module} for module in modules()}
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for child in sorted(graph.get(module, ())):
+            if state.get(child) == 1:
+                cycle = [*path[path.index(child):], child] if child in path else [module, child]
+                pytest.fail("import cycle: " + " -> ".join(cycle))
+            if child not in state:
+                visit(child, [*path, child])
+        state[module] = 2
+
+    for module in graph:
+        if module not in state:
+            visit(module, [module])
+
+
+def test_imports_only_go_down_the_layers():
+    upward = [f"{module} (layer {layer(module)}) imports {imported} (layer {layer(imported)})"
+              for module in modules() for imported in sorted(module_imports(module))
+              if layer(imported) > layer(module)]
+    assert not upward, "\n".join(upward)
+
+
+@pytest.mark.parametrize("folder", ["cloob_core", "components", "pipelines", "benchmarks", "scripts"])
+def test_only_the_console_entry_point_imports_the_cli(folder):
+    importers = []
+    for path in sorted((ROOT / folder).rglob("*.py")):
+        if path == ROOT / "cloob_core" / "cli.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+                     if isinstance(node, ast.ImportFrom) else [])
+            if "cloob_core.cli" in names:
+                importers.append(str(path.relative_to(ROOT)))
+    assert not importers, f"these import cloob_core.cli: {importers}"
+    entry = (ROOT / "pyproject.toml").read_text()
+    assert 'cloob = "cloob_core.cli:main"' in entry
+
+
+def test_the_layer_check_can_fail():
+    assert layer("cloob_core.ops.kubeflow") > layer("cloob_core.training.loop") > layer("cloob_core.config")
+    assert layer("cloob_core.objectives.losses") > layer("cloob_core.objectives.names")
+    assert Path(ROOT / "cloob_core" / "cli.py").is_file()
