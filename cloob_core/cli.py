@@ -423,13 +423,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _ours_or_a_warning(record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.WARNING or record.name.split(".")[0] == "cloob_core"
+
+
 def _configure_logging(verbose: bool) -> None:
     """Our own INFO lines; third-party ones (open_clip logs model building to the root logger, GX its
-    temporary folders, the HTTP clients their connections) only with --verbose, which shows DEBUG for all."""
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING,
+    temporary folders and sets its own loggers' levels, the HTTP clients their connections) only with
+    --verbose, which shows DEBUG for all."""
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not verbose:
-        logging.getLogger("cloob_core").setLevel(logging.INFO)
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(_ours_or_a_warning)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -285,7 +285,8 @@ class CloobConfig(_Section):
         return self
 
 
-def _describe(err: ValidationError) -> str:
+def describe(err: ValidationError, what: str = "configuration") -> str:
+    """A pydantic error as lines that name each offending key."""
     lines = []
     for problem in err.errors():
         key = ".".join(str(part) for part in problem["loc"]) or "<root>"
@@ -293,7 +294,7 @@ def _describe(err: ValidationError) -> str:
             lines.append(f"{key}: unknown key")
         else:
             lines.append(f"{key}: {problem['msg']} (got {problem.get('input')!r})")
-    return "invalid configuration:\n  " + "\n  ".join(lines)
+    return f"invalid {what}:\n  " + "\n  ".join(lines)
 
 
 def _parse_override(text: str) -> tuple[list[str], Any]:
@@ -344,7 +345,7 @@ def config_from_text(text: str | None, overrides: Sequence[str] = (), preset: st
     try:
         return CloobConfig.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(_describe(err)) from None
+        raise ConfigError(describe(err)) from None
 
 
 def dump_defaults() -> str:

@@ -38,6 +38,18 @@ def atomic_write(path: str | Path, write: Callable[[Path], Any]) -> Path:
     return Path(path)
 
 
+def write_torch(path: str | Path, data: Any) -> Path:
+    """``torch.save`` atomically, through a file handle: the archive inside is then named "archive", not after
+    the temporary file, so the same tensors always give the same bytes (a reproducible output, a stable id)."""
+    import torch  # here, not at the top: the data stages use this module without torch
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as handle:
+            torch.save(data, handle)
+
+    return atomic_write(path, write)
+
+
 def write_text(path: str | Path, text: str) -> Path:
     return atomic_write(path, lambda tmp: tmp.write_text(text))
 

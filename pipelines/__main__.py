@@ -19,7 +19,7 @@ def _compile(args: argparse.Namespace) -> int:
 
     from pipelines.pretrain import build, build_evaluation
 
-    settings = ClusterSettings(**flag_values(args, "cluster"))
+    settings = ClusterSettings.from_flags(flag_values(args, "cluster"))
     pipeline = build_evaluation(settings) if args.pipeline == "evaluate" else build(settings)
     with tempfile.TemporaryDirectory() as tmp:  # the compiler picks the format from the file name's suffix
         compiled = Path(tmp) / "pipeline.yaml"

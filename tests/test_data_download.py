@@ -155,7 +155,7 @@ def test_per_shard_records_and_totals(misbehaving_run):
     shard_stats = [json.loads(p.read_text()) for p in sorted(out.glob("*_stats.json"))]
     assert len(shard_stats) == -(-len(rows) // 8)
     assert sum(s["rows"] for s in shard_stats) == len(rows)
-    assert all(s["duration_s"] >= 0 and "failures_by_reason" in s for s in shard_stats)
+    assert all("failures_by_reason" in s and "duration_s" not in s for s in shard_stats)  # reproducible records
     assert stats["duplicates_dropped"] == {"duplicate_content": 1, "duplicate_url": 1}
     assert not list(out.glob(".*"))  # no staging or temp files left
 

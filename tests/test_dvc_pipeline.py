@@ -42,24 +42,33 @@ def environment() -> dict[str, str]:
     return env
 
 
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory) -> Path:
-    """The repository's files (tracked or not ignored) in a fresh git repo, with a shorter training run."""
-    root = tmp_path_factory.mktemp("pipeline")
+def copy_repository(root: Path, keep: tuple[str, ...] = ()) -> Path:
+    """The repository's files (tracked or not ignored) in a fresh git repo at ``root``, without the pipeline's
+    outputs and lock unless named in ``keep``."""
     listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
                             capture_output=True, text=True, check=True).stdout.split("\0")
+    skipped = tuple(p for p in ("data/", "models/", "eval/", "reports/", "dvc.lock") if p not in keep)
     for name in filter(None, listed):
         source = REPO / name
-        if source.is_file() and not name.startswith(("data/", "models/", "eval/", "reports/", "dvc.lock")):
+        if source.is_file() and not name.startswith(skipped):
             (root / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, root / name)
-    params = yaml.safe_load((root / "params.yaml").read_text())
-    params["train"]["epochs"] = 3.0  # CI time (the default is 5); the pipeline's shape is what is tested here
-    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     env = environment()
     run(["git", "init", "-q"], root, env)
     run(["git", "add", "-A"], root, env)
     run(["git", "commit", "-qm", "copy"], root, env)
+    return root
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory) -> Path:
+    """A copy of the repository with a shorter training run."""
+    root = copy_repository(tmp_path_factory.mktemp("pipeline"))
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["train"]["epochs"] = 3.0  # CI time (the default is 5); the pipeline's shape is what is tested here
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    env = environment()
+    run(["git", "commit", "-qam", "shorter training"], root, env)
     return root
 
 

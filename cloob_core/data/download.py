@@ -170,7 +170,7 @@ class _Finaliser:
         sides = [s for o in kept for s in (o.width, o.height)]
         record = ShardRecord(
             name=job.name, shard=job.shard, round=job.round, rows=len(job.rows), successes=len(kept),
-            failures_by_reason=dict(sorted(reasons.items())), duration_s=result.duration_s, tar=tar_name,
+            failures_by_reason=dict(sorted(reasons.items())), tar=tar_name,
             samples=[[o.key, o.sha256] for o in kept],
             image_sides={"min": min(sides), "max": max(sides)} if sides else {},
             tar_bytes=staging.stat().st_size if kept else 0,
@@ -182,6 +182,7 @@ class _Finaliser:
             staging.unlink(missing_ok=True)
         stats = storage.join(self.output, job.name + STATS_SUFFIX)
         storage.write_bytes(stats, json_bytes(record.to_json()))  # the completion mark
+        log.debug("shard %s: %d of %d rows in %.1f s", job.name, len(kept), len(job.rows), result.duration_s)
         return record
 
 

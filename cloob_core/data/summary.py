@@ -75,7 +75,6 @@ def summarize(folder: str, records: list[ShardRecord] | None = None) -> OutputSu
         "bytes": sum(r.tar_bytes for r in records),
         "image_side_min": min((s["min"] for s in sides), default=None),
         "image_side_max": max((s["max"] for s in sides), default=None),
-        "seconds_in_workers": round(sum(r.duration_s for r in records), 3),
     }
     return OutputSummary(dict(sorted(sizes.items())), stats, failures)
 

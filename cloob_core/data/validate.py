@@ -102,7 +102,17 @@ def _validate(
             examples=list(details.get("partial_unexpected_list") or [])[:5],
             kwargs={k: v for k, v in config.kwargs.items() if v is not None},
         ))
-    return checks, result.to_json_dict()
+    return checks, _reproducible(result.to_json_dict())
+
+
+def _reproducible(raw: dict[str, Any]) -> dict[str, Any]:
+    """GX's result without what differs between two runs on the same data (random ids, the load time), so the
+    gate's report is a reproducible DVC output."""
+    raw = {key: value for key, value in raw.items() if key != "id"}
+    raw["meta"] = {key: value for key, value in raw.get("meta", {}).items() if key != "batch_markers"}
+    for item in raw.get("results", []):
+        item["expectation_config"] = {k: v for k, v in item["expectation_config"].items() if k != "id"}
+    return raw
 
 
 def manifest_expectations(gxe: Any, config: CloobConfig) -> list[Any]:

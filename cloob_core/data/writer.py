@@ -99,7 +99,6 @@ class ShardRecord:
     rows: int
     successes: int
     failures_by_reason: dict[str, int]
-    duration_s: float
     tar: str | None
     samples: list[list[str]] = field(default_factory=list)  # [key, sha256 of the original bytes]
     image_sides: dict[str, int] = field(default_factory=dict)  # min/max of stored width and height
@@ -113,7 +112,7 @@ class ShardRecord:
         return {
             "name": self.name, "shard": self.shard, "round": self.round, "rows": self.rows,
             "successes": self.successes, "failures": self.failures, "failures_by_reason": self.failures_by_reason,
-            "duration_s": round(self.duration_s, 3), "tar": self.tar, "tar_bytes": self.tar_bytes,
+            "tar": self.tar, "tar_bytes": self.tar_bytes,
             "image_sides": self.image_sides, "samples": self.samples,
         }
 
@@ -121,7 +120,7 @@ class ShardRecord:
     def from_json(cls, data: dict[str, Any]) -> ShardRecord:
         return cls(name=data["name"], shard=data["shard"], round=data["round"], rows=data["rows"],
                    successes=data["successes"], failures_by_reason=dict(data["failures_by_reason"]),
-                   duration_s=data["duration_s"], tar=data["tar"], samples=data.get("samples", []),
+                   tar=data["tar"], samples=data.get("samples", []),
                    image_sides=data.get("image_sides", {}), tar_bytes=data.get("tar_bytes", 0))
 
 

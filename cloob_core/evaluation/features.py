@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 
 from cloob_core.evaluation.inputs import EvalModel, ImageSet
 from cloob_core.evaluation.zeroshot import ensemble
-from cloob_core.io import atomic_path
+from cloob_core.io import write_torch
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +42,7 @@ def _cached(cache_dir: Path | None, key: str, compute) -> Tensor:
         log.info("features from cache %s", path)
         return torch.load(path, weights_only=True)
     value = compute()
-    with atomic_path(path) as tmp:
-        torch.save(value, tmp)
+    write_torch(path, value)
     return value
 
 

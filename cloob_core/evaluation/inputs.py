@@ -90,8 +90,8 @@ def load_model(model: str | None = None, architecture: str | None = None, weight
     size = net.visual.image_size
     transform = open_clip.image_transform(size if isinstance(size, int) else size[0], is_train=False,
                                           mean=preprocess.get("mean"), std=preprocess.get("std"))
-    return EvalModel(net, open_clip.get_tokenizer(architecture), transform, architecture, source, fingerprint,
-                     inv_tau)
+    return EvalModel(model=net, tokenizer=open_clip.get_tokenizer(architecture), transform=transform,
+                     architecture=architecture, source=source, fingerprint=fingerprint, inv_tau=inv_tau)
 
 
 @dataclass

@@ -101,36 +101,52 @@ class LinearProbeTask:
 
 
 @dataclass(frozen=True)
-class RetrievalTask:
-    """Image-to-text and text-to-image retrieval; several captions of an image are several right answers."""
+class _OneSetTask:
+    """A task on one image set: ``measure`` gives its metrics, ``line`` says them in one line."""
 
-    name: ClassVar[str] = "retrieval"
+    name: ClassVar[str]
     data: str = "embedded"
     split: str = "test"
 
     def run(self, model: EvalModel, options: EvalOptions, output: Path) -> EvalResult:
         images = options.images(self.data, self.split)
-        metrics = tasks.retrieval(model, images, output, options.cache, options.progress)
-        line = (f"{images.name} retrieval ({metrics['images']} images, {metrics['captions']} captions): "
-                + ", ".join(f"{k} {100 * v:.1f}%" for k, v in metrics.items() if "R@" in k))
-        return EvalResult(self.name, output, {images.name: metrics}, [line])
+        metrics = self.measure(model, images, options, output)
+        return EvalResult(self.name, output, {images.name: metrics}, [f"{images.name} {self.line(metrics)}"])
+
+    def measure(self, model: EvalModel, images: ImageSet, options: EvalOptions, output: Path) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def line(self, metrics: dict[str, Any]) -> str:
+        raise NotImplementedError
 
 
 @dataclass(frozen=True)
-class DiagnosticsTask:
+class RetrievalTask(_OneSetTask):
+    """Image-to-text and text-to-image retrieval; several captions of an image are several right answers."""
+
+    name: ClassVar[str] = "retrieval"
+
+    def measure(self, model: EvalModel, images: ImageSet, options: EvalOptions, output: Path) -> dict[str, Any]:
+        return tasks.retrieval(model, images, output, options.cache, options.progress)
+
+    def line(self, metrics: dict[str, Any]) -> str:
+        return (f"retrieval ({metrics['images']} images, {metrics['captions']} captions): "
+                + ", ".join(f"{k} {100 * v:.1f}%" for k, v in metrics.items() if "R@" in k))
+
+
+@dataclass(frozen=True)
+class DiagnosticsTask(_OneSetTask):
     """The paper's embedding analyses: effective eigenvalues, uniformity, alignment, InfoNCE saturation."""
 
     name: ClassVar[str] = "diagnostics"
-    data: str = "embedded"
-    split: str = "test"
 
-    def run(self, model: EvalModel, options: EvalOptions, output: Path) -> EvalResult:
-        images = options.images(self.data, self.split)
-        metrics = tasks.diagnostics(model, images, output, options.cache, progress=options.progress)
-        line = (f"{images.name} diagnostics: effective eigenvalues image {metrics['effective_eigenvalues_image']}, "
-                f"text {metrics['effective_eigenvalues_text']}; Ajne A_n image {metrics['ajne_image']:.3f}, text "
+    def measure(self, model: EvalModel, images: ImageSet, options: EvalOptions, output: Path) -> dict[str, Any]:
+        return tasks.diagnostics(model, images, output, options.cache, progress=options.progress)
+
+    def line(self, metrics: dict[str, Any]) -> str:
+        return (f"diagnostics: effective eigenvalues image {metrics['effective_eigenvalues_image']}, text "
+                f"{metrics['effective_eigenvalues_text']}; Ajne A_n image {metrics['ajne_image']:.3f}, text "
                 f"{metrics['ajne_text']:.3f}; p1 {metrics['positive_probability_p1']:.3f}")
-        return EvalResult(self.name, output, {images.name: metrics}, [line])
 
 
 EvalTask = ZeroShotTask | LinearProbeTask | RetrievalTask | DiagnosticsTask

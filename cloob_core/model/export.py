@@ -15,7 +15,7 @@ from typing import Any
 import open_clip
 import torch
 
-from cloob_core.io import atomic_path, write_json
+from cloob_core.io import write_json, write_torch
 from cloob_core.model.dual_encoder import CLOOBModel, without_random_init_warning
 
 STATE_FILE = "open_clip_model.pt"
@@ -25,8 +25,7 @@ INFO_FILE = "model_info.json"
 def export_model(model: CLOOBModel, folder: Path, extra: dict[str, Any]) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     architecture = model.config.architecture
-    with atomic_path(folder / STATE_FILE) as tmp:
-        torch.save({k: v.detach().cpu() for k, v in model.encoder.state_dict().items()}, tmp)
+    write_torch(folder / STATE_FILE, {k: v.detach().cpu() for k, v in model.encoder.state_dict().items()})
     config = open_clip.get_model_config(architecture)
     write_json(folder / f"{architecture}.json", config)
     preprocess = getattr(model.encoder.visual, "preprocess_cfg", {}) or {}

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from cloob_core.config import ConfigError, describe
 
 
 class ClusterSettings(BaseModel):
@@ -52,6 +54,13 @@ class ClusterSettings(BaseModel):
             raise ValueError(f"a multi-node job needs a work folder its pods share (an s3:// prefix), not "
                              f"{self.job_workdir!r}")
         return self
+
+    @classmethod
+    def from_flags(cls, values: dict[str, Any]) -> ClusterSettings:
+        try:
+            return cls(**values)
+        except ValidationError as err:
+            raise ConfigError(describe(err, "cluster settings")) from None
 
     def to_json(self) -> str:
         return self.model_dump_json()

@@ -22,7 +22,7 @@ import torch
 
 from cloob_core import storage
 from cloob_core.config import ConfigError
-from cloob_core.io import atomic_path
+from cloob_core.io import write_torch
 from cloob_core.training.streams import Position
 
 log = logging.getLogger(__name__)
@@ -106,8 +106,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 def save(state: dict[str, Any], folder: Path, step: int, keep: int, mirror: str | None = None) -> Path:
     path = folder / checkpoint_name(step)
-    with atomic_path(path) as tmp:
-        torch.save(state, tmp)
+    write_torch(path, state)
     if mirror:
         if storage.is_s3(mirror):
             storage.upload_file(path, storage.join(mirror, path.name))  # an upload; the local file stays
