@@ -325,8 +325,8 @@ def _cmd_eval_summary(args: argparse.Namespace) -> int:
 def _cmd_eval_report(args: argparse.Namespace) -> int:
     from cloob_core.evaluation.reports import combine_reports, summary_table
 
-    combined = combine_reports([Path(p) for p in args.inputs], Path(args.output))
-    print(summary_table(combined))
+    report = combine_reports([Path(p) for p in args.inputs], Path(args.output))
+    print(summary_table(report.metrics))
     print(f"wrote {args.output}/metrics.json and {args.output}/report.md")
     return 0
 

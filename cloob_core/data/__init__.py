@@ -1,5 +1,6 @@
-"""Data stages: manifest → download/filter → WebDataset shards → validation gate, and the training reader.
+"""Data stages: manifest → download/filter → WebDataset shards → validation gate.
 
 The split follows img2dataset's: a reader (``manifest``), a downloader (``fetch``), a resizer (``imaging``) and
-a writer (``shards``), driven by ``download``; ``validate`` is the gate and ``loader`` reads the shards back.
+a writer (``writer``), driven by ``download``; ``sources`` are where rows' bytes come from besides http(s),
+``validate`` is the gate, and ``shard_files`` finds and opens a shards folder for its readers.
 """

@@ -35,6 +35,7 @@ from cloob_core.config import CloobConfig
 from cloob_core.data.fetch import FetchPolicy
 from cloob_core.data.manifest import Manifest, ManifestError, Partition, row_key
 from cloob_core.data.plan import check_settings, plan_round, retry_plan_name, retry_round, settings_of
+from cloob_core.data.sources import embedded_source_for
 from cloob_core.data.summary import OutputSummary, merge_stats, summarize
 from cloob_core.data.worker import HttpSource, JobResult, ShardJob, init_worker, run_job
 from cloob_core.data.writer import (
@@ -204,38 +205,57 @@ def download(
     """
     started = time.monotonic()
     partition = partition or Partition()
-    dl, pre = config.download, config.preprocess
+    dl = config.download
     if not isinstance(manifest, Manifest):
         manifest = Manifest.load(manifest, dl.url_col, dl.caption_col, dl.input_format)
     if source is None:
-        from cloob_core.data.sources import embedded_source_for  # it imports this module
-
         source = embedded_source_for(manifest.frame[manifest.url_col]) or HttpSource(FetchPolicy.from_config(dl))
     storage.ensure_folder(output)
     check_settings(output, settings_of(manifest, config))
     _clean_stale_staging(output)
     records = [r for r in read_records(output) if partition.owns(r.shard)]
-
-    if retry_failed:
-        missing = plan_round(manifest, output, records, partition, 0, pre.shard_size)
-        if missing:
-            raise ManifestError(f"{len(missing)} shard(s) of the first pass are not complete yet; re-run without "
-                                "--retry-failed to finish them, then retry")
-        round_ = retry_round(output, partition, records)
-    else:
-        round_ = 0
-    plan = plan_round(manifest, output, records, partition, round_, pre.shard_size)
-    if round_ > 0 and plan:
-        plan_file = storage.join(output, retry_plan_name(round_, partition))
-        if not storage.exists(plan_file):
-            storage.write_bytes(plan_file, json_bytes({"round": round_, "shards": [name for name, _, _ in plan]}))
-        log.info("retry round %d: %d row(s) in %d shard(s)", round_, sum(len(r) for _, _, r in plan), len(plan))
-    elif round_ > 0:
-        log.info("nothing to retry: no failed rows other than duplicates")
+    round_, plan = _round_and_plan(manifest, output, records, partition, retry_failed, config.preprocess.shard_size)
     skipped = sum(1 for r in records if r.round == round_)
     if skipped:
         log.info("resuming: %d shard(s) already complete are skipped", skipped)
+    done = _build_planned(manifest, output, config, records, round_, plan, source=source, progress=progress,
+                          complete_before=skipped)
+    if partition.count == 1:
+        summary = merge_stats(output)
+    else:  # this partition's view; the merged whole-output files come from `cloob data merge-stats`
+        summary = summarize(output, [r for r in read_records(output) if partition.owns(r.shard)])
+    push_download_summary(dl.pushgateway, summary.stats, f"{partition.index}-{partition.count}")
+    return DownloadResult(output, summary, done, skipped, time.monotonic() - started, partition)
 
+
+Plan = list[tuple[str, int, list[int]]]  # (shard name, base shard, manifest rows) still to build
+
+
+def _round_and_plan(manifest: Manifest, output: str, records: list[ShardRecord], partition: Partition,
+                    retry_failed: bool, shard_size: int) -> tuple[int, Plan]:
+    """The first pass, or with ``retry_failed`` the retry round to run (recorded, so a killed round resumes)."""
+    if not retry_failed:
+        return 0, plan_round(manifest, output, records, partition, 0, shard_size)
+    missing = plan_round(manifest, output, records, partition, 0, shard_size)
+    if missing:
+        raise ManifestError(f"{len(missing)} shard(s) of the first pass are not complete yet; re-run without "
+                            "--retry-failed to finish them, then retry")
+    round_ = retry_round(output, partition, records)
+    plan = plan_round(manifest, output, records, partition, round_, shard_size)
+    if not plan:
+        log.info("nothing to retry: no failed rows other than duplicates")
+        return round_, plan
+    plan_file = storage.join(output, retry_plan_name(round_, partition))
+    if not storage.exists(plan_file):
+        storage.write_bytes(plan_file, json_bytes({"round": round_, "shards": [name for name, _, _ in plan]}))
+    log.info("retry round %d: %d row(s) in %d shard(s)", round_, sum(len(r) for _, _, r in plan), len(plan))
+    return round_, plan
+
+
+def _build_planned(manifest: Manifest, output: str, config: CloobConfig, records: list[ShardRecord], round_: int,
+                   plan: Plan, *, source: Any, progress: bool, complete_before: int) -> int:
+    """Build the planned shards in worker processes and publish them in plan order; how many were built."""
+    dl, pre = config.download, config.preprocess
     staging_dir = Path(output) if not storage.is_s3(output) else Path(tempfile.mkdtemp(prefix="cloob-staging-"))
     seen = {_digest_key(sha): key for r in records for key, sha in r.samples} if pre.dedup_content else {}
     finaliser = _Finaliser(output, pre.dedup_content, seen)
@@ -258,22 +278,15 @@ def download(
                 finaliser.publish(result)
                 done += 1
     except (KeyboardInterrupt, DownloadInterrupted) as err:
-        raise DownloadInterrupted(
-            f"{err or 'interrupted'}: {skipped + done} shard(s) complete, kept; re-run the same command to resume"
-        ) from None
+        raise DownloadInterrupted(f"{err or 'interrupted'}: {complete_before + done} shard(s) complete, kept; "
+                                  "re-run the same command to resume") from None
     finally:
         bar.close()
         for name, _, _ in plan:
             Path(staging(name)).unlink(missing_ok=True)
         if storage.is_s3(output):
             shutil.rmtree(staging_dir, ignore_errors=True)
-
-    if partition.count == 1:
-        summary = merge_stats(output)
-    else:  # this partition's view; the merged whole-output files come from `cloob data merge-stats`
-        summary = summarize(output, [r for r in read_records(output) if partition.owns(r.shard)])
-    push_download_summary(dl.pushgateway, summary.stats, f"{partition.index}-{partition.count}")
-    return DownloadResult(output, summary, done, skipped, time.monotonic() - started, partition)
+    return done
 
 
 _CONTEXT = multiprocessing.get_context("spawn")  # no fork: the parent may hold threads, locks, boto3 clients

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,20 +43,25 @@ def write_result(output: Path, record: dict, plots: Sequence[str] = ()) -> Path:
     return output / f"{name}.json"
 
 
-def combine_reports(inputs: Sequence[Path], output: Path) -> dict[str, dict]:
+@dataclass(frozen=True)
+class Report:
+    output: Path
+    metrics: dict[str, dict]  # the scalars of each result (data set x task), as in OUTPUT/metrics.json
+
+
+def combine_reports(inputs: Sequence[Path], output: Path) -> Report:
     """One report over several evaluation folders (the DVC pipeline runs each task into its own, since DVC outputs
     may not overlap): their scalars in ``OUTPUT/metrics.json``, their records in ``OUTPUT/results/``, their plots
-    in ``OUTPUT/figures/`` (a folder DVC shows as image plots), and ``OUTPUT/report.md`` linking both. Returns the
-    scalars by result name."""
+    in ``OUTPUT/figures/`` (a folder DVC shows as image plots), and ``OUTPUT/report.md`` linking both."""
     entries: dict[str, dict] = {}
     for folder in inputs:
         found = read_json_or(folder / ".report.json", None)
         if not found:
-            raise FileNotFoundError(f"{folder} holds no evaluation results (no .report.json); run `cloob eval` "
-                                    "into it first")
+            raise ConfigError(f"{folder} holds no evaluation results (no .report.json); run `cloob eval` into it "
+                              "first")
         for name, entry in found.items():
             if name in entries:
-                raise ValueError(f"result {name} appears in two input folders")
+                raise ConfigError(f"result {name} appears in two input folders")
             moved = {**entry, "record": f"results/{entry['record']}", "plots": [f"figures/{p}" for p in entry["plots"]]}
             for source, target in zip((entry["record"], *entry["plots"]), (moved["record"], *moved["plots"]),
                                       strict=True):
@@ -64,7 +70,7 @@ def combine_reports(inputs: Sequence[Path], output: Path) -> dict[str, dict]:
     combined = {name: entry["scalars"] for name, entry in sorted(entries.items())}
     write_json(output / "metrics.json", combined)
     write_text(output / "report.md", _markdown(entries))
-    return combined
+    return Report(output, combined)
 
 
 HEADLINE = ("top1", "mean_per_class_recall", "lambda_", "image_to_text_R@1", "text_to_image_R@1",

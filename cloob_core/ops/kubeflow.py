@@ -158,7 +158,7 @@ def report(eval_dirs: Sequence[str], output_dir: str, metrics: Any = None, markd
     ``Markdown`` artifact and the first zero-shot confusion matrix onto a ``ClassificationMetrics`` one."""
     from cloob_core.evaluation.reports import combine_reports
 
-    combined = combine_reports([Path(folder) for folder in eval_dirs], Path(output_dir))
+    combined = combine_reports([Path(folder) for folder in eval_dirs], Path(output_dir)).metrics
     if metrics is not None:
         for name, scalars in combined.items():
             for key, value in scalars.items():
