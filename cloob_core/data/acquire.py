@@ -43,5 +43,5 @@ def acquire(config: CloobConfig, output: str) -> AcquireResult:
     storage.ensure_folder(output)
     location = storage.join(output, MANIFEST_NAME)
     storage.write_bytes(location, buffer.getvalue())
-    log.info("acquired %d rows from %s into %s", len(frame), described, location)
+    log.debug("acquired %d rows from %s into %s", len(frame), described, location)
     return AcquireResult(location, len(frame), described)

@@ -228,5 +228,5 @@ def run_gate(config: CloobConfig, *, manifest: str | None = None, shards: str | 
                             json_bytes({"passed": report.passed, "suites": sorted(report.raw)}))
     if not report.passed:
         raise GateFailed(report)
-    log.info("data gate passed")
+    log.debug("data gate passed")
     return report

@@ -46,6 +46,7 @@ def acquire(params: Params, manifest_dir: str) -> dict[str, Any]:
     from cloob_core.data.acquire import acquire as acquire_stage
 
     result = acquire_stage(_config(params), manifest_dir)
+    log.info("acquired %d rows from %s: %s", result.rows, result.source, result.manifest)
     return {"rows": result.rows, "source": result.source}
 
 
@@ -56,6 +57,7 @@ def validate(params: Params, report_dir: str, manifest_dir: str | None = None,
 
     report = run_gate(_config(params), manifest=str(Path(manifest_dir) / MANIFEST) if manifest_dir else None,
                       shards=shards_dir, report_dir=report_dir)
+    log.info("%s", report.text())
     return {"passed": report.passed, "checks": len(report.checks)}
 
 
@@ -63,9 +65,11 @@ def download(params: Params, manifest_dir: str, partition: str, shards_dir: str)
     """One partition of the shards; its counts for the ``Dataset`` artifact's metadata."""
     from cloob_core.data.download import download as download_stage
     from cloob_core.data.manifest import Partition
+    from cloob_core.data.summary import format_summary
 
     result = download_stage(str(Path(manifest_dir) / MANIFEST), shards_dir, _config(params),
                             partition=Partition.parse(partition), progress=False)
+    log.info("partition %s: %s", partition, format_summary(result.summary))
     stats = result.summary.stats
     return {"partition": partition, "rows": stats.get("rows", 0), "successes": stats.get("successes", 0),
             "shards_built": result.shards_done, "shards_resumed": result.shards_skipped}
@@ -149,6 +153,8 @@ def evaluate(task: str, model_dir: str, output_dir: str) -> dict[str, dict[str, 
     if task not in TASKS:
         raise StageError(f"unknown evaluation task {task!r}; choose one of {sorted(TASKS)}")
     result = evaluate_stage(TASKS[task](), ModelSource(model=model_dir), output_dir, EvalOptions(progress=False))
+    for line in result.lines:
+        log.info("%s", line)
     return result.metrics
 
 
@@ -156,9 +162,10 @@ def report(eval_dirs: Sequence[str], output_dir: str, metrics: Any = None, markd
            classification: Any = None) -> dict[str, dict]:
     """The combined report, then its scalars onto a KFP ``Metrics`` artifact, the Markdown page onto a
     ``Markdown`` artifact and the first zero-shot confusion matrix onto a ``ClassificationMetrics`` one."""
-    from cloob_core.evaluation.reports import combine_reports
+    from cloob_core.evaluation.reports import combine_reports, summary_table
 
     combined = combine_reports([Path(folder) for folder in eval_dirs], Path(output_dir)).metrics
+    log.info("%s", summary_table(combined))
     if metrics is not None:
         for name, scalars in combined.items():
             for key, value in scalars.items():
@@ -184,7 +191,9 @@ def promote(params: Params, model_dir: str, metrics_file: str, decision_metrics:
 
     from cloob_core.ops.promotion import promotion_gate
 
-    decision = asdict(promotion_gate(_config(params).promote, model_dir=model_dir, metrics_file=metrics_file))
+    gate = promotion_gate(_config(params).promote, model_dir=model_dir, metrics_file=metrics_file)
+    log.info("%s", gate.summary())
+    decision = asdict(gate)
     if decision_metrics is not None:
         decision_metrics.log_metric("promoted", float(decision["promoted"]))
         for key in ("candidate_value", "production_value", "improvement"):

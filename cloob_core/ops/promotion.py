@@ -140,7 +140,7 @@ def promote(model_dir: str | Path, metrics: dict[str, dict[str, Any]], settings:
     storage.ensure_folder(history)
     storage.write_bytes(storage.join(history, f"{now.strftime('%Y%m%dT%H%M%S%fZ')}-{candidate_id}.json"),
                         json_bytes(asdict(decision)))
-    log.info(decision.summary())
+    log.debug(decision.summary())
     return decision
 
 

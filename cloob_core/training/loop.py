@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import open_clip
 import torch
 import torch.distributed as dist
@@ -107,6 +109,8 @@ def _build(config: CloobConfig, steps: int) -> _Setup:
     env = detect()
     device = choose_device(cfg.device, env)
     init_process_group(env, device)
+    random.seed(cfg.seed)  # nothing of ours draws from Python's or numpy's global generators, but a checkpoint
+    np.random.seed(cfg.seed)  # stores them: seeded, two runs write the same checkpoint bytes
     torch.manual_seed(cfg.seed)
     model = build_model(config.model).to(device)
     if device.type == "cuda":
