@@ -1,0 +1,28 @@
+"""The `cloob` command itself: it lists its stages, prints the configuration, and a bad configuration is one
+line on stderr with exit status 2 before anything is written."""
+
+import subprocess
+import sys
+
+import yaml
+
+from cloob_core.cli import main
+from cloob_core.config import load_config
+
+
+def test_cli_lists_subcommands():
+    out = subprocess.run([sys.executable, "-m", "cloob_core.cli", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0
+    assert all(command in out.stdout for command in ("config", "data", "train", "eval", "promote"))
+
+
+def test_cli_config_prints_params_yaml_defaults(capsys):
+    assert main(["config"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out) == load_config().model_dump()
+
+
+def test_cli_rejects_bad_config_with_exit_2(capsys, tmp_path):
+    assert main(["train", "--output", str(tmp_path), "--set", "train.objective=simclr"]) == 2
+    error = capsys.readouterr().err
+    assert "train.objective" in error and "Traceback" not in error
+    assert not any(tmp_path.iterdir())  # nothing was written
