@@ -9,6 +9,7 @@ when its upload completes.
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import shutil
 from pathlib import Path
@@ -136,6 +137,56 @@ def write_bytes(location: str | os.PathLike, data: bytes) -> None:
         return
     with atomic_path(location) as tmp:
         tmp.write_bytes(data)
+
+
+class WriteConflict(Exception):
+    """A conditional write found the object changed since it was read."""
+
+
+def read_versioned(location: str | os.PathLike) -> tuple[bytes | None, str | None]:
+    """The object's bytes and a version token for :func:`write_if_unchanged` (``(None, None)``: no object)."""
+    if is_s3(location):
+        bucket, key = split_s3(str(location))
+        try:
+            reply = s3_client().get_object(Bucket=bucket, Key=key)
+        except s3_client().exceptions.NoSuchKey:
+            return None, None
+        return reply["Body"].read(), reply["ETag"]
+    try:
+        data = Path(location).read_bytes()
+    except FileNotFoundError:
+        return None, None
+    return data, hashlib.sha256(data).hexdigest()
+
+
+def write_if_unchanged(location: str | os.PathLike, data: bytes, version: str | None) -> None:
+    """Write ``data`` only if the object is still at ``version`` (``None``: only if there is none yet); else
+    raise :class:`WriteConflict`. On S3 a conditional PUT (``If-Match`` / ``If-None-Match: *``, which AWS S3 and
+    MinIO honour), checked and applied by the server in one step. Locally the check and the atomic rename happen
+    under an exclusive ``flock`` on ``<location>.lock``, which every writer through here takes."""
+    if is_s3(location):
+        from botocore.exceptions import ClientError
+
+        bucket, key = split_s3(str(location))
+        condition = {"IfNoneMatch": "*"} if version is None else {"IfMatch": version}
+        try:
+            s3_client().put_object(Bucket=bucket, Key=key, Body=data, **condition)
+        except ClientError as err:
+            if err.response.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict",
+                                                             "412", "409"):
+                raise WriteConflict(f"{location} changed since it was read") from None
+            raise
+        return
+    import fcntl
+
+    path = Path(location)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if the process dies
+        if read_versioned(path)[1] != version:
+            raise WriteConflict(f"{location} changed since it was read")
+        with atomic_path(path) as tmp:
+            tmp.write_bytes(data)
 
 
 def open_read(location: str) -> IO[bytes]:

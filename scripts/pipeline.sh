@@ -13,5 +13,5 @@ if [ -f "$metrics" ] && [ "$(stat -c %y "$metrics")" != "$before" ]; then
   echo
   cloob eval summary --metrics "$metrics"
 else
-  echo "(no evaluation ran in this run; \`cloob eval summary\` prints the last report's figures)"
+  echo "(this run left the report as it was; \`cloob eval summary\` prints its figures)"
 fi

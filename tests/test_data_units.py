@@ -38,6 +38,27 @@ def test_metadata_stays_refused_when_private_networks_are_allowed():
 
 
 @pytest.mark.parametrize(
+    ("address", "refused"),
+    [
+        ("::ffff:169.254.169.254", "metadata"),  # IPv4-mapped
+        ("64:ff9b::a9fe:a9fe", "metadata"), ("64:ff9b:1::a9fe:a9fe", "metadata"),  # NAT64, well-known and local
+        ("2002:a9fe:a9fe::1", "metadata"),  # 6to4
+        ("::a9fe:a9fe", "metadata"),  # IPv4-compatible
+        ("::ffff:0:a9fe:a9fe", "metadata"),  # IPv4-translated (SIIT)
+        ("fe80::5efe:a9fe:a9fe", "metadata"), ("2001:db8::200:5efe:a9fe:a9fe", "metadata"),  # ISATAP
+        ("2001:0:4136:e378:8000:63bf:5601:5601", "metadata"),  # Teredo, client 169.254.169.254 obfuscated
+        ("64:ff9b::7f00:1", "loopback"), ("2002:c0a8:1::1", "private"), ("::10.0.0.1", "private"),
+        ("64:ff9b::808:808", None),  # NAT64 of 8.8.8.8: public
+    ],
+)
+def test_every_embedding_of_an_ipv4_address_is_unwrapped(address, refused):
+    why = address_refusal(address)
+    assert (why is None) if refused is None else (refused in why), why
+    if refused == "metadata":
+        assert "metadata" in address_refusal(address, allow_private=True)
+
+
+@pytest.mark.parametrize(
     ("values", "expected"),
     [
         (["noai"], True), (["noindex, nofollow"], True), (["NoImageAI"], True), (["noimageindex"], True),

@@ -106,3 +106,38 @@ def test_promotion_on_an_s3_store(tmp_path, s3_bucket):
     assert storage.read_bytes(f"{store}/models/{second.candidate}/open_clip_model.pt") == (
         tmp_path / "b" / "open_clip_model.pt").read_bytes()
     assert len(storage.list_names(f"{store}/history", ".json")) == 2
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_a_non_finite_metric_is_never_promotable_on_either_side(tmp_path, bad):
+    store = str(tmp_path / "store")
+    first = promotion.promote(model(tmp_path / "nan", 1), metrics(bad, 0.80), settings(store))
+    assert not first.promoted and "non-finite" in first.reason and first.candidate_value is None
+    assert promotion.read_production(store) is None  # not even as the first model
+    assert promotion.promote(model(tmp_path / "a", 2), metrics(0.50, 0.80), settings(store)).promoted
+    guard_broken = promotion.promote(model(tmp_path / "g", 3), metrics(0.90, bad), settings(store))
+    assert not guard_broken.promoted and "non-finite" in guard_broken.reason
+    # a production record that went non-finite blocks every comparison until production is re-evaluated
+    pointer = Path(store) / "production.json"
+    record = json.loads(pointer.read_text())
+    record["metrics"][METRIC] = bad
+    pointer.write_text(json.dumps(record))
+    blocked = promotion.promote(model(tmp_path / "b", 4), metrics(0.99, 0.99), settings(store))
+    assert not blocked.promoted and "production's recorded" in blocked.reason
+    with pytest.raises(promotion.PromotionError, match="non-finite metrics"):
+        promotion.record_production_metrics(store, metrics(bad, 0.8))
+    promotion.record_production_metrics(store, metrics(0.5, 0.8))
+    assert promotion.promote(model(tmp_path / "c", 5), metrics(0.99, 0.99), settings(store)).promoted
+
+
+def test_a_corrupt_production_pointer_is_named(tmp_path, capsys):
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "production.json").write_text("{not json")
+    candidate = model(tmp_path / "a", 1)
+    report = tmp_path / "metrics.json"
+    report.write_text(json.dumps(metrics(0.5, 0.8)))
+    assert main(["promote", "--model", str(candidate), "--metrics", str(report), "--store", str(store),
+                 "--metric", METRIC, "--guards", json.dumps({GUARD: 0.02})]) == 2
+    error = capsys.readouterr().err
+    assert "production.json is not valid JSON" in error and "Traceback" not in error

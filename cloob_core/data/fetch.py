@@ -51,16 +51,45 @@ class RefusedAddress(ValueError):
     """Raised inside the connection: the host resolves only to addresses the policy refuses."""
 
 
+# IPv6 prefixes that carry an IPv4 address in their last 32 bits: NAT64 (RFC 6052's well-known prefix and RFC
+# 8215's local-use one), IPv4-compatible (deprecated ::a.b.c.d) and IPv4-translated (SIIT) forms.
+_NAT64_AND_COMPATIBLE = tuple(ipaddress.ip_network(n) for n in ("64:ff9b::/96", "64:ff9b:1::/48", "::/96",
+                                                                "::ffff:0:0:0/96"))
+_ISATAP_IDS = (0x00005EFE, 0x02005EFE)  # ISATAP interface identifiers: ::0:5efe:a.b.c.d, ::200:5efe:a.b.c.d
+
+
+def embedded_ipv4(ip: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    """Every IPv4 address an IPv6 address can deliver to: mapped, NAT64, compatible, 6to4, Teredo, ISATAP."""
+    found = [a for a in (ip.ipv4_mapped, ip.sixtofour) if a is not None]
+    if ip.teredo is not None:
+        found += list(ip.teredo)  # (server, client)
+    low32 = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    if any(ip in network for network in _NAT64_AND_COMPATIBLE) and int(ip) > 1:  # not :: or ::1
+        found.append(low32)
+    if (int(ip) >> 32) & 0xFFFFFFFF in _ISATAP_IDS:
+        found.append(low32)
+    return found
+
+
 def address_refusal(address: str, allow_private: bool = False) -> str | None:
-    """Why connecting to ``address`` is refused, or None. Cloud-metadata endpoints are refused even when
-    private networks are allowed: they hand out credentials, and no image lives there."""
+    """Why connecting to ``address`` is refused, or None. An IPv6 address that embeds an IPv4 one (mapped,
+    NAT64, compatible, 6to4, Teredo, ISATAP) is refused when either is. Cloud-metadata endpoints are refused
+    even when private networks are allowed: they hand out credentials, and no image lives there."""
     ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    if ip in _METADATA_ADDRESSES:
-        return "cloud metadata address"
+    candidates = [*(embedded_ipv4(ip) if isinstance(ip, ipaddress.IPv6Address) else []), ip]  # the real target first
+    for candidate in candidates:
+        if candidate in _METADATA_ADDRESSES:
+            return "cloud metadata address" + (f" (embedded in {ip})" if candidate != ip else "")
     if allow_private:
         return None
+    for candidate in candidates:
+        why = _non_public(candidate)
+        if why:
+            return why + (f" (embedded in {ip})" if candidate != ip else "")
+    return None
+
+
+def _non_public(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str | None:
     for attribute, why in (("is_loopback", "loopback"), ("is_unspecified", "unspecified"),
                            ("is_link_local", "link-local"), ("is_multicast", "multicast"),
                            ("is_private", "private")):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -80,7 +81,14 @@ def decide(candidate: dict[str, float], production: dict[str, float] | None, set
     if settings.metric not in candidate:
         raise PromotionError(f"promote.metric {settings.metric!r} is not in the candidate's metrics; it has "
                          f"{sorted(candidate)[:12]}...")
-    decision = Decision(False, "", candidate_id, production_id, settings.metric, candidate[settings.metric])
+    value = candidate[settings.metric]
+    decision = Decision(promoted=False, reason="", candidate=candidate_id, production_before=production_id,
+                        metric=settings.metric, candidate_value=value if math.isfinite(value) else None)
+    checked = (settings.metric, *settings.guards)
+    broken = [f"{key} = {candidate[key]}" for key in checked if key in candidate and not math.isfinite(candidate[key])]
+    if broken:
+        decision.reason = f"the candidate's {', '.join(broken)}: a non-finite metric is never promotable"
+        return decision
     if production is None:
         decision.promoted, decision.reason = True, "no production model yet"
         return decision
@@ -88,6 +96,11 @@ def decide(candidate: dict[str, float], production: dict[str, float] | None, set
     if missing:
         decision.reason = (f"{missing} missing on one side; evaluate both models on the same sets (re-evaluate "
                            "production with the evaluation pipeline)")
+        return decision
+    broken = [f"{key} = {production[key]}" for key in checked if not math.isfinite(production[key])]
+    if broken:
+        decision.reason = (f"production's recorded {', '.join(broken)}: no comparison with a non-finite value; "
+                           "re-evaluate production (the evaluation pipeline) first")
         return decision
     decision.production_value = production[settings.metric]
     sign = -1.0 if _lower_is_better(settings.metric) else 1.0
@@ -112,30 +125,55 @@ def decide(candidate: dict[str, float], production: dict[str, float] | None, set
 
 
 def read_production(store: str) -> dict[str, Any] | None:
+    return _read_pointer(store)[0]
+
+
+def _read_pointer(store: str) -> tuple[dict[str, Any] | None, str | None]:
+    """The production pointer and its version (for the conditional write that replaces it)."""
+    location = storage.join(store, POINTER)
+    raw, version = storage.read_versioned(location)
+    if raw is None:
+        return None, None
     try:
-        return json.loads(storage.read_bytes(storage.join(store, POINTER)))
-    except FileNotFoundError:
-        return None
+        return json.loads(raw), version
+    except ValueError as err:
+        raise PromotionError(f"{location} is not valid JSON ({err}); restore it from {store}/history") from None
+
+
+# Concurrent gates each retry against the production they lost to; more rounds than this means something keeps
+# rewriting the pointer.
+CAS_ATTEMPTS = 20
 
 
 def promote(model_dir: str | Path, metrics: dict[str, dict[str, Any]], settings: PromoteConfig) -> Decision:
-    """Decide, record the decision, and on success publish the model and move the pointer (last)."""
+    """Decide against the current production, and on success publish the model and move the pointer with a
+    compare-and-swap: if another gate moved production meanwhile, decide again against the new one. So however
+    many gates run at once, production ends at the best candidate that passed, and every decision is recorded."""
     store = settings.store
     storage.ensure_folder(store)
     candidate_id = model_id(model_dir)
-    production = read_production(store)
-    decision = decide(flatten(metrics), production and production["metrics"], settings, candidate_id,
-                      production and production["model_id"])
-    now = datetime.now(timezone.utc)
-    decision.decided_at = now.isoformat(timespec="seconds")
-    if decision.promoted:
-        target = storage.join(store, "models", candidate_id)
+    candidate = flatten(metrics)
+    for _attempt in range(CAS_ATTEMPTS):
+        production, version = _read_pointer(store)
+        decision = decide(candidate, production and production["metrics"], settings, candidate_id,
+                          production and production["model_id"])
+        now = datetime.now(timezone.utc)
+        decision.decided_at = now.isoformat(timespec="seconds")
+        if not decision.promoted:
+            break
+        target = storage.join(store, "models", candidate_id)  # content-addressed: a lost race leaves a copy only
         storage.ensure_folder(target)
         storage.upload_tree(model_dir, target)
         storage.write_bytes(storage.join(target, "metrics.json"), json_bytes(metrics))
-        pointer = {"model_id": candidate_id, "model": target, "metrics": flatten(metrics),
+        pointer = {"model_id": candidate_id, "model": target, "metrics": candidate,
                    "promoted_at": decision.decided_at, "previous": decision.production_before}
-        storage.write_bytes(storage.join(store, POINTER), json_bytes(pointer))  # the atomic switch
+        try:
+            storage.write_if_unchanged(storage.join(store, POINTER), json_bytes(pointer), version)  # the switch
+            break
+        except storage.WriteConflict:
+            log.info("production moved while model %s was decided on; deciding again", candidate_id)
+    else:
+        raise PromotionError(f"{store}/{POINTER} changed {CAS_ATTEMPTS} times while deciding; nothing promoted")
     history = storage.join(store, "history")
     storage.ensure_folder(history)
     storage.write_bytes(storage.join(history, f"{now.strftime('%Y%m%dT%H%M%S%fZ')}-{candidate_id}.json"),
@@ -161,11 +199,20 @@ def refresh_production_metrics(settings: PromoteConfig, *, metrics_file: str | P
 
 def record_production_metrics(store: str, metrics: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """After re-evaluating production (the scheduled evaluation pipeline): its metrics on today's sets, so the
-    next gate compares like with like. The pointer is rewritten atomically; the model does not change."""
-    production = read_production(store)
+    next gate compares like with like. The pointer is rewritten with a compare-and-swap (a promotion in between
+    wins, and these metrics, measured on the old model, are not recorded); the model does not change."""
+    measured = flatten(metrics)
+    broken = sorted(key for key, value in measured.items() if not math.isfinite(value))
+    if broken:
+        raise PromotionError(f"non-finite metrics {broken[:5]}: not recorded for production")
+    production, version = _read_pointer(store)
     if production is None:
         raise PromotionError(f"{store} has no {POINTER}: nothing is in production yet")
-    production = {**production, "metrics": {**production["metrics"], **flatten(metrics)},
+    production = {**production, "metrics": {**production["metrics"], **measured},
                   "evaluated_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    storage.write_bytes(storage.join(store, POINTER), json_bytes(production))
+    try:
+        storage.write_if_unchanged(storage.join(store, POINTER), json_bytes(production), version)
+    except storage.WriteConflict:
+        raise PromotionError(f"production in {store} changed while its metrics were recorded (a promotion); "
+                             "re-evaluate the new production model") from None
     return production
