@@ -38,14 +38,17 @@ def atomic_write(path: str | Path, write: Callable[[Path], Any]) -> Path:
     return Path(path)
 
 
-def write_torch(path: str | Path, data: Any) -> Path:
+def write_torch(path: str | Path, data: Any, before_publish: Callable[[Path], Any] | None = None) -> Path:
     """``torch.save`` atomically, through a file handle: the archive inside is then named "archive", not after
-    the temporary file, so the same tensors always give the same bytes (a reproducible output, a stable id)."""
+    the temporary file, so the same tensors always give the same bytes (a reproducible output, a stable id).
+    ``before_publish`` sees the finished temporary file before it takes the name (to record its checksum)."""
     import torch  # here, not at the top: the data stages use this module without torch
 
     def write(tmp: Path) -> None:
         with open(tmp, "wb") as handle:
             torch.save(data, handle)
+        if before_publish is not None:
+            before_publish(tmp)
 
     return atomic_write(path, write)
 

@@ -143,7 +143,8 @@ def test_checkpoints_go_to_s3_and_resume_from_there(shards, tmp_path, s3_bucket)
                 "--workers", "0", "--checkpoint-sync", mirror]
     assert main(["train", "--shards", str(shards), "--output", str(tmp_path / "a"), "--no-progress",
                  "--no-tensorboard", "--steps", "6", *settings]) == 0
-    assert storage.list_names(mirror) == ["step-00000003.pt", "step-00000006.pt"]  # kept the last 2
+    assert storage.list_names(mirror) == ["step-00000003.pt", "step-00000003.pt.sha256", "step-00000006.pt",
+                                          "step-00000006.pt.sha256"]  # kept the last 2, with their checksums
     (tmp_path / "a" / "checkpoints" / "step-00000006.pt").unlink()  # the pod's disk is gone
     (tmp_path / "a" / "checkpoints" / "step-00000003.pt").unlink()
     assert main(["train", "--shards", str(shards), "--output", str(tmp_path / "a"), "--no-progress",

@@ -9,10 +9,11 @@ an optional ``s3://`` mirror receives each checkpoint as a completed upload.
 
 from __future__ import annotations
 
+import hashlib
+import io
 import logging
 import random
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,8 @@ import torch
 
 from cloob_core import storage
 from cloob_core.config import ConfigError
-from cloob_core.io import write_torch
+from cloob_core.errors import StageError
+from cloob_core.io import write_text, write_torch
 from cloob_core.training.streams import Position
 
 log = logging.getLogger(__name__)
@@ -104,39 +106,75 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+class CheckpointError(StageError):
+    """A checkpoint that cannot be resumed from: incomplete, corrupt, or not a checkpoint of ours."""
+
+
+CHECKSUM_SUFFIX = ".sha256"
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
 def save(state: dict[str, Any], folder: Path, step: int, keep: int, mirror: str | None = None) -> Path:
+    """Write the checkpoint and, before it takes its name, its SHA-256 beside it (``step-N.pt.sha256``): a
+    checkpoint without a checksum was not completely written, and one whose bytes differ is corrupt."""
     path = folder / checkpoint_name(step)
-    write_torch(path, state)
-    if mirror:
-        if storage.is_s3(mirror):
-            storage.upload_file(path, storage.join(mirror, path.name))  # an upload; the local file stays
-        else:
-            storage.write_bytes(storage.join(mirror, path.name), path.read_bytes())
+    checksum = folder / (path.name + CHECKSUM_SUFFIX)
+    for stale in folder.glob(".step-*.tmp"):  # temporaries of writes killed mid-way (the folder is this run's)
+        stale.unlink(missing_ok=True)
+    write_torch(path, state, before_publish=lambda tmp: write_text(checksum, _sha256(tmp.read_bytes()) + "\n"))
+    if mirror:  # the checksum first: the mirrored checkpoint is complete once it is there too
+        for file in (checksum, path):
+            storage.copy_file(file, storage.join(mirror, file.name))
     _retain(str(folder), keep)
     if mirror:
         _retain(mirror, keep)
     return path
 
 
+def _complete(location: str) -> list[str]:
+    """The checkpoints in ``location`` that have their checksum file, oldest first."""
+    names = set(storage.list_names(location))
+    return sorted(n for n in names if _NAME.match(n) and n + CHECKSUM_SUFFIX in names)
+
+
 def _retain(location: str, keep: int) -> None:
-    names = sorted(n for n in storage.list_names(location) if _NAME.match(n))
-    for name in names[:-keep]:
-        storage.delete(storage.join(location, name))
+    names = set(storage.list_names(location))
+    complete = _complete(location)
+    kept = set(complete[-keep:])
+    for name in sorted(names):
+        checkpoint = name.removesuffix(CHECKSUM_SUFFIX)
+        if _NAME.match(checkpoint) and checkpoint not in kept and (checkpoint in complete or name != checkpoint):
+            storage.delete(storage.join(location, name))
 
 
 def latest(location: str) -> str | None:
-    """The newest complete checkpoint in a local folder or under an ``s3://`` prefix."""
-    names = sorted(n for n in storage.list_names(location) if _NAME.match(n))
-    return storage.join(location, names[-1]) if names else None
+    """The newest complete checkpoint (with its checksum) in a local folder or under an ``s3://`` prefix."""
+    complete = _complete(location)
+    return storage.join(location, complete[-1]) if complete else None
 
 
 def load(location: str) -> dict[str, Any]:
-    if storage.is_s3(location):
-        with tempfile.NamedTemporaryFile(suffix=".pt") as handle:
-            handle.write(storage.read_bytes(location))
-            handle.flush()
-            return torch.load(handle.name, map_location="cpu", weights_only=True)
-    return torch.load(location, map_location="cpu", weights_only=True)
+    """A checkpoint whose bytes match its checksum, read as data (``weights_only``: no code runs)."""
+    try:
+        data = storage.read_bytes(location)
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {location} does not exist") from None
+    try:
+        expected = storage.read_bytes(str(location) + CHECKSUM_SUFFIX).decode().strip()
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {location} has no {CHECKSUM_SUFFIX} file beside it: it was not written "
+                              "completely (or by a version before checksums); resume from another") from None
+    if _sha256(data) != expected:
+        raise CheckpointError(f"checkpoint {location} is corrupt: its SHA-256 differs from the one recorded when it "
+                              "was written; resume from an earlier one") from None
+    try:
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as err:  # a refused pickle, a broken archive: never run code, never show a traceback
+        raise CheckpointError(f"checkpoint {location} cannot be read as a checkpoint: "
+                              f"{str(err).splitlines()[0][:200]}") from None
 
 
 def check_compatible(saved: dict[str, Any], current: dict[str, Any], where: str) -> None:

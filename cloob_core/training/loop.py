@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 import math
 import random
+import signal
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -23,6 +25,7 @@ import torch.distributed as dist
 from cloob_core import storage
 from cloob_core.config import CloobConfig, ConfigError
 from cloob_core.data.shard_files import shard_list
+from cloob_core.errors import StageError
 from cloob_core.io import write_json, write_text
 from cloob_core.model.dual_encoder import build_model, build_tokenizer
 from cloob_core.model.export import export_model
@@ -37,6 +40,16 @@ from cloob_core.training.step import StepParts, accumulate_gradients, optimizer_
 from cloob_core.training.streams import Batch, StreamChunks, assemble, rank_streams
 
 log = logging.getLogger(__name__)
+
+
+class TrainingDiverged(StageError):
+    """The loss or the parameters stopped being finite; nothing after the last good checkpoint is kept."""
+
+
+class TrainingInterrupted(StageError):
+    """SIGTERM or SIGINT arrived: the run stopped at a step boundary; ``--resume latest`` continues it."""
+
+    exit_code = 130
 
 
 @dataclass
@@ -186,6 +199,18 @@ class _Window:
                         data_errors=self.errors)
 
 
+def _check_finite(setup: _Setup, state: TrainingState, window: _Window, output: Path) -> None:
+    """Before anything is saved: the window's loss and every parameter must be finite (one host sync)."""
+    parameters = [p for p in setup.parts.model.parameters()]
+    finite = torch.stack([window.loss.isfinite(), *(p.isfinite().all() for p in parameters)]).all()
+    if not bool(finite):
+        kept = checkpoint.latest(str(output / "checkpoints"))
+        raise TrainingDiverged(
+            f"training diverged by step {state.step}: the loss or the parameters are no longer finite (window "
+            f"loss {float(window.loss) / max(window.steps, 1):.4g}); nothing of it was saved, the last good "
+            f"checkpoint is {kept or 'none'}; lower optim.lr or set train.grad_clip_norm")
+
+
 def _save_checkpoint(config: CloobConfig, setup: _Setup, output: Path, state: TrainingState) -> None:
     positions = state.positions
     if setup.env.distributed:  # every rank knows only its own streams' positions
@@ -203,12 +228,14 @@ def _save_checkpoint(config: CloobConfig, setup: _Setup, output: Path, state: Tr
 
 
 def _run_steps(config: CloobConfig, setup: _Setup, batches: Iterator[Batch], state: TrainingState,
-               monitor: Monitor, output: Path) -> float:
+               monitor: Monitor, output: Path, stop: _StopSignal) -> float:
     """Train from ``state.step`` to the end, checkpointing on the way; the last logged loss."""
     cfg, parts, device = config.train, setup.parts, setup.device
     window, last_loss = _Window(device), float("nan")
     parts.model.train()
     for step in range(state.step, setup.steps):
+        if stop.signal is not None:
+            _stop(config, setup, output, state, stop.signal)
         fetch_start = time.perf_counter()
         batch = next(batches)
         window.data_seconds += time.perf_counter() - fetch_start
@@ -229,11 +256,15 @@ def _run_steps(config: CloobConfig, setup: _Setup, batches: Iterator[Batch], sta
         window.steps += 1
         window.errors += batch.skipped
         monitor.advance()
+        if state.step % cfg.checkpoint_every == 0 or state.step == setup.steps:
+            _check_finite(setup, state, window, output)
         if logging_step:
             lr = parts.optimizer.param_groups[0]["lr"]
             snapshot = window.close(step=state.step, total=setup.steps, batch_size=cfg.batch_size, lr=lr,
                                     inv_tau=float(parts.model.inv_tau), grad_norm=grad_norm)
             last_loss = snapshot.loss  # the one host sync, once per window
+            if not math.isfinite(last_loss):
+                _check_finite(setup, state, window, output)
             state.history.append((state.step, last_loss, lr))
             monitor.update(snapshot, window.steps, window.steps * cfg.batch_size, window.errors)
             window = _Window(device)
@@ -241,6 +272,38 @@ def _run_steps(config: CloobConfig, setup: _Setup, batches: Iterator[Batch], sta
             _save_checkpoint(config, setup, output, state)
             monitor.checkpointed()
     return last_loss
+
+
+class _StopSignal:
+    """SIGTERM (Kubernetes stopping the pod) and SIGINT are noted, and the loop stops at the next step boundary."""
+
+    def __init__(self) -> None:
+        self.signal: str | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _StopSignal:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._previous[sig] = signal.signal(sig, self._note)
+        return self
+
+    def _note(self, signum: int, _frame: Any) -> None:
+        self.signal = signal.Signals(signum).name
+
+    def __exit__(self, *_: Any) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def _stop(config: CloobConfig, setup: _Setup, output: Path, state: TrainingState, received: str) -> None:
+    """A single process saves where it stands; ranks of a job keep their last periodic checkpoint (they may stop
+    at different steps, so no collective save is safe)."""
+    kept = checkpoint.latest(str(output / "checkpoints"))
+    if not setup.env.distributed and state.step and not (kept or "").endswith(checkpoint.checkpoint_name(state.step)):
+        _save_checkpoint(config, setup, output, state)
+        kept = checkpoint.latest(str(output / "checkpoints"))
+    raise TrainingInterrupted(f"received {received} at step {state.step}: the last checkpoint is {kept or 'none'}; "
+                              "re-run with --resume latest to continue")
 
 
 def train(config: CloobConfig, output: str | Path, *, resume: str | None = None, progress: bool = True,
@@ -264,7 +327,8 @@ def train(config: CloobConfig, output: str | Path, *, resume: str | None = None,
                  env.world_size, setup.device, cfg.data_streams, cfg.shards)
     started = time.perf_counter()
     try:
-        last_loss = _run_steps(config, setup, batches, state, monitor, output)
+        with _StopSignal() as stop:
+            last_loss = _run_steps(config, setup, batches, state, monitor, output, stop)
     finally:
         monitor.close()
     seconds = time.perf_counter() - started

@@ -1,0 +1,82 @@
+"""Training under faults a scheduled run meets with nobody watching: a divergent learning rate, a checkpoint
+damaged on disk, and Kubernetes stopping the pod. Each ends with a non-zero exit status and one line naming the
+problem, never a traceback, and never a broken model presented as a result."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BASE = ["--batch-size", "32", "--workers", "0", "--no-progress", "--no-tensorboard"]
+
+
+def train(shards: Path, output: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cloob_core.cli", "train", "--shards", str(shards), "--output",
+                           str(output), *BASE, *extra], capture_output=True, text=True, timeout=600)
+
+
+def one_error_line(done: subprocess.CompletedProcess) -> str:
+    assert "Traceback" not in done.stderr, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.startswith("cloob: ")]
+    assert len(lines) == 1, done.stderr
+    return lines[0]
+
+
+def test_a_diverging_run_fails_naming_the_step_and_keeps_the_last_good_checkpoint(embedded_train_shards, tmp_path):
+    output = tmp_path / "run"
+    done = train(embedded_train_shards, output, "--steps", "12", "--checkpoint-every", "2", "--log-every", "1",
+                 "--set", "optim.lr=1e8", "--set", "optim.warmup_steps=0")
+    assert done.returncode == 2
+    line = one_error_line(done)
+    assert "training diverged by step" in line and "optim.lr" in line
+    assert not (output / "model").exists()  # no export of a broken model
+    import torch
+
+    from cloob_core.training import checkpoint
+
+    kept = checkpoint.latest(str(output / "checkpoints"))
+    if kept is not None:  # whatever was saved is finite
+        state = checkpoint.load(kept)["model"]
+        assert all(torch.isfinite(value).all() for value in state.values() if value.is_floating_point())
+
+
+def test_a_damaged_or_incomplete_checkpoint_is_refused_by_name(embedded_train_shards, tmp_path):
+    output = tmp_path / "run"
+    assert train(embedded_train_shards, output, "--steps", "2", "--checkpoint-every", "2").returncode == 0
+    saved = output / "checkpoints" / "step-00000002.pt"
+    data = bytearray(saved.read_bytes())
+    for offset in range(len(data) // 2, len(data) // 2 + 64):  # 64 flipped bytes inside the archive
+        data[offset] ^= 0xFF
+    saved.write_bytes(bytes(data))
+    done = train(embedded_train_shards, output, "--steps", "4", "--resume", "latest")
+    assert done.returncode == 2 and "is corrupt" in one_error_line(done)
+    (output / "checkpoints" / "step-00000002.pt.sha256").unlink()
+    done = train(embedded_train_shards, output, "--steps", "4", "--resume", str(saved))
+    assert done.returncode == 2 and "not written completely" in one_error_line(done)
+
+
+def test_sigterm_stops_at_a_step_and_saves_where_it_stood(embedded_train_shards, tmp_path):
+    output = tmp_path / "run"
+    command = [sys.executable, "-m", "cloob_core.cli", "train", "--shards", str(embedded_train_shards), "--output",
+               str(output), "--batch-size", "32", "--workers", "0", "--no-progress", "--steps", "400",
+               "--checkpoint-every", "1000"]
+    run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (output / "tensorboard").exists():  # the monitor starts right before the first step
+        assert run.poll() is None and time.monotonic() < deadline
+        time.sleep(0.1)
+    time.sleep(3)  # a few steps in
+    run.send_signal(signal.SIGTERM)
+    _, stderr = run.communicate(timeout=120)
+    assert run.returncode == 130, stderr
+    line = one_error_line(subprocess.CompletedProcess(command, run.returncode, "", stderr))
+    assert "received SIGTERM at step" in line and "--resume latest" in line
+    step = int(line.split("at step ")[1].split(":")[0])
+    from cloob_core.training import checkpoint
+
+    kept = checkpoint.latest(str(output / "checkpoints"))
+    assert kept is not None and checkpoint.load(kept)["step"] == step > 0  # saved where it stood
+    assert not (output / "model").exists()
