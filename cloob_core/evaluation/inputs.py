@@ -21,6 +21,7 @@ from PIL import Image
 from torch import Tensor
 
 from cloob_core import storage
+from cloob_core.config import ConfigError
 from cloob_core.model.dual_encoder import register_project_configs, without_random_init_warning
 from cloob_core.model.export import INFO_FILE, load_exported
 
@@ -121,11 +122,30 @@ def read_class_file(path: str | None) -> tuple[list[str] | None, list[str] | Non
     if not path:
         return None, None
     if not storage.is_s3(path) and not Path(path).exists() and path in packaged_class_sets():
-        data = json.loads((_CLASS_SETS / f"{path}.json").read_text())
+        text = (_CLASS_SETS / f"{path}.json").read_text()
     else:
-        data = json.loads(storage.read_bytes(path))
+        try:
+            text = storage.read_bytes(path).decode("utf-8")
+        except FileNotFoundError:
+            raise ConfigError(f"--classnames {path}: no such file, and not a packaged set "
+                              f"({', '.join(packaged_class_sets())})") from None
+    try:
+        data = json.loads(text)
+    except ValueError as err:
+        raise ConfigError(f"--classnames {path} is not valid JSON: {err}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"--classnames {path} must hold an object with 'classnames' and/or 'templates'")
     names, templates = data.get("classnames"), data.get("templates")
+    for key, value in (("classnames", names), ("templates", templates)):
+        if value is not None and (not isinstance(value, list) or not value
+                                  or not all(isinstance(item, str) and item.strip() for item in value)):
+            raise ConfigError(f"--classnames {path}: {key!r} must be a non-empty list of strings, got "
+                              f"{str(value)[:80]!r}")
     if templates is not None:
+        blind = [t for t in templates if "{c}" not in t and "{}" not in t]
+        if blind:
+            raise ConfigError(f"--classnames {path}: template {blind[0]!r} has no {{c}} for the class name, so every "
+                              "class would get the same prompt")
         templates = [t.replace("{c}", "{}") for t in templates]
     return names, templates
 

@@ -7,10 +7,12 @@ names and runs it, so the CLI and the Kubeflow step share everything but the pri
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from cloob_core.config import ConfigError
 from cloob_core.evaluation import tasks
 from cloob_core.evaluation.inputs import EvalModel, ImageSet, load_images, load_model
 
@@ -56,6 +58,10 @@ class ZeroShotTask:
     hopfield_beta: float | None = None
     mean_name: str | None = None
 
+    def __post_init__(self) -> None:
+        if self.hopfield_beta is not None and not (math.isfinite(self.hopfield_beta) and self.hopfield_beta > 0):
+            raise ConfigError(f"--hopfield-beta must be a finite number above 0, got {self.hopfield_beta}")
+
     def run(self, model: EvalModel, options: EvalOptions, output: Path) -> EvalResult:
         result = EvalResult(self.name, output)
         test_sets = [options.images(data, self.split) for data in self.data]
@@ -89,9 +95,16 @@ class LinearProbeTask:
     few_shot: int | None = None
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        if self.few_shot is not None and self.few_shot < 1:
+            raise ConfigError(f"--few-shot must be at least 1 image per class, got {self.few_shot}")
+
     def run(self, model: EvalModel, options: EvalOptions, output: Path) -> EvalResult:
         train = options.images(self.train_data, self.train_split)
         test = options.images(self.test_data or self.train_data, self.test_split)
+        if test.identity == train.identity:
+            raise ConfigError(f"the linear probe's test images would be its training images ({train.name}): give "
+                              "--test-data, or a folder with train/ and test/ inside")
         validation = options.images(self.val_data, self.val_split) if self.val_data else None
         metrics = tasks.linear_probe_task(model, train, test, output, options.cache, validation=validation,
                                            few_shot=self.few_shot, seed=self.seed, progress=options.progress)
