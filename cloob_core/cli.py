@@ -15,7 +15,7 @@ from pathlib import Path
 
 from cloob_core import __version__
 from cloob_core.config import CloobConfig, ConfigError, dump_defaults, load_config
-from cloob_core.errors import StageError
+from cloob_core.errors import StageError, fail, user_facing
 from cloob_core.flags import add_model_flags, flag_values
 
 
@@ -446,16 +446,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except StageError as err:
         if err.details:
             print(err.details)
-        print(f"cloob: {err}", file=sys.stderr)
-        return err.exit_code
-    except (ValueError, FileNotFoundError) as err:
-        print(f"cloob: {err}", file=sys.stderr)
-        return 2
+        return fail(err, args.verbose, err.exit_code)
+    except KeyboardInterrupt as err:
+        return fail(err, args.verbose, 130, "interrupted")
     except Exception as err:
-        if type(err).__module__.startswith(("botocore", "boto3")):  # no bucket, no credentials, access denied
-            print(f"cloob: S3: {err}", file=sys.stderr)
-            return 2
-        raise
+        return fail(err, args.verbose, 2 if user_facing(err) else 1)
 
 
 if __name__ == "__main__":

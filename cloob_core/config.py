@@ -181,6 +181,10 @@ class ValidationConfig(_Section):
     )
     min_image_side: int = Field(8, ge=1, description="Smallest stored image side accepted in the shards.")
     max_image_side: int = Field(8192, ge=1, description="Largest stored image side accepted in the shards.")
+    decode_sample: int = Field(64, ge=0, description="Samples per shard the gate decodes in full (image, UTF-8 "
+                               "caption, JSON metadata), picked by a hash of their keys; 0 checks presence only.")
+    max_undecodable_fraction: float = Field(0.0, ge=0.0, le=1.0, description="Fraction of a shard's decoded "
+                                            "samples allowed to fail; a shard above it fails the gate, by name.")
 
 
 class TrainConfig(_Section):
@@ -207,6 +211,8 @@ class TrainConfig(_Section):
                               "batch_size and be a multiple of the number of ranks. Fixes the data order "
                               "whatever the world size, which makes resume exact.")
     workers: int = Field(2, ge=0, description="Data-loader worker processes per rank.")
+    data_timeout_s: float = Field(600.0, gt=0, description="Seconds to wait for the next batch from the "
+                                  "data-loader workers before failing: a read or a decoder that hangs.")
     shuffle_buffer: int = Field(1000, ge=0, description="Samples in each stream's shuffle buffer.")
     augment: bool = Field(True, description="open_clip's training transform (random resized crop) instead of "
                           "the evaluation one.")
@@ -286,15 +292,19 @@ class CloobConfig(_Section):
 
 
 def describe(err: ValidationError, what: str = "configuration") -> str:
-    """A pydantic error as lines that name each offending key."""
+    """A pydantic error as one line that names each offending key (its value cut short: it may be huge)."""
     lines = []
     for problem in err.errors():
         key = ".".join(str(part) for part in problem["loc"]) or "<root>"
         if problem["type"] == "extra_forbidden":
             lines.append(f"{key}: unknown key")
         else:
-            lines.append(f"{key}: {problem['msg']} (got {problem.get('input')!r})")
-    return f"invalid {what}:\n  " + "\n  ".join(lines)
+            lines.append(f"{key}: {problem['msg']} (got {_short(repr(problem.get('input')))})")
+    return f"invalid {what}: " + "; ".join(lines)
+
+
+def _short(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _parse_override(text: str) -> tuple[list[str], Any]:

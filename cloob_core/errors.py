@@ -7,9 +7,51 @@ the exception end the task, so the run shows the message rather than an exit sta
 
 from __future__ import annotations
 
+import sys
+import traceback
+
+_MAX_LINE = 400
+
 
 class StageError(Exception):
     """A stage could not do its work; ``str(err)`` says why in one line."""
 
     exit_code = 2
     details: str | None = None  # printed before the message by the CLI (a report, a list of problems)
+
+
+def user_facing(err: BaseException) -> bool:
+    """A bad input or environment the user can fix (a missing or unreadable file, a value, S3 access), as
+    opposed to a defect in this project."""
+    from_libraries = ("botocore", "boto3", "PIL", "tarfile", "urllib3", "kfp_server_api", "yaml", "pydantic")
+    return isinstance(err, (ValueError, OSError, EOFError, LookupError)) or type(err).__module__.split(".")[0] in (
+        from_libraries)
+
+
+def one_line(err: BaseException) -> str:
+    """The message of ``err`` as one line: the last line of an exception a data-loader worker re-raised with its
+    traceback inside, the lines joined otherwise; cut at a readable length."""
+    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(err).__name__
+    if "Traceback (most recent call last)" in str(err):
+        text = lines[-1]
+    else:  # a message that lists items on lines of their own: "… mix them:\n  a: 1 before, 2 now\n  b: …"
+        text = lines[0]
+        for line in lines[1:]:
+            text += (" " if text.endswith(":") else "; ") + line
+    if not isinstance(err, (StageError, ValueError, OSError)) and not text.startswith(type(err).__name__):
+        text = f"{type(err).__name__}: {text}"
+    return text if len(text) <= _MAX_LINE else text[: _MAX_LINE - 1] + "…"
+
+
+def fail(err: BaseException, verbose: bool, exit_code: int, message: str | None = None,
+         program: str = "cloob") -> int:
+    """Print why a command failed as one line on stderr (the traceback too with ``--verbose``); the exit code."""
+    if verbose:
+        traceback.print_exception(err, file=sys.stderr)
+    line = message or one_line(err)
+    if exit_code == 1 and not isinstance(err, StageError):  # not the user's mistake (a failed gate exits 1 too)
+        line += " (an internal error; run with --verbose for the traceback, and report it)"
+    print(f"{program}: {line}", file=sys.stderr)
+    return exit_code

@@ -1,14 +1,19 @@
-"""Atomic writes: a reader (or a resumed run) sees the old file or the new one, never half of one."""
+"""Atomic writes: a reader (or a resumed run) sees the old file or the new one, never half of one. And reads of
+the project's own formats (JSON, tensors) that name the file when it is not what it should be."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
+
+from cloob_core.errors import StageError
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -18,6 +23,8 @@ os.umask(_UMASK)
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; on success it is fsynced and renamed over ``path``."""
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a folder: give a file name to write")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
@@ -66,9 +73,51 @@ def write_json(path: str | Path, data: Any) -> Path:
     return atomic_write(path, lambda tmp: tmp.write_bytes(json_bytes(data)))
 
 
+class UnreadableFile(StageError, ValueError):
+    """A file is there but does not hold what it should (not JSON, not a tensor archive, a pickle with code)."""
+
+
+def parse_json(data: bytes | str, source: str) -> Any:
+    try:
+        return json.loads(data)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise UnreadableFile(f"{source} is not valid JSON ({err})") from None
+
+
+def read_json(path: str | Path) -> Any:
+    return parse_json(Path(path).read_bytes(), str(path))
+
+
 def read_json_or(path: str | Path, default: Any) -> Any:
     """The JSON at ``path``, or ``default`` when there is no such file yet."""
     try:
-        return json.loads(Path(path).read_text())
+        return read_json(path)
     except FileNotFoundError:
         return default
+
+
+def read_torch(source: str | Path | IO[bytes], name: str) -> Any:
+    """``torch.load`` as data only (``weights_only``: tensors and plain containers, never code); a refused
+    pickle or a broken archive is one line naming ``name``, not torch's advice to turn the safety off."""
+    import torch
+
+    try:
+        with warnings.catch_warnings():  # torch's notes on pickle protocols are not the user's concern
+            warnings.simplefilter("ignore")
+            return torch.load(source, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise
+    except Exception as err:
+        raise UnreadableFile(f"{name} cannot be read as PyTorch tensors: {_torch_load_problem(err)}") from None
+
+
+def _torch_load_problem(err: Exception) -> str:
+    text = str(err)
+    found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", text)
+    if found:
+        return f"it holds a pickled {found.group(1)}, which is never unpickled (a pickle can run code)"
+    if "Weights only load failed" in text:
+        return "it is not a tensor file written by torch.save (or holds objects that are never unpickled)"
+    if "zip archive" in text or "central directory" in text:
+        return "the archive is damaged or incomplete"
+    return (text.strip().splitlines() or [type(err).__name__])[0][:200]

@@ -12,10 +12,11 @@ import functools
 import hashlib
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import IO, Any
 
-from cloob_core.io import atomic_path
+from cloob_core.io import atomic_path, parse_json
 
 
 def is_s3(location: str | os.PathLike) -> bool:
@@ -34,8 +35,11 @@ def split_s3(url: str) -> tuple[str, str]:
 @functools.cache
 def _client_for_process(pid: int) -> Any:
     import boto3
+    from botocore.config import Config
 
-    return boto3.session.Session().client("s3")
+    # Bounded waits (botocore's defaults, stated here): 60 s to connect and for the next bytes of an answer;
+    # retries as the environment configures them (AWS_RETRY_MODE, AWS_MAX_ATTEMPTS).
+    return boto3.session.Session().client("s3", config=Config(connect_timeout=60, read_timeout=60))
 
 
 def s3_client() -> Any:
@@ -57,6 +61,11 @@ def read_bytes(location: str | os.PathLike) -> bytes:
         except s3_client().exceptions.NoSuchKey:
             raise FileNotFoundError(str(location)) from None
     return Path(location).read_bytes()
+
+
+def read_json(location: str | os.PathLike) -> Any:
+    """JSON from a local or S3 file; one that does not parse is an error naming it."""
+    return parse_json(read_bytes(location), str(location))
 
 
 def exists(location: str | os.PathLike) -> bool:
@@ -102,8 +111,16 @@ def delete(location: str | os.PathLike) -> None:
 
 
 def ensure_folder(folder: str | os.PathLike) -> None:
-    if not is_s3(folder):
-        Path(folder).mkdir(parents=True, exist_ok=True)
+    """Create a local output folder; stages call it before any work, so that a file in its place or a folder
+    they may not write fails at once, not after the compute is spent."""
+    if is_s3(folder):
+        return
+    path = Path(folder)
+    if path.exists() and not path.is_dir():
+        raise NotADirectoryError(f"{folder} is a file, not a folder to write into")
+    path.mkdir(parents=True, exist_ok=True)
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise PermissionError(f"{folder} is not writable")
 
 
 def upload_file(local: str | os.PathLike, location: str) -> None:
@@ -177,16 +194,46 @@ def write_if_unchanged(location: str | os.PathLike, data: bytes, version: str | 
                 raise WriteConflict(f"{location} changed since it was read") from None
             raise
         return
-    import fcntl
 
     path = Path(location)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(path.name + ".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if the process dies
+    try:
+        lock = hold_lock(path.with_name(path.name + ".lock"), LOCK_WAIT_S)
+    except TimeoutError as err:
+        raise TimeoutError(f"{err} for over {LOCK_WAIT_S:g} s; is a process stuck?") from None
+    with lock:
         if read_versioned(path)[1] != version:
             raise WriteConflict(f"{location} changed since it was read")
         with atomic_path(path) as tmp:
             tmp.write_bytes(data)
+
+
+LOCK_WAIT_S = 60.0  # a writer holds the lock for one read and one rename: a minute means it is stuck
+
+
+def hold_lock(path: Path, wait_s: float) -> IO:
+    """An exclusive ``flock`` on ``path`` (created if missing), waiting at most ``wait_s`` seconds, else
+    ``TimeoutError``. Released when the returned handle closes, also when the process dies. A holder may remove
+    the file as it lets go: then the fresh file is locked instead."""
+    import fcntl
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        handle = open(path, "a")  # noqa: SIM115 - the caller holds it open
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"{path} is locked by another process") from None
+            time.sleep(0.02)
+            continue
+        try:
+            if os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino:
+                return handle
+        except FileNotFoundError:
+            pass
+        handle.close()
 
 
 def open_read(location: str) -> IO[bytes]:

@@ -4,14 +4,17 @@ and recurring runs (scheduled retraining / re-evaluation)."""
 from __future__ import annotations
 
 import argparse
+import math
 import shutil
 import sys
 import tempfile
 from pathlib import Path
 
+from cloob_core.errors import StageError, fail, user_facing
 from cloob_core.flags import add_model_flags, flag_values
 from cloob_core.io import atomic_write
 from cloob_core.ops.cluster import ClusterSettings
+from pipelines.client import DEFAULT_TIMEOUT_S
 
 
 def _compile(args: argparse.Namespace) -> int:
@@ -34,7 +37,8 @@ DEFAULT_PACKAGE = Path("pipelines/compiled/pretrain_evaluate.yaml")
 
 def _package(path: Path) -> str:
     if not path.is_file():
-        raise SystemExit(f"{path} does not exist; write it first with `python -m pipelines compile --output {path}`")
+        raise FileNotFoundError(f"{path} does not exist; write it first with "
+                                f"`python -m pipelines compile --output {path}`")
     return str(path)
 
 
@@ -51,9 +55,9 @@ def _parameters(args: argparse.Namespace) -> dict[str, str]:
 def _submit(args: argparse.Namespace) -> int:
     from pipelines import client
 
-    parameters = _parameters(args)
-    api = client.connect(args.host, args.namespace)
-    submitted = client.submit(api, _package(args.package), experiment=args.experiment, run_name=args.run_name,
+    parameters, package = _parameters(args), _package(args.package)  # both checked before anything is sent
+    api = client.connect(args.host, args.namespace, args.timeout)
+    submitted = client.submit(api, package, experiment=args.experiment, run_name=args.run_name,
                               parameters=parameters, namespace=args.namespace,
                               enable_caching=False if args.no_cache else None)
     print(f"submitted run {submitted.run_id} in experiment {args.experiment} ({submitted.experiment_id})")
@@ -63,10 +67,11 @@ def _submit(args: argparse.Namespace) -> int:
 def _schedule(args: argparse.Namespace) -> int:
     from pipelines import client
 
-    api = client.connect(args.host, args.namespace)
     if args.action == "create":
-        parameters = _parameters(args)
-        recurring = client.schedule(api, _package(args.package), experiment=args.experiment, name=args.name,
+        parameters, package = _parameters(args), _package(args.package)
+    api = client.connect(args.host, args.namespace, args.timeout)
+    if args.action == "create":
+        recurring = client.schedule(api, package, experiment=args.experiment, name=args.name,
                                     cron=args.cron, parameters=parameters, namespace=args.namespace,
                                     enabled=not args.paused)
         print(f"created recurring run {recurring} '{args.name}' ({args.cron}, one at a time, no catch-up)")
@@ -97,10 +102,23 @@ def _add_endpoint_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", required=True, help="KFP API endpoint, e.g. http://ml-pipeline-ui.kubeflow:80")
     parser.add_argument("--namespace", help="Kubeflow profile namespace (multi-user clusters)")
     parser.add_argument("--experiment", default="cloob", help="experiment name (created if missing; default cloob)")
+    parser.add_argument("--timeout", type=_positive_seconds, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
+                        help=f"deadline for each call to the endpoint (default {DEFAULT_TIMEOUT_S:g})")
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m pipelines", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="show the traceback of a failure")
     sub = parser.add_subparsers(dest="command", required=True)
     comp = sub.add_parser("compile", help="write the pretraining-and-evaluation pipeline as KFP YAML")
     comp.add_argument("--pipeline", choices=["pretrain", "evaluate"], default="pretrain",
@@ -136,14 +154,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from cloob_core.config import ConfigError
-
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ConfigError, ValueError) as err:  # a bad configuration: nothing was sent
-        print(f"pipelines: {err}", file=sys.stderr)
-        return 2
+    except StageError as err:  # a bad configuration (nothing was sent), an endpoint that failed
+        return fail(err, args.verbose, err.exit_code, program="pipelines")
+    except KeyboardInterrupt as err:
+        return fail(err, args.verbose, 130, "interrupted", program="pipelines")
+    except Exception as err:
+        return fail(err, args.verbose, 2 if user_facing(err) else 1, program="pipelines")
 
 
 if __name__ == "__main__":

@@ -1,16 +1,29 @@
 """Submission and schedules through the KFP API (kfp.Client): a one-off run, and recurring runs for scheduled
 retraining or re-evaluation (one at a time, no catch-up after downtime). The run parameter is the whole
-configuration, validated here first so that a bad key fails on the laptop, not in the cluster."""
+configuration, validated here first so that a bad key fails on the laptop, not in the cluster.
+
+Every call to the endpoint has a deadline: kfp.Client sets none, so an endpoint that accepts a connection and
+never answers would hold a scheduled job forever. Its failures (unreachable, refused, HTTP errors) become one
+line naming the endpoint."""
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+import threading
+import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from cloob_core.config import load_config
+from cloob_core.errors import StageError
+
+DEFAULT_TIMEOUT_S = 60.0
+
+
+class EndpointError(StageError):
+    """The KFP endpoint could not be reached, did not answer in time, or refused the request."""
 
 
 def run_parameters(params_file: str | None, overrides: Sequence[str] = (),
@@ -73,11 +86,65 @@ def _check_unchanged(path: str, url: str, repo: str | None, rev: str | None) -> 
                          "submit the revision the remote holds")
 
 
-def connect(host: str, namespace: str | None = None) -> Any:
-    """A client for ``host``; a bearer token, where the cluster needs one, comes from ``KFP_TOKEN``."""
+def connect(host: str, namespace: str | None = None, timeout: float = DEFAULT_TIMEOUT_S) -> Any:
+    """A client for ``host`` whose every call ends within ``timeout`` seconds; a bearer token, where the cluster
+    needs one, comes from ``KFP_TOKEN``."""
     import kfp
 
-    return kfp.Client(host=host, namespace=namespace, existing_token=os.environ.get("KFP_TOKEN") or None)
+    warnings.filterwarnings("ignore", "This client only works with", FutureWarning)  # true of every endpoint today
+    client = _within(timeout, host, "connecting", lambda: kfp.Client(
+        host=host, namespace=namespace, existing_token=os.environ.get("KFP_TOKEN") or None))
+    return _Bounded(client, host, timeout)
+
+
+class _Bounded:
+    """kfp.Client with a deadline on each method call."""
+
+    def __init__(self, client: Any, host: str, timeout: float):
+        self._client, self._host, self._timeout = client, host, timeout
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._client, name)
+        if not callable(attribute):
+            return attribute
+        return lambda *args, **kwargs: _within(self._timeout, self._host, name,
+                                               lambda: attribute(*args, **kwargs))
+
+
+def _within(timeout: float, host: str, what: str, call: Callable[[], Any]) -> Any:
+    """``call()`` in a daemon thread, abandoned when the deadline passes (the process then exits: nothing of it
+    needs cleaning up), its endpoint failures as one line."""
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = call()
+        except BaseException as err:  # handed to the caller's thread below
+            outcome["error"] = err
+
+    worker = threading.Thread(target=run, daemon=True, name=f"kfp-{what}")
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        raise EndpointError(f"{host} did not answer {what} within {timeout:g} s (raise --timeout if it is slow)")
+    error = outcome.get("error")
+    if error is None:
+        return outcome.get("value")
+    converted = _endpoint_error(error, host, what)
+    if converted is error:
+        raise error
+    raise converted from error
+
+
+def _endpoint_error(error: BaseException, host: str, what: str) -> BaseException:
+    module = type(error).__module__.split(".")[0]
+    if module == "kfp_server_api" and hasattr(error, "status"):
+        body = " ".join(str(getattr(error, "body", "") or "").split())[:200]
+        return EndpointError(f"{host} refused {what}: HTTP {error.status} {error.reason or ''} {body}".rstrip())
+    if module == "urllib3" or isinstance(error, (ConnectionError, TimeoutError)):
+        cause = str(getattr(error, "reason", None) or error)
+        return EndpointError(f"cannot reach {host} ({what}): {' '.join(cause.split())[:200]}")
+    return error
 
 
 def experiment_id(client: Any, name: str, namespace: str | None = None) -> str:

@@ -50,7 +50,8 @@ def alpha_png() -> bytes:
 
 class ImageServer:
     """Routes: /img/N.jpg, /png/N.png, /alpha.png, /404, /403, /flaky/ID (500 then 200), /down/ID (503 the
-    first ``down_times`` calls), /stall (no answer), /drip (a byte every 0.2 s), /truncated, /corrupt.jpg,
+    first ``down_times`` calls), /stall (no answer), /drip (a body byte every 0.2 s), /drip-headers (a header byte every
+    0.2 s), /truncated, /corrupt.jpg,
     /bomb.png, /html, /loop, /redirect/N, /optout.jpg, /optout-other.jpg, /reset, /huge.
     ``delay`` slows every image response (for the kill test)."""
 
@@ -137,6 +138,12 @@ class ImageServer:
                 h.wfile.write(b"\xff")
                 h.wfile.flush()
                 time.sleep(0.2)
+        elif path == "/drip-headers":  # every read is quick, the response never completes
+            for byte in b"HTTP/1.1 200 OK\r\nContent-Type: image/jpeg\r\nX-Padding: " + b"x" * 300:
+                h.wfile.write(bytes([byte]))
+                h.wfile.flush()
+                time.sleep(0.2)
+            h.close_connection = True
         elif path == "/truncated":
             body = photo_bytes(3)
             h.send_response(200)

@@ -35,6 +35,7 @@ MISBEHAVING = {  # path → the reason its row must be recorded with (None: it m
     "/flaky/1": None,
     "/stall": "timeout",
     "/drip": "deadline_exceeded",
+    "/drip-headers": "deadline_exceeded",
     "/truncated": "truncated",
     "/corrupt.jpg": "decode_error",
     "/bomb.png": "decompression_bomb",

@@ -66,7 +66,7 @@ def test_gate_passes_good_shards_and_fails_inconsistent_ones(embedded_shards, tm
     (broken / "sizes.json").write_text(json.dumps(sizes))
     code = main(["data", "validate", "--shards", str(broken), "--min-image-side", "32"])
     text = capsys.readouterr().out
-    assert code == 1 and "data gate FAILED: 2 of 11 checks" in text
+    assert code == 1 and "data gate FAILED: 2 of 12 checks" in text
     assert "FAIL shards: expect_column_pair_values_to_be_equal [sizes_json = tar_samples]" in text
     assert "FAIL shards: expect_column_values_to_be_between [side_min]" in text
     # a tar cut short after the download (a copy gone wrong) is named, not a crash

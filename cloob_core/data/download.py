@@ -6,6 +6,11 @@ strictly in shard order: it drops content already seen in earlier shards, publis
 upload), then the failures, then the stats file that marks the shard complete. Because finalisation is ordered
 and every publish is atomic, the completed shards always form a prefix of the plan, and a re-run after
 ``kill -9`` or SIGTERM skips them and produces exactly what an uninterrupted run would have.
+
+Staging files carry their partition's token in the name, and a run holds an exclusive lock on its partition
+for as long as it runs. So a run removes only what an earlier, dead run of its own partition left: never a
+user's file, never another partition's staging tar. Different partitions write to one folder side by side;
+a second run of the same partition is refused at once.
 """
 
 from __future__ import annotations
@@ -59,6 +64,14 @@ class DownloadInterrupted(StageError):
     exit_code = 130
 
 
+class DownloadBusy(StageError):
+    """Another run of the same partition is writing to the same folder."""
+
+
+class WorkerDied(StageError):
+    """A worker process ended without a result (killed for memory, a crashing codec)."""
+
+
 @dataclass
 class DownloadResult:
     output: str
@@ -69,12 +82,28 @@ class DownloadResult:
     partition: Partition = field(default_factory=Partition)
 
 
-def _clean_stale_staging(output: str) -> None:
+@contextlib.contextmanager
+def _owned_staging(output: str, partition: Partition) -> Iterator[str]:
+    """The owner token for this run's staging names, held exclusively while the run lasts; staging an earlier
+    run of the same partition left behind is removed. (On S3 the staging lies in a private temporary folder.)"""
+    token = f"p{partition.index}of{partition.count}"
     if storage.is_s3(output):
+        yield token
         return
-    for path in Path(output).glob(".*.tmp"):
-        log.info("removing %s left by an interrupted run", path.name)
-        path.unlink(missing_ok=True)
+    lock_path = Path(output) / f".cloob-download.{token}.lock"
+    try:
+        handle = storage.hold_lock(lock_path, wait_s=0)
+    except TimeoutError:
+        raise DownloadBusy(f"another download of partition {partition.index}/{partition.count} is writing to "
+                           f"{output}; wait for it to end (or give this one another --partition)") from None
+    try:
+        for path in Path(output).glob(f".*.tar.{token}.*.tmp"):
+            log.info("removing %s left by an interrupted run", path.name)
+            path.unlink(missing_ok=True)
+        yield token
+    finally:
+        lock_path.unlink(missing_ok=True)
+        handle.close()
 
 
 class _Progress:
@@ -211,15 +240,16 @@ def download(
     if source is None:
         source = embedded_source_for(manifest.frame[manifest.url_col]) or HttpSource(FetchPolicy.from_config(dl))
     storage.ensure_folder(output)
-    check_settings(output, settings_of(manifest, config))
-    _clean_stale_staging(output)
-    records = [r for r in read_records(output) if partition.owns(r.shard)]
-    round_, plan = _round_and_plan(manifest, output, records, partition, retry_failed, config.preprocess.shard_size)
-    skipped = sum(1 for r in records if r.round == round_)
-    if skipped:
-        log.info("resuming: %d shard(s) already complete are skipped", skipped)
-    done = _build_planned(manifest, output, config, records, round_, plan, source=source, progress=progress,
-                          complete_before=skipped)
+    with _owned_staging(output, partition) as owner:
+        check_settings(output, settings_of(manifest, config))
+        records = [r for r in read_records(output) if partition.owns(r.shard)]
+        round_, plan = _round_and_plan(manifest, output, records, partition, retry_failed,
+                                       config.preprocess.shard_size)
+        skipped = sum(1 for r in records if r.round == round_)
+        if skipped:
+            log.info("resuming: %d shard(s) already complete are skipped", skipped)
+        done = _build_planned(manifest, output, config, records, round_, plan, source=source, progress=progress,
+                              complete_before=skipped, owner=owner)
     if partition.count == 1:
         summary = merge_stats(output)
     else:  # this partition's view; the merged whole-output files come from `cloob data merge-stats`
@@ -253,7 +283,7 @@ def _round_and_plan(manifest: Manifest, output: str, records: list[ShardRecord],
 
 
 def _build_planned(manifest: Manifest, output: str, config: CloobConfig, records: list[ShardRecord], round_: int,
-                   plan: Plan, *, source: Any, progress: bool, complete_before: int) -> int:
+                   plan: Plan, *, source: Any, progress: bool, complete_before: int, owner: str) -> int:
     """Build the planned shards in worker processes and publish them in plan order; how many were built."""
     dl, pre = config.download, config.preprocess
     staging_dir = Path(output) if not storage.is_s3(output) else Path(tempfile.mkdtemp(prefix="cloob-staging-"))
@@ -262,7 +292,7 @@ def _build_planned(manifest: Manifest, output: str, config: CloobConfig, records
     first_row = manifest.first_row_of_url
 
     def staging(name: str) -> str:
-        return str(staging_dir / f".{name}.tar.{os.getpid()}.tmp")
+        return str(staging_dir / f".{name}.tar.{owner}.{os.getpid()}.tmp")
 
     def jobs() -> Iterator[ShardJob]:  # built as submitted: a 10M-row manifest is never all rows in memory
         for name, shard, rows in plan:
@@ -314,7 +344,7 @@ def _run_in_workers(jobs: Iterator[ShardJob], processes: int, worker_args: tuple
                 except FutureTimeout:
                     continue
                 except BrokenProcessPool:
-                    raise RuntimeError(
+                    raise WorkerDied(
                         f"a worker process died while building shard {job.name} (out of memory? a crashing "
                         "codec?); completed shards are kept, re-run the same command to resume"
                     ) from None

@@ -4,12 +4,17 @@ Safety is enforced where the socket is opened, not by looking at the URL: every 
 is checked, and the connection goes to the checked address, so DNS tricks and redirects to internal hosts are
 refused as well as literal ones. Only transient failures (5xx, 429, timeouts, resets, truncated bodies) are
 retried, with exponential backoff, and never past the URL's overall deadline.
+
+Socket timeouts bound each read, not a response: a server that drips its headers a byte a second never trips
+them. So each attempt runs under a watchdog that shuts its sockets down just after the URL's deadline passes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import socket
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -38,6 +43,7 @@ USER_AGENT = f"{USER_AGENT_TOKEN}/{__version__} (image-text dataset builder; hon
 OPT_OUT_DIRECTIVES = frozenset({"noai", "noimageai", "noindex", "noimageindex"})
 TRANSIENT_REASONS = frozenset({"timeout", "connection_error", "truncated", "http_429"})
 _CHUNK = 64 * 1024
+_WATCHDOG_GRACE_S = 1.0  # socket timeouts (capped at the time left) report a plain stall first, as "timeout"
 _ACCEPTED_TYPES = ("image/", "application/octet-stream", "binary/octet-stream")
 
 # Instance-metadata endpoints; most are link-local or private anyway, Azure's wire server is not.
@@ -115,6 +121,51 @@ def _resolve(host: str, port: int, timeout: float | None) -> list:
         raise socket.gaierror(f"DNS lookup of {host} took longer than {timeout} s") from None
 
 
+class _Watchdog:
+    """Cuts this thread's sockets when the deadline passes, whatever phase the exchange is in (connect, TLS
+    handshake, headers, body). Sockets register themselves as they are created or reused."""
+
+    _current = threading.local()
+
+    def __init__(self, deadline: float):
+        self.sockets: list[socket.socket] = []
+        self.fired = False
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(max(0.0, deadline - time.monotonic()) + _WATCHDOG_GRACE_S, self._fire)
+        self._timer.daemon = True
+
+    def __enter__(self) -> _Watchdog:
+        _Watchdog._current.value = self
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._timer.cancel()
+        _Watchdog._current.value = None
+
+    @classmethod
+    def watch(cls, sock: socket.socket | None) -> None:
+        watchdog = getattr(cls._current, "value", None)
+        if watchdog is None or sock is None:
+            return
+        with watchdog._lock:
+            if watchdog.fired:
+                _cut(sock)
+            else:
+                watchdog.sockets.append(sock)
+
+    def _fire(self) -> None:
+        with self._lock:
+            self.fired = True
+            for sock in self.sockets:
+                _cut(sock)
+
+
+def _cut(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):  # already closed
+        sock.shutdown(socket.SHUT_RDWR)  # a blocked recv returns at once; the pool discards the connection
+
+
 def _guarded_new_conn(conn: HTTPConnection, allow_private: bool) -> socket.socket:
     timeout = conn.timeout if isinstance(conn.timeout, (int, float)) else None
     try:
@@ -131,10 +182,12 @@ def _guarded_new_conn(conn: HTTPConnection, allow_private: bool) -> socket.socke
     last: Exception | None = None
     for address in candidates:
         try:
-            return _connection.create_connection(
+            sock = _connection.create_connection(
                 (address, conn.port), conn.timeout, source_address=conn.source_address,
                 socket_options=conn.socket_options,
             )
+            _Watchdog.watch(sock)
+            return sock
         except TimeoutError as err:
             last = ConnectTimeoutError(conn, f"connection to {conn.host} timed out (timeout={conn.timeout})")
             last.__cause__ = err
@@ -149,9 +202,17 @@ def _pool_manager(allow_private: bool, maxsize: int) -> urllib3.PoolManager:
         def _new_conn(self) -> socket.socket:
             return _guarded_new_conn(self, allow_private)
 
+        def getresponse(self):  # a pooled connection is reused without _new_conn: watch it here too
+            _Watchdog.watch(self.sock)
+            return super().getresponse()
+
     class GuardedHTTPS(HTTPSConnection):
         def _new_conn(self) -> socket.socket:
             return _guarded_new_conn(self, allow_private)
+
+        def getresponse(self):
+            _Watchdog.watch(self.sock)
+            return super().getresponse()
 
     class GuardedHTTPPool(HTTPConnectionPool):
         ConnectionCls = GuardedHTTP
@@ -249,6 +310,17 @@ class Fetcher:
                 time.sleep(delay)
 
     def _attempt(self, url: str, deadline: float) -> tuple[bytes, str]:
+        with _Watchdog(deadline) as watchdog:
+            try:
+                answer = self._exchange(url, deadline)
+            except _Failure as failure:
+                if not watchdog.fired or failure.reason == "deadline_exceeded":
+                    raise
+            if not watchdog.fired:  # a cut socket reads as a clean end of a body without a length
+                return answer
+        raise _Failure("deadline_exceeded", f"no complete answer within {self.policy.deadline:g} s")
+
+    def _exchange(self, url: str, deadline: float) -> tuple[bytes, str]:
         policy = self.policy
         current = url
         for _hop in range(policy.max_redirects + 1):

@@ -4,7 +4,6 @@ of a retry round; and the guard that keeps a resume from mixing manifests or set
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
@@ -48,7 +47,7 @@ def retry_round(output: str, partition: Partition, records: list[ShardRecord]) -
     rounds = [int(m.group(1)) for name in storage.list_names(output) if (m := pattern.fullmatch(name))]
     if rounds:
         last = max(rounds)
-        planned = read_json(storage.join(output, retry_plan_name(last, partition)))
+        planned = storage.read_json(storage.join(output, retry_plan_name(last, partition)))
         done = {r.name for r in records}
         if any(name not in done for name in planned["shards"]):
             return last
@@ -73,7 +72,7 @@ def settings_of(manifest: Manifest, config: CloobConfig) -> dict[str, Any]:
 def check_settings(output: str, settings: dict[str, Any]) -> None:
     location = storage.join(output, SETTINGS_FILE)
     try:
-        recorded = read_json(location)
+        recorded = storage.read_json(location)
     except FileNotFoundError:
         storage.write_bytes(location, json_bytes(settings))
         return
@@ -95,9 +94,5 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             flat[f"{prefix}{key}"] = value
     return flat
-
-
-def read_json(location: str) -> Any:
-    return json.loads(storage.read_bytes(location))
 
 

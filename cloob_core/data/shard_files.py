@@ -5,7 +5,6 @@ webdataset through boto3, and the handler that skips what cannot be read with a 
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import sys
@@ -60,7 +59,7 @@ def shard_list(location: str | list[str]) -> tuple[list[str], int | None]:
 
         return list(braceexpand.braceexpand(location)), None
     try:
-        sizes = json.loads(storage.read_bytes(storage.join(location, "sizes.json")))
+        sizes = storage.read_json(storage.join(location, "sizes.json"))
     except FileNotFoundError:
         names = storage.list_names(location, ".tar")
         if not names:

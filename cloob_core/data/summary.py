@@ -8,7 +8,6 @@ A row retried in a later round counts by its latest attempt: a retry that succee
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -82,7 +81,7 @@ def summarize(folder: str, records: list[ShardRecord] | None = None) -> OutputSu
 def _expected_shards(folder: str) -> int | None:
     """First-pass shard count of the whole manifest, from the settings the download recorded (None if absent)."""
     try:
-        settings = json.loads(storage.read_bytes(storage.join(folder, SETTINGS_FILE)))
+        settings = storage.read_json(storage.join(folder, SETTINGS_FILE))
     except FileNotFoundError:
         return None
     return -(-settings["manifest_rows"] // settings["preprocess"]["shard_size"])

@@ -4,18 +4,22 @@ Two suites, thresholds from the ``validation`` config section:
 - manifest: URLs present and http(s) (or rows of the embedded set), unique; captions non-empty and within
   length; enough rows;
 - shards: every shard of the manifest is complete and has samples; its tar holds exactly the samples its record
-  and ``sizes.json`` claim, each with jpg, txt and json; stored image sides within bounds; overall success ratio
-  above the threshold.
-A failed expectation is reported with how many rows broke it and a few examples.
+  and ``sizes.json`` claim, each with jpg, txt and json; a sample of them decodes (the image in full, the caption
+  as UTF-8, the metadata as a JSON object), so random bytes under the right names do not pass; stored image
+  sides within bounds; overall success ratio above the threshold.
+A failed expectation is reported with how many rows broke it and a few examples, cut short.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import logging
 import os
 import tarfile
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import pandas as pd
@@ -24,7 +28,7 @@ from cloob_core import storage
 from cloob_core.config import CloobConfig, ConfigError
 from cloob_core.data.manifest import read_manifest
 from cloob_core.data.summary import summarize
-from cloob_core.data.writer import read_records, tar_sample_counts
+from cloob_core.data.writer import read_records, tar_samples
 from cloob_core.errors import StageError
 from cloob_core.io import json_bytes
 
@@ -51,10 +55,16 @@ class Check:
         bounds = {k: v for k, v in self.kwargs.items() if k not in ("batch_id", "column", "column_A", "column_B")}
         text = f"{mark} {self.suite}: {self.expectation}{target} {bounds or ''}".rstrip()
         if self.unexpected:
-            text += f" — {self.unexpected} row(s) break it, e.g. {self.examples[:3]}"
+            text += f" — {self.unexpected} row(s) break it, e.g. [{', '.join(_short(e) for e in self.examples[:3])}]"
         elif self.observed is not None:
-            text += f" — observed {self.observed}"
+            text += f" — observed {_short(self.observed)}"
         return text
+
+
+def _short(value: Any, limit: int = 200) -> str:
+    """A value as printed in the report: a 40 MB caption is shown by its start and its length."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} chars)"
 
 
 @dataclass
@@ -128,28 +138,69 @@ def manifest_expectations(gxe: Any, config: CloobConfig) -> list[Any]:
     ]
 
 
-def shard_table(folder: str) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Per-shard facts (record vs tar vs sizes.json) and the whole-output totals, as frames to validate."""
+def _picked(key: str, fraction: float) -> bool:
+    """Whether the gate decodes this sample: a hash of its key, so the same samples are checked every run."""
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") < fraction * 2**64
+
+
+def _undecodable(members: dict[str, bytes | None]) -> str | None:
+    """Why a sample's members do not decode, or None (the exception's type only: the report must be the same
+    bytes on every run, and messages carry object addresses)."""
+    from PIL import Image
+
+    image = next((members[k] for k in ("jpg", "jpeg", "png", "webp") if members.get(k) is not None), None)
+    if image is None:
+        return "no image"
+    try:
+        with Image.open(io.BytesIO(image)) as opened:
+            opened.load()
+    except Exception as err:  # whatever the codecs raise
+        return f"image ({type(err).__name__})"
+    try:
+        if not (members["txt"] or b"").decode("utf-8").strip():
+            return "caption (empty)"
+    except UnicodeDecodeError:
+        return "caption (not UTF-8)"
+    try:
+        meta = json.loads(members["json"] or b"")
+    except ValueError as err:
+        return f"json ({type(err).__name__})"
+    return None if isinstance(meta, dict) else "json (not an object)"
+
+
+def shard_table(folder: str, config: CloobConfig) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per-shard facts (record vs tar vs sizes.json, sampled decoding) and the whole-output totals, as frames to
+    validate."""
+    val = config.validation
     records = read_records(folder)
     try:
-        sizes = json.loads(storage.read_bytes(storage.join(folder, "sizes.json")))
+        sizes = storage.read_json(storage.join(folder, "sizes.json"))
     except FileNotFoundError:
         sizes = {}
     rows = []
     for record in records:
-        tar_samples = incomplete = unreadable = 0
+        samples = incomplete = unreadable = 0
+        problems: list[str] = []
+        fraction = min(1.0, val.decode_sample / max(record.successes, 1))
         if record.tar:
             try:
-                for _key, parts in tar_sample_counts(storage.join(folder, record.tar)):
-                    tar_samples += 1
-                    incomplete += not parts >= _SAMPLE_PARTS
+                for key, members in tar_samples(storage.join(folder, record.tar), partial(_picked, fraction=fraction)):
+                    samples += 1
+                    incomplete += not set(members) >= _SAMPLE_PARTS
+                    if set(members) >= _SAMPLE_PARTS and members["txt"] is not None:  # picked and complete
+                        problem = _undecodable(members)
+                        problems.append(f"{key}: {problem}" if problem else "")
             except (tarfile.TarError, OSError, EOFError) as err:  # missing, truncated or not a tar
                 log.warning("shard %s cannot be read: %s", record.tar, err)
                 unreadable = 1
+        failed = [p for p in problems if p]
         rows.append({
-            "shard": record.name, "successes": record.successes, "tar_samples": tar_samples,
+            "shard": record.name, "successes": record.successes, "tar_samples": samples,
             "sizes_json": sizes.get(record.tar, 0) if record.tar else 0, "incomplete_samples": incomplete,
             "unreadable_tar": unreadable,
+            "undecodable": (f"{record.tar}: {len(failed)} of {len(problems)} sampled samples do not decode, e.g. "
+                            f"{failed[0]}") if failed and len(failed) > val.max_undecodable_fraction * len(problems)
+            else None,
             "side_min": record.image_sides.get("min", 0), "side_max": record.image_sides.get("max", 0),
         })
     listed_missing = sorted(set(sizes) - {r.tar for r in records if r.tar})
@@ -159,7 +210,7 @@ def shard_table(folder: str) -> tuple[pd.DataFrame, pd.DataFrame]:
         "sizes_json_without_record": len(listed_missing), "missing_shards": stats["missing_shards"] or 0,
     }])
     columns = ["shard", "successes", "tar_samples", "sizes_json", "incomplete_samples", "unreadable_tar",
-               "side_min", "side_max"]
+               "undecodable", "side_min", "side_max"]
     return pd.DataFrame(rows, columns=columns), totals
 
 
@@ -171,6 +222,7 @@ def shard_expectations(gxe: Any, config: CloobConfig) -> tuple[list[Any], list[A
         gxe.ExpectColumnPairValuesToBeEqual(column_A="tar_samples", column_B="successes"),
         gxe.ExpectColumnPairValuesToBeEqual(column_A="sizes_json", column_B="tar_samples"),
         gxe.ExpectColumnValuesToBeBetween(column="incomplete_samples", max_value=0),
+        gxe.ExpectColumnValuesToBeNull(column="undecodable"),  # its examples name the shards and the problem
         gxe.ExpectColumnValuesToBeBetween(column="side_min", min_value=val.min_image_side),
         gxe.ExpectColumnValuesToBeBetween(column="side_max", max_value=val.max_image_side),
     ]
@@ -200,6 +252,8 @@ def run_gate(config: CloobConfig, *, manifest: str | None = None, shards: str | 
     gate raises :class:`GateFailed`."""
     if not manifest and not shards:
         raise ConfigError("the data gate needs a manifest, shards or both")
+    if report_dir:
+        storage.ensure_folder(report_dir)
     gx, gxe, context = _gx()
     report = GateReport()
     if manifest:
@@ -209,7 +263,7 @@ def run_gate(config: CloobConfig, *, manifest: str | None = None, shards: str | 
         report.checks += checks
         report.raw["manifest"] = raw
     if shards:
-        per_shard, totals = shard_table(shards)
+        per_shard, totals = shard_table(shards, config)
         shard_checks, total_checks = shard_expectations(gxe, config)
         checks, raw = _validate(context, gx, "shards", per_shard, shard_checks)
         report.checks += checks
@@ -218,7 +272,6 @@ def run_gate(config: CloobConfig, *, manifest: str | None = None, shards: str | 
         report.checks += checks
         report.raw["shard_totals"] = raw
     if report_dir:
-        storage.ensure_folder(report_dir)
         storage.write_bytes(storage.join(report_dir, "gx_results.json"),
                             json_bytes(report.raw, default=str))
         storage.write_bytes(storage.join(report_dir, "summary.md"), ("```\n" + report.text() + "\n```\n").encode())

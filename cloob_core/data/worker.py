@@ -93,7 +93,8 @@ def _process_row(row: ManifestRow, duplicate_of: str | None) -> tuple[RowOutcome
     try:
         return _process_row_unguarded(row, duplicate_of)
     except Exception as err:  # one bad row (a codec bug, say) must not cost the shard
-        log.exception("row %s (%s) failed unexpectedly", row.key, row.url)
+        log.warning("row %s (%s) failed unexpectedly: %s: %s", row.key, row.url, type(err).__name__, err)
+        log.debug("its traceback", exc_info=True)  # with --verbose
         outcome = RowOutcome(row.row, row.key, row.url, "processing_error", f"{type(err).__name__}: {err}")
         return outcome, None, None
 

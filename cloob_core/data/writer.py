@@ -12,13 +12,14 @@ import io
 import json
 import re
 import tarfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 from cloob_core import storage
+from cloob_core.io import parse_json
 
 STATS_SUFFIX = "_stats.json"
 FAILURES_SUFFIX = "_failures.jsonl"
@@ -129,7 +130,7 @@ def read_records(folder: str) -> list[ShardRecord]:
     names = [n for n in storage.list_names(folder, STATS_SUFFIX) if parse_shard_name(n[: -len(STATS_SUFFIX)])]
 
     def read(name: str) -> ShardRecord:
-        return ShardRecord.from_json(json.loads(storage.read_bytes(storage.join(folder, name))))
+        return ShardRecord.from_json(storage.read_json(storage.join(folder, name)))
 
     with ThreadPoolExecutor(16) as pool:
         records = list(pool.map(read, names))
@@ -138,27 +139,30 @@ def read_records(folder: str) -> list[ShardRecord]:
 
 def read_failures(folder: str, name: str) -> list[dict[str, Any]]:
     try:
-        text = storage.read_bytes(storage.join(folder, name + FAILURES_SUFFIX)).decode("utf-8")
+        location = storage.join(folder, name + FAILURES_SUFFIX)
+        lines = storage.read_bytes(location).splitlines()
     except FileNotFoundError:
         return []
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    return [parse_json(line, location) for line in lines if line.strip()]
 
 
 def jsonl_bytes(rows: Iterable[dict[str, Any]]) -> bytes:
     return "".join(json.dumps(row, sort_keys=True, ensure_ascii=False) + "\n" for row in rows).encode("utf-8")
 
 
-def tar_sample_counts(location: str) -> Iterator[tuple[str, set[str]]]:
-    """(key, member suffixes) for each sample of a tar, streamed; tolerant of nothing but our own layout."""
+def tar_samples(location: str, read: Callable[[str], bool]) -> Iterator[tuple[str, dict[str, bytes | None]]]:
+    """(key, member suffix -> bytes) for each sample of a tar, streamed; the bytes only of samples whose key
+    ``read`` picks (None otherwise). Tolerant of nothing but our own layout."""
     with storage.open_read(location) as stream, tarfile.open(fileobj=stream, mode="r|") as reader:
-        current, suffixes = None, set()
+        current, members = None, {}
         for member in reader:
             key, _, suffix = member.name.partition(".")
             if key != current:
                 if current is not None:
-                    yield current, suffixes
-                current, suffixes = key, set()
-            suffixes.add(suffix)
+                    yield current, members
+                current, members, wanted = key, {}, read(key)
+            handle = reader.extractfile(member) if wanted and member.isfile() else None
+            members[suffix] = handle.read() if handle is not None else None
         if current is not None:
-            yield current, suffixes
+            yield current, members
 

@@ -4,7 +4,6 @@ files), so the objectives (or any other ablation) can be compared in one table."
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,16 +68,16 @@ def compare_runs(run_files: Sequence[str] = (), dvc_exps: str | None = None,
     """``cloob eval compare``: runs given as ``LABEL=metrics.json`` and/or the experiments of a ``dvc exp show
     --json`` file, as one Markdown table (and, with ``output``, comparison.md and a bar chart there)."""
     from cloob_core.evaluation.reports import comparison_markdown, comparison_png
-    from cloob_core.io import write_text
+    from cloob_core.io import read_json, write_text
 
     runs: dict[str, dict[str, dict]] = {}
     for spec in run_files:
         label, _, path = spec.partition("=")
         if not path or not Path(path).is_file():
             raise ConfigError(f"--run {spec!r}: expected LABEL=PATH to a report's metrics.json")
-        runs[label] = json.loads(Path(path).read_text())
+        runs[label] = read_json(path)
     if dvc_exps:
-        runs.update(runs_from_dvc_exp_show(json.loads(Path(dvc_exps).read_text()), metrics_file))
+        runs.update(runs_from_dvc_exp_show(read_json(dvc_exps), metrics_file))
     if not runs:
         raise ConfigError("nothing to compare: give --run LABEL=metrics.json or --dvc-exps exps.json")
     comparison = Comparison(comparison_markdown(runs), runs)

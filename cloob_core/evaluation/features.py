@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 
 from cloob_core.evaluation.inputs import EvalModel, ImageSet
 from cloob_core.evaluation.zeroshot import ensemble
-from cloob_core.io import write_torch
+from cloob_core.io import UnreadableFile, read_torch, write_torch
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +39,13 @@ def _cached(cache_dir: Path | None, key: str, compute) -> Tensor:
         return compute()
     path = cache_dir / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.pt"
     if path.exists():
-        log.info("features from cache %s", path)
-        return torch.load(path, weights_only=True)
+        try:
+            cached = read_torch(path, str(path))
+        except UnreadableFile as err:  # a damaged cache entry is computed again, not fatal
+            log.warning("%s; computing it again", err)
+        else:
+            log.info("features from cache %s", path)
+            return cached
     value = compute()
     write_torch(path, value)
     return value

@@ -8,12 +8,12 @@ import csv
 import hashlib
 import io
 import json
+import logging
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
 
 import open_clip
 import torch
@@ -22,9 +22,11 @@ from torch import Tensor
 
 from cloob_core import storage
 from cloob_core.config import ConfigError
+from cloob_core.io import read_torch
 from cloob_core.model.dual_encoder import register_project_configs, without_random_init_warning
-from cloob_core.model.export import INFO_FILE, load_exported
+from cloob_core.model.export import INFO_FILE, load_exported, load_weights
 
+log = logging.getLogger(__name__)
 _CLASS_SETS = resources.files("cloob_core.evaluation") / "classnames"  # the paper's data sets
 
 
@@ -79,9 +81,7 @@ def load_model(model: str | None = None, architecture: str | None = None, weight
     elif architecture and weights:
         with without_random_init_warning():  # the weights are loaded next
             net = open_clip.create_model(architecture, pretrained=None)
-        state = torch.load(weights, map_location="cpu", weights_only=True)
-        state = state.get("state_dict", state) if isinstance(state, dict) else state
-        net.load_state_dict({k.removeprefix("module."): v for k, v in state.items()})
+        load_weights(net, read_torch(weights, weights), weights)
         fingerprint, source = _fingerprint(Path(weights)), weights
         inv_tau = float(net.logit_scale.detach().exp())
     else:
@@ -107,7 +107,7 @@ class ImageSet:
     classnames: list[str] | None = None
     captions: list[list[str]] | None = None  # one list of captions per image
     templates: list[str] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    skipped: int = 0  # unreadable samples left out when the set was read
 
 
 def packaged_class_sets() -> list[str]:
@@ -175,23 +175,37 @@ def shard_set(location: str, label_key: str) -> ImageSet:
     """WebDataset shards from `cloob data`: images, captions, and the class field ``label_key`` of the json."""
     import webdataset as wds
 
-    from cloob_core.data.shard_files import register_s3, shard_list
+    from cloob_core.data.shard_files import SkipCounter, register_s3, shard_list
 
     register_s3()
     urls, _ = shard_list(location)
     images, labels, captions, names = [], [], [], {}
-    for sample in wds.DataPipeline(wds.SimpleShardList(urls), wds.tarfile_to_samples()):
-        meta = json.loads(sample["json"])
-        images.append(sample.get("jpg") or sample.get("png"))
-        captions.append([sample["txt"].decode("utf-8")])
-        if label_key in meta:
-            labels.append(int(meta[label_key]))
+    handler = SkipCounter()
+    for sample in wds.DataPipeline(wds.SimpleShardList(urls), wds.tarfile_to_samples(handler=handler)):
+        try:  # a sample that does not decode is left out and counted, as in training
+            meta = json.loads(sample["json"]) if "json" in sample else {}
+            image = next(sample[key] for key in ("jpg", "jpeg", "png", "webp") if key in sample)
+            Image.open(io.BytesIO(image)).load()
+            caption = sample["txt"].decode("utf-8") if "txt" in sample else None
+            label = int(meta[label_key]) if label_key in meta else None
+        except Exception as err:
+            handler(err)
+            continue
+        images.append(image)
+        captions.append([caption] if caption is not None else [])
+        if label is not None:
+            labels.append(label)
             if "classname" in meta:
-                names[int(meta[label_key])] = str(meta["classname"])
+                names[label] = str(meta["classname"])
+    if not images:
+        raise ConfigError(f"{location}: no readable sample in {len(urls)} shard(s) ({handler.skipped} skipped)")
+    if handler.skipped:
+        log.warning("%s: %d unreadable sample(s) or shard(s) skipped", location, handler.skipped)
     classnames = [names[i] for i in sorted(names)] if names and sorted(names) == list(range(len(names))) else None
     return ImageSet(name=Path(location.rstrip("/")).name, identity=f"shards:{location}:{len(images)}",
                     opener=lambda i: Image.open(io.BytesIO(images[i])).convert("RGB"), size=len(images),
-                    labels=labels if len(labels) == len(images) else None, classnames=classnames, captions=captions)
+                    labels=labels if len(labels) == len(images) else None, classnames=classnames,
+                    captions=captions if all(captions) else None, skipped=handler.skipped)
 
 
 def caption_csv_set(path: Path) -> ImageSet:

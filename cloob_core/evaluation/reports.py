@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,8 +15,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
+from cloob_core import storage
 from cloob_core.config import ConfigError
-from cloob_core.io import atomic_write, read_json_or, write_json, write_text
+from cloob_core.io import atomic_write, read_json, read_json_or, write_json, write_text
 from cloob_core.plots import save_png
 
 
@@ -53,6 +53,7 @@ def combine_reports(inputs: Sequence[Path], output: Path) -> Report:
     """One report over several evaluation folders (the DVC pipeline runs each task into its own, since DVC outputs
     may not overlap): their scalars in ``OUTPUT/metrics.json``, their records in ``OUTPUT/results/``, their plots
     in ``OUTPUT/figures/`` (a folder DVC shows as image plots), and ``OUTPUT/report.md`` linking both."""
+    storage.ensure_folder(output)
     entries: dict[str, dict] = {}
     for folder in inputs:
         found = read_json_or(folder / ".report.json", None)
@@ -82,7 +83,7 @@ def read_metrics(path: str | Path) -> dict[str, dict]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path} does not exist; run the pipeline (dvc repro) or `cloob eval report` first")
-    return json.loads(path.read_text())
+    return read_json(path)
 
 
 def summary_table(combined: dict[str, dict]) -> str:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from cloob_core import storage
 from cloob_core.config import ConfigError
 from cloob_core.evaluation import tasks
 from cloob_core.evaluation.inputs import EvalModel, ImageSet, load_images, load_model
@@ -170,6 +171,7 @@ TASKS: dict[str, type[EvalTask]] = {task.name: task for task in (ZeroShotTask, L
 def evaluate(task: EvalTask, source: ModelSource, output: str | Path,
              options: EvalOptions | None = None) -> EvalResult:
     """Load the model, run ``task``, write its results (CLIP_benchmark JSON, metrics.json, plots, report.md)."""
+    storage.ensure_folder(output)
     model = load_model(source.model, source.architecture, source.weights, source.device)
     return task.run(model, options or EvalOptions(), Path(output))
 

@@ -3,7 +3,6 @@ out. ``run.py`` wraps them as the `cloob eval TASK` stage."""
 
 from __future__ import annotations
 
-import json
 import logging
 import statistics
 from pathlib import Path
@@ -25,6 +24,7 @@ from cloob_core.evaluation.reports import (
 )
 from cloob_core.evaluation.retrieval import retrieval_metrics
 from cloob_core.evaluation.zeroshot import classification_metrics
+from cloob_core.io import read_json
 from cloob_core.objectives.losses import hopfield_retrieval
 
 log = logging.getLogger(__name__)
@@ -37,6 +37,12 @@ def _need(images: ImageSet, *fields: str) -> None:
                  "classnames": "class names (--classnames FILE)", "templates": "prompt templates (--classnames FILE "
                  "with a 'templates' list)", "captions": "captions (shards, a captions .csv, embedded)"}
         raise ValueError(f"{images.name}: this task needs " + "; ".join(hints[f] for f in missing))
+
+
+def _record(model: EvalModel, images: ImageSet, task: str, metrics: dict[str, Any]) -> dict[str, Any]:
+    if images.skipped:  # the figures cover fewer images than the set holds: say so beside them
+        metrics["skipped_unreadable"] = images.skipped
+    return benchmark_record(images.name, model.architecture, model.source, task, metrics)
 
 
 def zeroshot(model: EvalModel, images: ImageSet, output: Path, cache: Path | None, hopfield_beta: float | None = None,
@@ -60,15 +66,14 @@ def zeroshot(model: EvalModel, images: ImageSet, output: Path, cache: Path | Non
         confusion_png(output / f"{images.name}_{task}_confusion.png", metrics["confusion_matrix"],
                       images.classnames, f"{images.name}: zero-shot confusion"),
     ]
-    record = benchmark_record(images.name, model.architecture, model.source, task, metrics)
-    write_result(output, record, plots)
+    write_result(output, _record(model, images, task, metrics), plots)
     return metrics
 
 
 def mean_over_test_sets(model: EvalModel, test_sets: list[ImageSet], output: Path, name: str) -> dict[str, Any]:
     """The paper's figure for data sets with several test sets: each set's zero-shot metrics and their mean."""
     task = "zeroshot_classification"
-    per_set = {images.name: json.loads((output / f"{images.name}_{task}.json").read_text())["metrics"]
+    per_set = {images.name: read_json(output / f"{images.name}_{task}.json")["metrics"]
                for images in test_sets}
     keys = [key for key in next(iter(per_set.values()))
             if (key.startswith("top") or key == "mean_per_class_recall") and all(key in m for m in per_set.values())]
@@ -105,7 +110,7 @@ def linear_probe_task(model: EvalModel, train: ImageSet, test: ImageSet, output:
     task = "linear_probe"
     plots = [per_class_png(output / f"{test.name}_{task}_per_class.png", names, metrics["per_class_accuracy"],
                            metrics["chance"], f"{test.name}: linear probe per class (lambda {search.lam:.3g})")]
-    write_result(output, benchmark_record(test.name, model.architecture, model.source, task, metrics), plots)
+    write_result(output, _record(model, test, task, metrics), plots)
     return metrics
 
 
@@ -127,8 +132,7 @@ def retrieval(model: EvalModel, images: ImageSet, output: Path, cache: Path | No
     image_x, text_y, owner = _pairs(model, images, cache, progress)
     metrics = retrieval_metrics(image_x, text_y, owner)
     metrics.update(images=len(image_x), captions=len(text_y))
-    write_result(output, benchmark_record(images.name, model.architecture, model.source, "zeroshot_retrieval",
-                                          metrics))
+    write_result(output, _record(model, images, "zeroshot_retrieval", metrics))
     return metrics
 
 
@@ -163,7 +167,7 @@ def diagnostics(model: EvalModel, images: ImageSet, output: Path, cache: Path | 
         similarity_png(output / f"{images.name}_{task}_similarities.png", matched.numpy(), unmatched.numpy(), top_k,
                        f"{images.name}: matched vs top-{top_k} unmatched"),
     ]
-    write_result(output, benchmark_record(images.name, model.architecture, model.source, task, metrics), plots)
+    write_result(output, _record(model, images, task, metrics), plots)
     return metrics
 
 

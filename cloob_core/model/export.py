@@ -8,18 +8,15 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import open_clip
 import torch
 
-from cloob_core.io import write_json, write_torch
+from cloob_core.io import UnreadableFile, read_json, read_torch, write_json, write_torch
 from cloob_core.model.dual_encoder import CLOOBModel, without_random_init_warning
-
-STATE_FILE = "open_clip_model.pt"
-INFO_FILE = "model_info.json"
+from cloob_core.model.files import INFO_FILE, STATE_FILE
 
 
 def export_model(model: CLOOBModel, folder: Path, extra: dict[str, Any]) -> Path:
@@ -48,10 +45,31 @@ def export_model(model: CLOOBModel, folder: Path, extra: dict[str, Any]) -> Path
 def load_exported(folder: str | Path) -> tuple[open_clip.CLIP, dict[str, Any]]:
     """Rebuild an exported model with plain open_clip (what the evaluation stage and CLIP_benchmark do)."""
     folder = Path(folder)
-    info = json.loads((folder / INFO_FILE).read_text())
+    info = read_json(folder / INFO_FILE)
     if info["architecture"] not in open_clip.list_models():
         open_clip.add_model_config(folder / info["open_clip_config"])
     with without_random_init_warning():  # the trained weights are loaded next
         model = open_clip.create_model(info["architecture"], pretrained=None)
-    model.load_state_dict(torch.load(folder / info["state_dict"], map_location="cpu", weights_only=True))
+    load_weights(model, read_torch(folder / info["state_dict"], str(folder / info["state_dict"])),
+                 str(folder / info["state_dict"]))
     return model, info
+
+
+def load_weights(model: torch.nn.Module, state: Any, name: str) -> None:
+    """Load a state dict (bare, under ``state_dict``, or saved from DistributedDataParallel with ``module.``
+    prefixes); weights that do not fit the architecture are one line naming ``name``, not torch's key lists."""
+    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
+        state = state["state_dict"]
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise UnreadableFile(f"{name} does not hold a state dict (a mapping of parameter names to tensors)")
+    state = {key.removeprefix("module."): value for key, value in state.items()}
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    misshapen = sorted(k for k in set(expected) & set(state) if expected[k].shape != state[k].shape)
+    if missing or unexpected or misshapen:
+        example = (missing or unexpected or misshapen)[0]
+        raise UnreadableFile(f"{name} does not fit the architecture: {len(missing)} missing, {len(unexpected)} "
+                             f"unexpected, {len(misshapen)} misshapen parameters (e.g. {example}); is it the "
+                             "architecture the weights were trained with?")
+    model.load_state_dict(state)

@@ -21,6 +21,7 @@ from typing import Any
 
 from cloob_core.config import CloobConfig, config_from_text
 from cloob_core.errors import StageError
+from cloob_core.io import read_json
 
 log = logging.getLogger(__name__)
 MANIFEST = "manifest.parquet"
@@ -120,7 +121,7 @@ def train(params: Params, shards_dir: str, output_dir: str, gpus: int = 0, model
         code = subprocess.run(command, env=os.environ.copy(), check=False).returncode
     if code != 0:
         raise TrainingFailed(f"torchrun cloob train exited with status {code}; the ranks' log above says why")
-    return _record_training(json.loads((Path(output_dir) / "metrics.json").read_text()), model, metrics)
+    return _record_training(read_json(Path(output_dir) / "metrics.json"), model, metrics)
 
 
 def train_multinode(params: Params, shards_dir: str, shards_uri: str, output_dir: str, job: str,
@@ -142,7 +143,7 @@ def train_multinode(params: Params, shards_dir: str, shards_uri: str, output_dir
         storage.upload_tree(shards_dir, shards)
     trainjob.run(trainjob.manifest(settings, name, _params_text(params), shards, workdir), settings)
     storage.download_tree(storage.join(workdir, "output"), output_dir)
-    return _record_training(json.loads((Path(output_dir) / "metrics.json").read_text()), model, metrics)
+    return _record_training(read_json(Path(output_dir) / "metrics.json"), model, metrics)
 
 
 def evaluate(task: str, model_dir: str, output_dir: str) -> dict[str, dict[str, Any]]:
@@ -175,7 +176,7 @@ def report(eval_dirs: Sequence[str], output_dir: str, metrics: Any = None, markd
         shutil.copyfile(Path(output_dir) / "report.md", markdown_path)
     if classification is not None:
         for record in sorted((Path(output_dir) / "results").glob("*_zeroshot_classification.json")):
-            result = json.loads(record.read_text())
+            result = read_json(record)
             matrix = result["metrics"].get("confusion_matrix")
             names = result["metrics"].get("classnames") or [str(i) for i in range(len(matrix or []))]
             if matrix:

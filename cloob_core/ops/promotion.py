@@ -29,11 +29,11 @@ from cloob_core import storage
 from cloob_core.config import PromoteConfig
 from cloob_core.errors import StageError
 from cloob_core.evaluation.reports import read_metrics
-from cloob_core.io import json_bytes, write_json
+from cloob_core.io import json_bytes, read_json, write_json
+from cloob_core.model.files import INFO_FILE, STATE_FILE
 
 log = logging.getLogger(__name__)
 POINTER = "production.json"
-WEIGHTS = "open_clip_model.pt"
 
 
 class PromotionError(StageError):
@@ -66,10 +66,21 @@ def flatten(metrics: dict[str, dict[str, Any]]) -> dict[str, float]:
 
 def model_id(model_dir: str | Path) -> str:
     digest = hashlib.sha256()
-    with open(Path(model_dir) / WEIGHTS, "rb") as handle:
+    with open(Path(model_dir) / STATE_FILE, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()[:16]
+
+
+def _check_candidate(model_dir: Path) -> None:
+    """A model folder a later stage can load: the weights are there and the description parses."""
+    if not model_dir.is_dir():
+        raise PromotionError(f"candidate model folder {model_dir} does not exist")
+    missing = [name for name in (STATE_FILE, INFO_FILE) if not (model_dir / name).is_file()]
+    if missing:
+        raise PromotionError(f"{model_dir} has no {' or '.join(missing)}: not a `cloob train` model folder")
+    if not isinstance(read_json(model_dir / INFO_FILE), dict):
+        raise PromotionError(f"{model_dir / INFO_FILE} does not describe a model (not a JSON object)")
 
 
 def _lower_is_better(key: str) -> bool:
@@ -150,6 +161,7 @@ def promote(model_dir: str | Path, metrics: dict[str, dict[str, Any]], settings:
     compare-and-swap: if another gate moved production meanwhile, decide again against the new one. So however
     many gates run at once, production ends at the best candidate that passed, and every decision is recorded."""
     store = settings.store
+    _check_candidate(Path(model_dir))
     storage.ensure_folder(store)
     candidate_id = model_id(model_dir)
     candidate = flatten(metrics)

@@ -40,6 +40,7 @@ WORKSPACE = "/workspace"  # an emptyDir in each pod: the image's user may write 
 METRICS_PORT = 9400
 PART_OF = {"app.kubernetes.io/part-of": "cloob-pipelines", "app.kubernetes.io/component": "train"}
 SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL")
+API_TIMEOUT_S = 60  # each Kubernetes API call (the client sets no deadline of its own)
 _NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
@@ -192,7 +193,7 @@ def run(body: dict[str, Any], settings: ClusterSettings, api: Any = None) -> str
     api = api or _custom_objects_api()
     namespace = settings.job_namespace or current_namespace()
     name = body["metadata"]["name"]
-    api.create_namespaced_custom_object(group, version, namespace, plural, body)
+    api.create_namespaced_custom_object(group, version, namespace, plural, body, _request_timeout=API_TIMEOUT_S)
     log.info("created %s %s/%s: %d node(s) x %d GPU(s)", kind, namespace, name, settings.nodes,
              settings.gpus)
     previous = signal.signal(signal.SIGTERM, _raise_cancelled) if _main_thread() else None
@@ -200,7 +201,8 @@ def run(body: dict[str, Any], settings: ClusterSettings, api: Any = None) -> str
     deadline = time.monotonic() + settings.job_timeout_s
     try:
         while True:
-            status = api.get_namespaced_custom_object(group, version, namespace, plural, name).get("status")
+            status = api.get_namespaced_custom_object(group, version, namespace, plural, name,
+                                                      _request_timeout=API_TIMEOUT_S).get("status")
             state, text = outcome(settings.job_kind, status)
             if text != last:
                 log.info("%s %s: %s", kind, name, text)
@@ -226,7 +228,7 @@ def run(body: dict[str, Any], settings: ClusterSettings, api: Any = None) -> str
 def _delete(api: Any, group: str, version: str, namespace: str, plural: str, name: str) -> None:
     try:
         api.delete_namespaced_custom_object(group, version, namespace, plural, name,
-                                            body={"propagationPolicy": "Foreground"})
+                                            body={"propagationPolicy": "Foreground"}, _request_timeout=API_TIMEOUT_S)
         log.info("deleted %s/%s", namespace, name)
     except Exception as err:  # reported; the job's failure is the error that matters
         log.warning("could not delete %s/%s: %s", namespace, name, err)

@@ -24,7 +24,7 @@ import torch
 from cloob_core import storage
 from cloob_core.config import ConfigError
 from cloob_core.errors import StageError
-from cloob_core.io import write_text, write_torch
+from cloob_core.io import UnreadableFile, read_torch, write_text, write_torch
 from cloob_core.training.streams import Position
 
 log = logging.getLogger(__name__)
@@ -171,10 +171,9 @@ def load(location: str) -> dict[str, Any]:
         raise CheckpointError(f"checkpoint {location} is corrupt: its SHA-256 differs from the one recorded when it "
                               "was written; resume from an earlier one") from None
     try:
-        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    except Exception as err:  # a refused pickle, a broken archive: never run code, never show a traceback
-        raise CheckpointError(f"checkpoint {location} cannot be read as a checkpoint: "
-                              f"{str(err).splitlines()[0][:200]}") from None
+        return read_torch(io.BytesIO(data), f"checkpoint {location}")
+    except UnreadableFile as err:
+        raise CheckpointError(str(err)) from None
 
 
 def check_compatible(saved: dict[str, Any], current: dict[str, Any], where: str) -> None:

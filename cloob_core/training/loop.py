@@ -37,7 +37,7 @@ from cloob_core.training.env import DistEnv, choose_device, detect, init_process
 from cloob_core.training.monitor import Monitor, Snapshot
 from cloob_core.training.optim import build_optimizer, build_scheduler
 from cloob_core.training.step import StepParts, accumulate_gradients, optimizer_step
-from cloob_core.training.streams import Batch, StreamChunks, assemble, rank_streams
+from cloob_core.training.streams import Batch, Chunk, StreamChunks, UnreadableData, assemble, rank_streams
 
 log = logging.getLogger(__name__)
 
@@ -171,8 +171,20 @@ def _batches(config: CloobConfig, setup: _Setup, urls: list[str], state: Trainin
                            text_views=cfg.text_views)
     loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=cfg.workers,
                                          pin_memory=setup.device.type == "cuda",
-                                         prefetch_factor=4 if cfg.workers else None)
-    return assemble(iter(loader), owned)  # workers fork here, before any monitoring thread starts
+                                         prefetch_factor=4 if cfg.workers else None,
+                                         timeout=cfg.data_timeout_s if cfg.workers else 0)
+    return assemble(_bounded(iter(loader), cfg.data_timeout_s), owned)  # workers fork here, before any thread
+
+
+def _bounded(chunks: Iterator[Chunk], seconds: float) -> Iterator[Chunk]:
+    """The loader's own time-out as a stage error: a stuck read or decoder in a worker."""
+    try:
+        yield from chunks
+    except RuntimeError as err:
+        if "timed out" not in str(err):
+            raise
+        raise UnreadableData(f"no data from the data-loader workers within {seconds:g} s: a read or a decoder "
+                             "is stuck (raise train.data_timeout_s if the storage is that slow)") from None
 
 
 @dataclass
@@ -201,8 +213,8 @@ class _Window:
 
 def _check_finite(setup: _Setup, state: TrainingState, window: _Window, output: Path) -> None:
     """Before anything is saved: the window's loss and every parameter must be finite (one host sync)."""
-    parameters = [p for p in setup.parts.model.parameters()]
-    finite = torch.stack([window.loss.isfinite(), *(p.isfinite().all() for p in parameters)]).all()
+    finite = torch.stack([window.loss.isfinite(),
+                          *(p.isfinite().all() for p in setup.parts.model.parameters())]).all()
     if not bool(finite):
         kept = checkpoint.latest(str(output / "checkpoints"))
         raise TrainingDiverged(
@@ -312,6 +324,7 @@ def train(config: CloobConfig, output: str | Path, *, resume: str | None = None,
     s3:// prefix), rank 0 copies the outputs but checkpoints/ there: how the pods of a multi-node job hand their
     result back."""
     output, cfg = Path(output), config.train
+    storage.ensure_folder(output)
     urls, total_samples = shard_list(cfg.shards)
     setup = _build(config, plan_steps(config, total_samples))
     env = setup.env

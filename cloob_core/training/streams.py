@@ -10,6 +10,10 @@ A stream's position is (pass, samples taken from the pass's shuffled order). Tha
 needs: on resume the stream replays the pass's tar headers and shuffle without decoding a single image, and
 continues with exactly the sample that came next. Augmentation is seeded per (seed, step, stream), so it
 resumes too.
+
+Unreadable samples are skipped and counted, but a stream that reads a whole pass without one decodable sample
+stops training: otherwise it would skip forever. The failure travels as a chunk to the main process, which
+raises it, so a data-loader worker never turns it into a traceback.
 """
 
 from __future__ import annotations
@@ -28,9 +32,14 @@ import webdataset as wds
 from PIL import Image
 
 from cloob_core.data.shard_files import SkipCounter, register_s3
+from cloob_core.errors import StageError
 
 log = logging.getLogger(__name__)
 Position = tuple[int, int]  # (pass, samples of that pass consumed)
+
+
+class UnreadableData(StageError):
+    """A data stream holds nothing that decodes: skipping would never end."""
 
 
 def stream_shards(urls: list[str], streams: int) -> list[list[str]]:
@@ -67,7 +76,12 @@ def raw_stream(urls: list[str], stream: int, seed: int, shuffle_buffer: int, sta
                 continue
             yield (pass_, taken), sample
         if taken == 0:
-            raise RuntimeError(f"data stream {stream} ({len(urls)} shards) has no readable sample")
+            raise UnreadableData(f"data stream {stream} has no readable sample in its {len(urls)} shard(s) "
+                                 f"({_named(urls)})")
+
+
+def _named(urls: list[str]) -> str:
+    return ", ".join(urls[:3]) + (f" and {len(urls) - 3} more" if len(urls) > 3 else "")
 
 
 @dataclass
@@ -78,6 +92,7 @@ class Chunk:
     tokens: torch.Tensor
     position: Position
     skipped: int
+    failure: str | None = None  # why the stream cannot go on (raised by ``assemble``, in the main process)
 
     def pin_memory(self) -> Chunk:  # called by the DataLoader's pin-memory thread on GPU runs
         self.images, self.tokens = self.images.pin_memory(), self.tokens.pin_memory()
@@ -109,15 +124,29 @@ class StreamChunks(torch.utils.data.IterableDataset):
                           handler)
             for v in mine
         }
+        decoded_in = {v: self.positions.get(v, (0, 0))[0] for v in mine}  # the last pass that decoded a sample
         for step in count(self.start_step):
             for v in mine:
-                yield self._chunk(step, v, sources[v], handler)
+                chunk = self._chunk(step, v, sources[v], handler, decoded_in)
+                yield chunk
+                if chunk.failure:
+                    return
 
-    def _chunk(self, step: int, stream: int, source: Iterator, handler: SkipCounter) -> Chunk:
+    def _chunk(self, step: int, stream: int, source: Iterator, handler: SkipCounter,
+               decoded_in: dict[int, int]) -> Chunk:
         torch.manual_seed(wds.utils.make_seed(self.seed, step, stream))  # augmentation resumes exactly
         images, texts, position, skipped, samples = [], [], None, 0, 0
         while samples < self.chunk_size:
-            position, sample = next(source)
+            try:
+                position, sample = next(source)
+            except UnreadableData as err:
+                return Chunk(step, stream, torch.empty(0), torch.empty(0), (0, 0), skipped, failure=str(err))
+            if position[0] > decoded_in[stream] + 1:  # a whole pass went by without one decodable sample
+                urls = self.per_stream[stream]
+                return Chunk(step, stream, torch.empty(0), torch.empty(0), position, skipped, failure=(
+                    f"data stream {stream} read a whole pass of its {len(urls)} shard(s) ({_named(urls)}) "
+                    f"without one decodable sample ({handler.skipped} skipped: {handler.reasons}); check them "
+                    f"with `cloob data validate`"))
             try:
                 image = Image.open(io.BytesIO(_first(sample, ("jpg", "jpeg", "png", "webp")))).convert("RGB")
                 views = [self.transform(image) for _ in range(self.image_views)]  # independent augmentations
@@ -130,6 +159,7 @@ class StreamChunks(torch.utils.data.IterableDataset):
             images.extend(views)
             texts.extend(captions)
             samples += 1
+            decoded_in[stream] = position[0]
         tokens = self.tokenizer(texts)  # sample-major: a sample's views are adjacent, as the objectives expect
         return Chunk(step, stream, torch.stack(images), tokens, position, skipped)
 
@@ -182,6 +212,8 @@ def assemble(chunks: Iterator[Chunk], owned: list[int]) -> Iterator[Batch]:
     pending: dict[int, dict[int, Chunk]] = {}
     next_step = None
     for chunk in chunks:
+        if chunk.failure:
+            raise UnreadableData(chunk.failure)
         if next_step is None:
             next_step = chunk.step
         pending.setdefault(chunk.step, {})[chunk.stream] = chunk

@@ -7,20 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 from image_server import photo_bytes
 
 from cloob_core.cli import main
-
-
-@pytest.fixture(scope="module")
-def weights(tmp_path_factory) -> Path:
-    from cloob_core.config import ModelConfig
-    from cloob_core.model.dual_encoder import build_model
-
-    path = tmp_path_factory.mktemp("model") / "weights.pt"
-    torch.save(build_model(ModelConfig()).encoder.state_dict(), path)
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -36,6 +36,7 @@ GATE = textwrap.dedent("""
 def candidate(folder: Path, top1: float) -> tuple[Path, Path]:
     folder.mkdir(parents=True)
     (folder / "open_clip_model.pt").write_bytes(os.urandom(256))
+    (folder / "model_info.json").write_text("{}")
     report = folder / "metrics.json"
     report.write_text(json.dumps({"set_zeroshot_classification": {"top1": top1}, "set_linear_probe": {"top1": 0.8}}))
     return folder, report

@@ -80,3 +80,13 @@ def test_sigterm_stops_at_a_step_and_saves_where_it_stood(embedded_train_shards,
     kept = checkpoint.latest(str(output / "checkpoints"))
     assert kept is not None and checkpoint.load(kept)["step"] == step > 0  # saved where it stood
     assert not (output / "model").exists()
+
+
+def test_a_stuck_data_loader_is_a_clear_error_not_a_hang(embedded_train_shards, tmp_path):
+    done = subprocess.run([sys.executable, "-m", "cloob_core.cli", "train", "--shards", str(embedded_train_shards),
+                           "--output", str(tmp_path / "run"), "--batch-size", "32", "--workers", "1", "--steps", "3",
+                           "--no-progress", "--no-tensorboard", "--set", "train.data_timeout_s=0.01"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2
+    assert "no data from the data-loader workers within 0.01 s" in one_error_line(done)
+    assert not (tmp_path / "run" / "model").exists()
