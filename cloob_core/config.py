@@ -321,9 +321,11 @@ def load_config(
     text = None
     if path is not None:
         try:
-            text = Path(path).read_text()
+            text = Path(path).read_text(encoding="utf-8")
         except FileNotFoundError:
             raise ConfigError(f"config file {path} does not exist") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"config file {path} is not UTF-8 text (is it a YAML file?)") from None
     return config_from_text(text, overrides, preset, source=f"config file {path}")
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cloob_core import storage
+from cloob_core.io import UnreadableFile
 
 log = logging.getLogger(__name__)
 _BRACES = re.compile(r"\{\d+\.\.\d+\}")
@@ -65,4 +66,8 @@ def shard_list(location: str | list[str]) -> tuple[list[str], int | None]:
         if not names:
             raise FileNotFoundError(f"no sizes.json and no .tar shards in {location}") from None
         return [storage.join(location, name) for name in names], None
+    if not isinstance(sizes, dict) or not sizes or not all(
+            isinstance(n, str) and isinstance(c, int) and c >= 0 for n, c in sizes.items()):
+        raise UnreadableFile(f"{storage.join(location, 'sizes.json')} must map shard names to sample counts, got "
+                             f"{str(sizes)[:80]}")
     return [storage.join(location, name) for name in sorted(sizes)], int(sum(sizes.values()))

@@ -67,7 +67,7 @@ def compare_runs(run_files: Sequence[str] = (), dvc_exps: str | None = None,
                  metrics_file: str = "reports/metrics.json", output: str | Path | None = None) -> Comparison:
     """``cloob eval compare``: runs given as ``LABEL=metrics.json`` and/or the experiments of a ``dvc exp show
     --json`` file, as one Markdown table (and, with ``output``, comparison.md and a bar chart there)."""
-    from cloob_core.evaluation.reports import comparison_markdown, comparison_png
+    from cloob_core.evaluation.reports import comparison_markdown, comparison_png, read_metrics
     from cloob_core.io import read_json, write_text
 
     runs: dict[str, dict[str, dict]] = {}
@@ -75,7 +75,7 @@ def compare_runs(run_files: Sequence[str] = (), dvc_exps: str | None = None,
         label, _, path = spec.partition("=")
         if not path or not Path(path).is_file():
             raise ConfigError(f"--run {spec!r}: expected LABEL=PATH to a report's metrics.json")
-        runs[label] = read_json(path)
+        runs[label] = read_metrics(path)
     if dvc_exps:
         runs.update(runs_from_dvc_exp_show(read_json(dvc_exps), metrics_file))
     if not runs:

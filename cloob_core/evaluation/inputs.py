@@ -70,6 +70,10 @@ def load_model(model: str | None = None, architecture: str | None = None, weight
     """``model``: a `cloob train` export (local or s3://). Or ``architecture`` + ``weights``: an open_clip config
     name and a state-dict file (read with weights_only=True)."""
     register_project_configs()
+    torch_device = _device(device)
+    if architecture and architecture not in open_clip.list_models():
+        raise ConfigError(f"unknown architecture {architecture!r}: not one of open_clip's configurations or ours "
+                          "(cloob_core/model/configs)")
     if model:
         with tempfile.TemporaryDirectory() as scratch:
             folder = _local_copy(model, Path(scratch))
@@ -86,13 +90,23 @@ def load_model(model: str | None = None, architecture: str | None = None, weight
         inv_tau = float(net.logit_scale.detach().exp())
     else:
         raise ValueError("give --model (a `cloob train` export) or --architecture with --weights")
-    net = net.to(device).eval()
+    net = net.to(torch_device).eval()
     preprocess = getattr(net.visual, "preprocess_cfg", {}) or {}
     size = net.visual.image_size
     transform = open_clip.image_transform(size if isinstance(size, int) else size[0], is_train=False,
                                           mean=preprocess.get("mean"), std=preprocess.get("std"))
     return EvalModel(model=net, tokenizer=open_clip.get_tokenizer(architecture), transform=transform,
                      architecture=architecture, source=source, fingerprint=fingerprint, inv_tau=inv_tau)
+
+
+def _device(name: str) -> torch.device:
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"--device {name!r} is not a device (cpu, cuda, cuda:1, ...)") from None
+    if device.type == "cuda" and (not torch.cuda.is_available() or (device.index or 0) >= torch.cuda.device_count()):
+        raise ConfigError(f"--device {name}: no such CUDA device is visible")
+    return device
 
 
 @dataclass
@@ -212,7 +226,10 @@ def caption_csv_set(path: Path) -> ImageSet:
     """A CSV with ``image,caption`` rows (paths relative to the CSV); repeated images have several captions."""
     by_image: dict[str, list[str]] = {}
     with open(path, newline="", encoding="utf-8") as handle:
-        for row in csv.DictReader(handle):
+        reader = csv.DictReader(handle)
+        if not {"image", "caption"} <= set(reader.fieldnames or ()):
+            raise ConfigError(f"{path} needs the columns image,caption; it has {reader.fieldnames}")
+        for row in reader:
             by_image.setdefault(row["image"], []).append(row["caption"])
     files = list(by_image)
     root = path.parent

@@ -83,7 +83,11 @@ def read_metrics(path: str | Path) -> dict[str, dict]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path} does not exist; run the pipeline (dvc repro) or `cloob eval report` first")
-    return read_json(path)
+    metrics = read_json(path)
+    if not isinstance(metrics, dict) or not all(isinstance(v, dict) for v in metrics.values()):
+        raise ConfigError(f"{path} is not a report's metrics.json (an object of results, each an object of "
+                          "metrics)")
+    return metrics
 
 
 def summary_table(combined: dict[str, dict]) -> str:

@@ -46,6 +46,10 @@ def load_exported(folder: str | Path) -> tuple[open_clip.CLIP, dict[str, Any]]:
     """Rebuild an exported model with plain open_clip (what the evaluation stage and CLIP_benchmark do)."""
     folder = Path(folder)
     info = read_json(folder / INFO_FILE)
+    missing = [key for key in ("architecture", "open_clip_config", "state_dict", "inv_tau")
+               if not isinstance(info, dict) or key not in info]
+    if missing:
+        raise UnreadableFile(f"{folder / INFO_FILE} does not describe an exported model: no {', '.join(missing)}")
     if info["architecture"] not in open_clip.list_models():
         open_clip.add_model_config(folder / info["open_clip_config"])
     with without_random_init_warning():  # the trained weights are loaded next
