@@ -92,6 +92,21 @@ def _cmd_data_shards(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_data_eval_set(args: argparse.Namespace) -> int:
+    from cloob_core.data.eval_set import build_eval_set
+    from cloob_core.evaluation.inputs import read_class_file
+
+    classnames, templates = read_class_file(args.classnames)
+    result = build_eval_set(args.source, args.output, split=args.split, manifest_image_col=args.image_col,
+                            manifest_label_col=args.label_col, classnames=classnames, templates=templates,
+                            shard_size=args.shard_size)
+    for split, count in sorted(result.samples.items()):
+        left_out = result.skipped.get(split)
+        print(f"{split}: {count} images" + (f" ({left_out} unreadable left out)" if left_out else ""))
+    print(f"{len(result.classnames)} classes; CLIP_benchmark wds layout in {result.output}")
+    return 0
+
+
 def _cmd_data_acquire(args: argparse.Namespace) -> int:
     from cloob_core.data.acquire import acquire
 
@@ -101,7 +116,7 @@ def _cmd_data_acquire(args: argparse.Namespace) -> int:
 
 
 def _add_data_commands(sub: argparse._SubParsersAction) -> None:
-    data = sub.add_parser("data", help="data stages: acquire, download, validate, shards, merge-stats",
+    data = sub.add_parser("data", help="data stages: acquire, download, validate, shards, eval-set, merge-stats",
                           description="Data stages: manifest -> shards, the validation gate, local folders -> shards.")
     data_sub = data.add_subparsers(dest="data_command", metavar="STAGE", required=True)
 
@@ -181,6 +196,23 @@ def _add_data_commands(sub: argparse._SubParsersAction) -> None:
     _add_config_options(shards)
     _add_section_flags(shards, "preprocess")
     shards.set_defaults(func=_cmd_data_shards)
+
+    eval_set = data_sub.add_parser(
+        "eval-set", help="a labelled image set as CLIP_benchmark's wds shards (for cloob eval and CLIP_benchmark)",
+        description="Convert an ImageFolder tree (CLASS/IMAGE, or train|test|val/CLASS/IMAGE) or a labelled manifest "
+        "(image paths relative to it, a class name per row, optionally a split column) into CLIP_benchmark's wds "
+        "layout: classnames.txt, zeroshot_classification_templates.txt, SPLIT/N.tar with the image and cls, and "
+        "SPLIT/nshards.txt.")
+    eval_set.add_argument("--source", required=True, metavar="DIR|MANIFEST", help="image folder or manifest file")
+    eval_set.add_argument("--output", required=True, metavar="DIR", help="output folder, local path or s3:// URL")
+    eval_set.add_argument("--split", default="test", help="split name of a source without splits (default: test)")
+    eval_set.add_argument("--classnames", metavar="JSON|NAME",
+                          help="class names to display and prompt templates: a packaged set (cifar10, ...) or a JSON "
+                          "file; default: the folder or label names, with 'a photo of a {c}.'")
+    eval_set.add_argument("--image-col", default="image", help="manifest column of image paths (default: image)")
+    eval_set.add_argument("--label-col", default="label", help="manifest column of class names (default: label)")
+    eval_set.add_argument("--shard-size", type=int, default=10_000, help="images per tar (default: 10000)")
+    eval_set.set_defaults(func=_cmd_data_eval_set)
 
 
 def _cmd_train(args: argparse.Namespace) -> int:

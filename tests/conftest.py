@@ -107,3 +107,16 @@ def read_shards():
                 for image, caption, meta in pipeline]
 
     return read
+
+
+@pytest.fixture(scope="session")
+def weights(tmp_path_factory):
+    """A state dict of the cloob-tiny architecture, as ``cloob eval --architecture cloob-tiny --weights`` reads."""
+    import torch
+
+    from cloob_core.config import ModelConfig
+    from cloob_core.model.dual_encoder import build_model
+
+    path = tmp_path_factory.mktemp("model") / "weights.pt"
+    torch.save(build_model(ModelConfig()).encoder.state_dict(), path)
+    return path

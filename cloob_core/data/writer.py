@@ -60,7 +60,11 @@ class ShardWriter:
         self.count = 0
 
     def write(self, key: str, jpeg: bytes, caption: str, meta: dict[str, Any]) -> None:
-        record = sample_record(key, jpeg, caption, meta)
+        self.write_sample(sample_record(key, jpeg, caption, meta))
+
+    def write_sample(self, record: dict[str, Any]) -> None:
+        """``{"__key__": key, suffix: bytes, …}``, members in suffix order."""
+        key = record["__key__"]
         for suffix in sorted(k for k in record if k != "__key__"):
             data = record[suffix]
             info = tarfile.TarInfo(f"{key}.{suffix}")

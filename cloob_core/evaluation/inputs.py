@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import open_clip
 import torch
@@ -185,41 +186,108 @@ def image_folder_set(root: Path, name: str) -> ImageSet:
                     labels=[label for _, label in folder.samples], classnames=list(folder.classes))
 
 
-def shard_set(location: str, label_key: str) -> ImageSet:
-    """WebDataset shards from `cloob data`: images, captions, and the class field ``label_key`` of the json."""
+@dataclass
+class _Sample:
+    image: bytes
+    captions: list[str]
+    label: int | None
+    classname: str | None = None
+
+
+def _read_tars(urls: list[str], location: str,
+               parse: Callable[[dict[str, Any]], _Sample]) -> tuple[list[_Sample], int]:
+    """Every sample ``parse`` accepts, its image decoded once to prove it opens; a sample or tar that does not
+    read is left out and counted, as in training. (samples, skipped)"""
     import webdataset as wds
 
-    from cloob_core.data.shard_files import SkipCounter, register_s3, shard_list
+    from cloob_core.data.shard_files import SkipCounter, register_s3
 
     register_s3()
-    urls, _ = shard_list(location)
-    images, labels, captions, names = [], [], [], {}
-    handler = SkipCounter()
-    for sample in wds.DataPipeline(wds.SimpleShardList(urls), wds.tarfile_to_samples(handler=handler)):
-        try:  # a sample that does not decode is left out and counted, as in training
-            meta = json.loads(sample["json"]) if "json" in sample else {}
-            image = next(sample[key] for key in ("jpg", "jpeg", "png", "webp") if key in sample)
-            Image.open(io.BytesIO(image)).load()
-            caption = sample["txt"].decode("utf-8") if "txt" in sample else None
-            label = int(meta[label_key]) if label_key in meta else None
-        except Exception as err:
+    handler, samples = SkipCounter(), []
+    for raw in wds.DataPipeline(wds.SimpleShardList(urls), wds.tarfile_to_samples(handler=handler)):
+        try:
+            sample = parse(raw)
+            Image.open(io.BytesIO(sample.image)).load()
+        except Exception as err:  # whatever a broken member raises
             handler(err)
             continue
-        images.append(image)
-        captions.append([caption] if caption is not None else [])
-        if label is not None:
-            labels.append(label)
-            if "classname" in meta:
-                names[label] = str(meta["classname"])
-    if not images:
+        samples.append(sample)
+    if not samples:
         raise ConfigError(f"{location}: no readable sample in {len(urls)} shard(s) ({handler.skipped} skipped)")
     if handler.skipped:
         log.warning("%s: %d unreadable sample(s) or shard(s) skipped", location, handler.skipped)
+    return samples, handler.skipped
+
+
+def _image_of(raw: dict[str, Any]) -> bytes:
+    return next(raw[key] for key in ("jpg", "jpeg", "png", "webp") if key in raw)
+
+
+def _image_set(name: str, identity: str, samples: list[_Sample], skipped: int, *, classnames: list[str] | None,
+               templates: list[str] | None = None) -> ImageSet:
+    labels = [s.label for s in samples if s.label is not None]
+    images = [s.image for s in samples]
+    return ImageSet(name=name, identity=f"{identity}:{len(samples)}",
+                    opener=lambda i: Image.open(io.BytesIO(images[i])).convert("RGB"), size=len(samples),
+                    labels=labels if len(labels) == len(samples) else None, classnames=classnames,
+                    captions=[s.captions for s in samples] if all(s.captions for s in samples) else None,
+                    templates=templates, skipped=skipped)
+
+
+def shard_set(location: str, label_key: str) -> ImageSet:
+    """WebDataset shards from `cloob data`: images, captions, and the class field ``label_key`` of the json."""
+    from cloob_core.data.shard_files import shard_list
+
+    def parse(raw: dict[str, Any]) -> _Sample:
+        meta = json.loads(raw["json"]) if "json" in raw else {}
+        label = int(meta[label_key]) if label_key in meta else None
+        return _Sample(_image_of(raw), [raw["txt"].decode("utf-8")] if "txt" in raw else [], label,
+                       str(meta["classname"]) if label is not None and "classname" in meta else None)
+
+    urls, _ = shard_list(location)
+    samples, skipped = _read_tars(urls, location, parse)
+    names = {s.label: s.classname for s in samples if s.classname is not None}
     classnames = [names[i] for i in sorted(names)] if names and sorted(names) == list(range(len(names))) else None
-    return ImageSet(name=Path(location.rstrip("/")).name, identity=f"shards:{location}:{len(images)}",
-                    opener=lambda i: Image.open(io.BytesIO(images[i])).convert("RGB"), size=len(images),
-                    labels=labels if len(labels) == len(images) else None, classnames=classnames,
-                    captions=captions if all(captions) else None, skipped=handler.skipped)
+    return _image_set(Path(location.rstrip("/")).name, f"shards:{location}", samples, skipped,
+                      classnames=classnames)
+
+
+def is_wds_set(location: str, split: str) -> bool:
+    from cloob_core.data.wds_layout import SHARD_COUNT_FILE
+
+    return storage.exists(storage.join(location, split, SHARD_COUNT_FILE))
+
+
+def wds_set(location: str, split: str) -> ImageSet:
+    """CLIP_benchmark's ``wds`` layout (what `cloob data eval-set` writes, and what CLIP_benchmark publishes):
+    ``SPLIT/{0..n-1}.tar`` with an image and ``cls`` (or ``txt`` captions, one per line, for a set whose
+    ``dataset_type.txt`` says retrieval), ``classnames.txt`` and ``zeroshot_classification_templates.txt``."""
+    from cloob_core.data.wds_layout import CLASSNAMES_FILE, DATASET_TYPE_FILE, SHARD_COUNT_FILE, TEMPLATES_FILE
+
+    def lines(name: str) -> list[str] | None:
+        try:
+            text = storage.read_bytes(storage.join(location, name)).decode("utf-8")
+        except FileNotFoundError:
+            return None
+        return [line.strip() for line in text.splitlines() if line.strip()]
+
+    count = (lines(f"{split}/{SHARD_COUNT_FILE}") or [""])[0]
+    if not count.isdigit() or int(count) < 1:
+        raise ConfigError(f"{storage.join(location, split, SHARD_COUNT_FILE)} must hold the number of shards, "
+                          f"got {count!r}")
+    retrieval = (lines(DATASET_TYPE_FILE) or ["classification"])[0].lower() == "retrieval"
+
+    def parse(raw: dict[str, Any]) -> _Sample:
+        if retrieval:
+            return _Sample(_image_of(raw), raw["txt"].decode("utf-8").splitlines(), None)
+        return _Sample(_image_of(raw), [], int(raw["cls"]))
+
+    urls = [storage.join(location, split, f"{i}.tar") for i in range(int(count))]
+    samples, skipped = _read_tars(urls, location, parse)
+    templates = lines(TEMPLATES_FILE)
+    return _image_set(f"{Path(location.rstrip('/')).name}-{split}", f"wds:{location}:{split}", samples, skipped,
+                      classnames=None if retrieval else lines(CLASSNAMES_FILE),
+                      templates=[t.replace("{c}", "{}") for t in templates] if templates else None)
 
 
 def caption_csv_set(path: Path) -> ImageSet:
@@ -239,12 +307,15 @@ def caption_csv_set(path: Path) -> ImageSet:
 
 
 def load_images(source: str, split: str = "test", label_key: str = "label", class_file: str | None = None) -> ImageSet:
-    """``embedded`` (split train/test), a folder (ImageFolder; ``SPLIT/`` inside it if present), shards (a folder
-    with sizes.json, .tar, brace pattern, s3://), or a .csv of image paths and captions."""
+    """``embedded`` (split train/test), CLIP_benchmark's ``wds`` layout (``SPLIT/nshards.txt``; local or s3://),
+    a folder (ImageFolder; ``SPLIT/`` inside it if present), shards (a folder with sizes.json, .tar, brace
+    pattern, s3://), or a .csv of image paths and captions."""
     if source == "embedded":
         images = embedded_set(split)
     elif source.endswith(".csv"):
         images = caption_csv_set(Path(source))
+    elif is_wds_set(source, split):
+        images = wds_set(source, split)
     elif storage.is_s3(source) or source.endswith(".tar") or "{" in source or (Path(source) / "sizes.json").exists():
         images = shard_set(source, label_key)
     elif Path(source).is_dir():

@@ -1,0 +1,207 @@
+"""``cloob data eval-set``: a labelled image set as WebDataset shards in CLIP_benchmark's ``wds`` layout, so that
+one copy of a benchmark serves `cloob eval`, CLIP_benchmark and open_clip users alike::
+
+    OUTPUT/classnames.txt                          one class name per line, in label order
+    OUTPUT/zeroshot_classification_templates.txt   one prompt per line, {c} where the class name goes
+    OUTPUT/SPLIT/0.tar, 1.tar, …                   samples s0000000, …: the image (jpg/png/webp) and cls
+    OUTPUT/SPLIT/nshards.txt                       the number of tars, written last: the split is complete
+
+The source is an ImageFolder tree (``CLASS/IMAGE``, or ``SPLIT/CLASS/IMAGE`` for several splits) or a labelled
+manifest (an image path relative to the manifest and a class name per row, optionally a split column). Labels
+follow torchvision's ImageFolder: classes in sorted order, images sorted within each class. Images already in
+a format CLIP_benchmark decodes are copied byte for byte; others become PNG. An image that does not decode is
+left out and counted.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cloob_core import storage
+from cloob_core.config import ConfigError
+from cloob_core.data.manifest import read_manifest
+from cloob_core.data.sources import IMAGE_SUFFIXES
+from cloob_core.data.wds_layout import CLASSNAMES_FILE, SHARD_COUNT_FILE, TEMPLATES_FILE
+from cloob_core.data.writer import ShardWriter
+from cloob_core.io import atomic_write
+
+log = logging.getLogger(__name__)
+DEFAULT_TEMPLATES = ("a photo of a {c}.",)
+_COPIED = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp"}  # what CLIP_benchmark's wds reader decodes
+
+
+@dataclass
+class EvalSetResult:
+    output: str
+    classnames: list[str]
+    samples: dict[str, int]  # per split
+    skipped: dict[str, int] = field(default_factory=dict)  # undecodable images left out, per split
+
+
+def build_eval_set(source: str, output: str, *, split: str = "test", manifest_image_col: str = "image",
+                   manifest_label_col: str = "label", manifest_split_col: str = "split",
+                   classnames: list[str] | None = None, templates: list[str] | None = None,
+                   shard_size: int = 10_000) -> EvalSetResult:
+    """Convert ``source`` (a folder or a manifest file) into ``output`` (a folder or s3:// prefix).
+    ``classnames`` replaces the folder or label names as displayed (same count, same order); ``split`` names the
+    split of a source that has none."""
+    if shard_size < 1:
+        raise ConfigError(f"--shard-size must be at least 1, got {shard_size}")
+    root = Path(source)
+    if root.is_dir():
+        splits = _folder_splits(root, split)
+    elif root.is_file() or storage.is_s3(source):
+        splits = _manifest_splits(source, manifest_image_col, manifest_label_col, manifest_split_col, split)
+    else:
+        raise ConfigError(f"--source {source} is neither an image folder nor a manifest file")
+    labels = sorted({label for rows in splits.values() for _, label in rows})
+    names = _display_names(labels, classnames)
+    storage.ensure_folder(output)
+    result = EvalSetResult(output, names, {})
+    _write_text(storage.join(output, CLASSNAMES_FILE), names)
+    _write_text(storage.join(output, TEMPLATES_FILE), _check_templates(templates or list(DEFAULT_TEMPLATES)))
+    index = {label: i for i, label in enumerate(labels)}
+    for name, rows in sorted(splits.items()):
+        written, skipped = _write_split(storage.join(output, name), [(path, index[label]) for path, label in rows],
+                                        shard_size)
+        result.samples[name], result.skipped[name] = written, skipped
+        log.info("%s: %d images in %d classes%s", name, written, len(names),
+                 f", {skipped} unreadable left out" if skipped else "")
+    return result
+
+
+SPLIT_NAMES = frozenset({"train", "test", "val", "validation"})
+
+
+def _folder_splits(root: Path, split: str) -> dict[str, list[tuple[Path, str]]]:
+    """``{split: [(image, class)]}``: ``root/SPLIT/CLASS/…`` when the subfolders are split names (train, test,
+    val, validation); otherwise ``root/CLASS/…`` as the one split ``split``."""
+    subfolders = sorted(p for p in root.iterdir() if p.is_dir())
+    if subfolders and {s.name for s in subfolders} <= SPLIT_NAMES:
+        return {s.name: _class_images(s) for s in subfolders}
+    return {split: _class_images(root)}
+
+
+def _class_images(root: Path) -> list[tuple[Path, str]]:
+    rows = [(image, folder.name)
+            for folder in sorted(p for p in root.iterdir() if p.is_dir())
+            for image in sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)]
+    if not rows:
+        raise ConfigError(f"no CLASS/IMAGE files ({', '.join(IMAGE_SUFFIXES)}) under {root}")
+    return rows
+
+
+def _manifest_splits(location: str, image_col: str, label_col: str, split_col: str,
+                     split: str) -> dict[str, list[tuple[Path, str]]]:
+    frame = read_manifest(location, image_col, label_col)
+    base = Path(location).parent.resolve()
+    splits: dict[str, list[tuple[Path, str]]] = {}
+    for row in frame.itertuples(index=False):
+        record = row._asdict()
+        relative, label = record[image_col], record[label_col].strip()
+        path = (base / relative).resolve()
+        if not relative or not label or not path.is_relative_to(base):
+            raise ConfigError(f"manifest {location}: row {relative!r} needs an image inside {base} and a label")
+        name = str(record.get(split_col) or split)
+        splits.setdefault(name, []).append((path, label))
+    if not splits:
+        raise ConfigError(f"manifest {location} has no rows")
+    return {name: sorted(rows, key=lambda r: (r[1], str(r[0]))) for name, rows in splits.items()}
+
+
+def _display_names(labels: list[str], classnames: list[str] | None) -> list[str]:
+    if classnames is None:
+        return [label.replace("_", " ") for label in labels]
+    if len(classnames) != len(labels):
+        raise ConfigError(f"--classnames lists {len(classnames)} names, the source has {len(labels)} classes "
+                          f"({', '.join(labels[:5])}{', …' if len(labels) > 5 else ''})")
+    return list(classnames)
+
+
+def _check_templates(templates: list[str]) -> list[str]:
+    """CLIP_benchmark fills ``{c}``; our class files may write ``{}``."""
+    converted = [t.replace("{}", "{c}") for t in templates]
+    blind = [t for t in converted if "{c}" not in t]
+    if blind:
+        raise ConfigError(f"template {blind[0]!r} has no {{c}} for the class name")
+    return converted
+
+
+def _write_text(location: str, lines: list[str]) -> None:
+    if any("\n" in line for line in lines):
+        raise ConfigError(f"{location}: a line of it would contain a line break")
+    storage.write_bytes(location, ("\n".join(lines) + "\n").encode("utf-8"))
+
+
+def _image_member(path: Path) -> tuple[str, bytes] | None:
+    """(extension, bytes) as stored: the file itself when CLIP_benchmark decodes its format, else PNG; None
+    when it does not decode."""
+    from PIL import Image
+
+    data = path.read_bytes()
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            image.load()
+            if image.format in _COPIED:
+                return _COPIED[image.format], data
+            out = io.BytesIO()
+            image.save(out, format="PNG")
+            return "png", out.getvalue()
+    except Exception as err:  # whatever the codecs raise
+        log.warning("leaving out %s: %s: %s", path, type(err).__name__, err)
+        return None
+
+
+def _write_split(folder: str, rows: list[tuple[Path, int]], shard_size: int) -> tuple[int, int]:
+    """The tars, then ``nshards.txt``; (images written, images left out)."""
+    storage.ensure_folder(folder)
+    storage.delete(storage.join(folder, SHARD_COUNT_FILE))  # incomplete until the count is there again
+    written = skipped = shards = 0
+    pending: list[tuple[str, bytes, int]] = []
+
+    def flush() -> None:
+        nonlocal shards
+        if not pending:
+            return
+        _write_tar(storage.join(folder, f"{shards}.tar"), pending, first=written - len(pending))
+        shards += 1
+        pending.clear()
+
+    for path, label in rows:
+        member = _image_member(path)
+        if member is None:
+            skipped += 1
+            continue
+        pending.append((*member, label))
+        written += 1
+        if len(pending) == shard_size:
+            flush()
+    flush()
+    if written == 0:
+        raise ConfigError(f"no image of {folder} decodes ({skipped} tried)")
+    storage.write_bytes(storage.join(folder, SHARD_COUNT_FILE), f"{shards}\n".encode())
+    return written, skipped
+
+
+def _write_tar(location: str, samples: list[tuple[str, bytes, int]], first: int) -> None:
+    """One tar of samples keyed ``s%07d`` by their index in the split (as CLIP_benchmark's exporter keys them)."""
+
+    def write(target: Path) -> None:
+        with open(target, "wb") as stream:
+            writer = ShardWriter(stream)
+            for offset, (extension, data, label) in enumerate(samples):
+                writer.write_sample({"__key__": f"s{first + offset:07d}", extension: data,
+                                     "cls": str(label).encode()})
+            writer.close()
+
+    if storage.is_s3(location):
+        with tempfile.TemporaryDirectory() as scratch:
+            local = Path(scratch) / "shard.tar"
+            write(local)
+            storage.upload_file(local, location)
+    else:
+        atomic_write(location, write)

@@ -1,0 +1,121 @@
+"""`cloob data eval-set`: ImageFolder trees and labelled manifests to CLIP_benchmark's wds layout, read back by
+`cloob eval` (local and S3) and by webdataset the way CLIP_benchmark's builder reads it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from image_server import photo_bytes
+from PIL import Image
+
+from cloob_core.cli import main
+from cloob_core.config import ConfigError
+from cloob_core.data.eval_set import build_eval_set
+
+CLASSES = ("cat", "dog", "sea_lion")
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    """train/ and test/ ImageFolder trees of real photos, one of them a PNG and one a BMP."""
+    root = tmp_path_factory.mktemp("photos") / "pets"
+    for split, count in (("train", 4), ("test", 3)):
+        for c, name in enumerate(CLASSES):
+            (root / split / name).mkdir(parents=True)
+            for i in range(count):
+                (root / split / name / f"{i}.jpg").write_bytes(photo_bytes(100 * c + 10 * (split == "test") + i))
+    Image.open(root / "test" / "cat" / "0.jpg").save(root / "test" / "cat" / "9.png")
+    Image.open(root / "test" / "dog" / "0.jpg").save(root / "test" / "dog" / "9.bmp")
+    return root
+
+
+def read_like_clip_benchmark(output: Path, split: str) -> list[tuple[Image.Image, int]]:
+    """CLIP_benchmark's build_wds_dataset, as its builder reads a classification set."""
+    import webdataset as wds
+
+    count = int((output / split / "nshards.txt").read_text())
+    pattern = str(output / split / f"{{0..{count - 1}}}.tar")
+    dataset = (wds.WebDataset(pattern, nodesplitter=lambda src: src, shardshuffle=False)
+               .decode(wds.autodecode.ImageHandler("pil", extensions=["webp", "png", "jpg", "jpeg"]))
+               .to_tuple(["webp", "png", "jpg", "jpeg"], "cls"))
+    return list(dataset)
+
+
+def test_an_image_folder_becomes_the_wds_layout_in_image_folder_order(folder, tmp_path):
+    from torchvision.datasets import ImageFolder
+
+    out = tmp_path / "wds"
+    result = build_eval_set(str(folder), str(out), shard_size=4)
+    assert result.samples == {"test": 11, "train": 12} and result.classnames == ["cat", "dog", "sea lion"]
+    assert (out / "classnames.txt").read_text() == "cat\ndog\nsea lion\n"
+    assert (out / "zeroshot_classification_templates.txt").read_text() == "a photo of a {c}.\n"
+    assert (out / "test" / "nshards.txt").read_text() == "3\n"
+    samples = read_like_clip_benchmark(out, "test")
+    reference = ImageFolder(str(folder / "test"))
+    assert [label for _, label in samples] == [label for _, label in reference.samples]
+    for (image, _), (path, _) in zip(samples, reference.samples, strict=True):
+        assert image.convert("RGB").tobytes() == Image.open(path).convert("RGB").tobytes()
+
+
+def test_cloob_eval_scores_the_wds_copy_exactly_as_the_folder(capsys, folder, tmp_path, weights):
+    out = tmp_path / "wds"
+    assert main(["data", "eval-set", "--source", str(folder), "--output", str(out), "--shard-size", "5"]) == 0
+    templates = tmp_path / "templates.json"
+    templates.write_text(json.dumps({"classnames": ["cat", "dog", "sea lion"], "templates": ["a photo of a {c}."]}))
+    common = ["--architecture", "cloob-tiny", "--weights", str(weights), "--no-cache", "--no-progress"]
+    assert main(["eval", "zeroshot", "--data", str(out), "--output", str(tmp_path / "a"), *common]) == 0
+    assert main(["eval", "zeroshot", "--data", str(folder), "--classnames", str(templates), "--output",
+                 str(tmp_path / "b"), *common]) == 0
+    wds_result = json.loads((tmp_path / "a" / "wds-test_zeroshot_classification.json").read_text())["metrics"]
+    folder_result = json.loads((tmp_path / "b" / "pets-test_zeroshot_classification.json").read_text())["metrics"]
+    assert wds_result["confusion_matrix"] == folder_result["confusion_matrix"]
+    assert wds_result["top1"] == folder_result["top1"]
+
+
+def test_the_layout_on_s3_is_read_by_cloob_eval(capsys, folder, tmp_path, weights, s3_bucket):
+    target = f"s3://{s3_bucket}/benchmarks/pets"
+    assert main(["data", "eval-set", "--source", str(folder), "--output", target]) == 0
+    assert main(["eval", "retrieval", "--data", target, "--split", "train", "--architecture", "cloob-tiny",
+                 "--weights", str(weights), "--output", str(tmp_path / "r"), "--no-cache", "--no-progress"]) == 0
+    record = json.loads((tmp_path / "r" / "pets-train_zeroshot_retrieval.json").read_text())
+    assert record["metrics"]["images"] == 12
+
+
+def test_a_labelled_manifest_with_splits(tmp_path):
+    images = tmp_path / "images"
+    images.mkdir()
+    rows = ["image,label,split"]
+    for i in range(6):
+        (images / f"{i}.jpg").write_bytes(photo_bytes(i))
+        rows.append(f"images/{i}.jpg,{CLASSES[i % 2]},{'train' if i < 4 else 'test'}")
+    (tmp_path / "labels.csv").write_text("\n".join(rows) + "\n")
+    result = build_eval_set(str(tmp_path / "labels.csv"), str(tmp_path / "wds"))
+    assert result.samples == {"test": 2, "train": 4} and result.classnames == ["cat", "dog"]
+    assert [label for _, label in read_like_clip_benchmark(tmp_path / "wds", "train")] == [0, 0, 1, 1]
+
+
+def test_a_manifest_row_outside_its_folder_is_refused(tmp_path):
+    (tmp_path / "labels.csv").write_text("image,label\n../../etc/passwd,cat\n")
+    with pytest.raises(ConfigError, match="needs an image inside"):
+        build_eval_set(str(tmp_path / "labels.csv"), str(tmp_path / "wds"))
+
+
+def test_an_unreadable_image_is_left_out_and_counted(folder, tmp_path):
+    copy = tmp_path / "pets"
+    (copy / "cat").mkdir(parents=True)
+    (copy / "dog").mkdir()
+    (copy / "cat" / "a.jpg").write_bytes(photo_bytes(1))
+    (copy / "cat" / "b.jpg").write_bytes(b"\xff\xd8 not a jpeg")
+    (copy / "dog" / "a.jpg").write_bytes(photo_bytes(2))
+    result = build_eval_set(str(copy), str(tmp_path / "wds"), split="val")
+    assert result.samples == {"val": 2} and result.skipped == {"val": 1}
+
+
+def test_class_names_that_do_not_fit_are_one_line(capsys, folder, tmp_path):
+    names = tmp_path / "names.json"
+    names.write_text(json.dumps({"classnames": ["cat", "dog"]}))
+    assert main(["data", "eval-set", "--source", str(folder), "--output", str(tmp_path / "wds"), "--classnames",
+                 str(names)]) == 2
+    assert "lists 2 names, the source has 3 classes" in capsys.readouterr().err
