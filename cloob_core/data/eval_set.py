@@ -6,9 +6,10 @@ one copy of a benchmark serves `cloob eval`, CLIP_benchmark and open_clip users 
     OUTPUT/SPLIT/0.tar, 1.tar, …                   samples s0000000, …: the image (jpg/png/webp) and cls
     OUTPUT/SPLIT/nshards.txt                       the number of tars, written last: the split is complete
 
-The source is an ImageFolder tree (``CLASS/IMAGE``, or ``SPLIT/CLASS/IMAGE`` for several splits) or a labelled
-manifest (an image path relative to the manifest and a class name per row, optionally a split column). Labels
-follow torchvision's ImageFolder: classes in sorted order, images sorted within each class. Images already in
+The source is an ImageFolder tree (``CLASS/IMAGE``, or ``SPLIT/CLASS/IMAGE`` for several splits), a labelled
+manifest (an image path relative to the manifest and a class name per row, optionally a split column), or
+``embedded`` (the packaged digits: both splits, their class names and held-out prompts). Labels follow
+torchvision's ImageFolder: classes in sorted order, images sorted within each class. Images already in
 a format CLIP_benchmark decodes are copied byte for byte; others become PNG. An image that does not decode is
 left out and counted.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 import io
 import logging
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +34,16 @@ from cloob_core.io import atomic_write
 log = logging.getLogger(__name__)
 DEFAULT_TEMPLATES = ("a photo of a {c}.",)
 _COPIED = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp"}  # what CLIP_benchmark's wds reader decodes
+
+
+@dataclass(frozen=True)
+class _Image:
+    name: str  # for messages
+    read: Callable[[], bytes]
+
+
+def _file(path: Path) -> _Image:
+    return _Image(str(path), path.read_bytes)
 
 
 @dataclass
@@ -52,13 +64,17 @@ def build_eval_set(source: str, output: str, *, split: str = "test", manifest_im
     if shard_size < 1:
         raise ConfigError(f"--shard-size must be at least 1, got {shard_size}")
     root = Path(source)
-    if root.is_dir():
+    if source == "embedded":
+        splits, labels, names, templates = _embedded_splits(classnames, templates)
+        classnames = names
+    elif root.is_dir():
         splits = _folder_splits(root, split)
     elif root.is_file() or storage.is_s3(source):
         splits = _manifest_splits(source, manifest_image_col, manifest_label_col, manifest_split_col, split)
     else:
         raise ConfigError(f"--source {source} is neither an image folder nor a manifest file")
-    labels = sorted({label for rows in splits.values() for _, label in rows})
+    if source != "embedded":
+        labels = sorted({label for rows in splits.values() for _, label in rows})
     names = _display_names(labels, classnames)
     storage.ensure_folder(output)
     result = EvalSetResult(output, names, {})
@@ -77,7 +93,32 @@ def build_eval_set(source: str, output: str, *, split: str = "test", manifest_im
 SPLIT_NAMES = frozenset({"train", "test", "val", "validation"})
 
 
-def _folder_splits(root: Path, split: str) -> dict[str, list[tuple[Path, str]]]:
+def _embedded_splits(classnames: list[str] | None, templates: list[str] | None
+                     ) -> tuple[dict[str, list[tuple[_Image, str]]], list[str], list[str], list[str]]:
+    """Both splits of the packaged digits, labelled by their digit, with its class names and held-out prompts."""
+    from PIL import Image
+
+    from cloob_core.data.embedded import ZERO_SHOT_TEMPLATES, load_embedded
+
+    def png(pixels) -> Callable[[], bytes]:
+        def encode() -> bytes:
+            out = io.BytesIO()
+            Image.fromarray(pixels, mode="L").save(out, format="PNG")
+            return out.getvalue()
+        return encode
+
+    splits: dict[str, list[tuple[_Image, str]]] = {}
+    labels: list[str] = []
+    for name in ("train", "test"):
+        data = load_embedded(name)
+        labels = [f"{i:02d}" for i in range(len(data.classnames))]  # sorts in label order
+        splits[name] = sorted(((_Image(f"embedded:{name}/{i}", png(data.images[i])), labels[int(data.labels[i])])
+                               for i in range(len(data))), key=lambda row: row[1])
+    return (splits, labels, classnames or list(data.classnames),
+            templates or [t.replace("{}", "{c}") for t in ZERO_SHOT_TEMPLATES])
+
+
+def _folder_splits(root: Path, split: str) -> dict[str, list[tuple[_Image, str]]]:
     """``{split: [(image, class)]}``: ``root/SPLIT/CLASS/…`` when the subfolders are split names (train, test,
     val, validation); otherwise ``root/CLASS/…`` as the one split ``split``."""
     subfolders = sorted(p for p in root.iterdir() if p.is_dir())
@@ -86,8 +127,8 @@ def _folder_splits(root: Path, split: str) -> dict[str, list[tuple[Path, str]]]:
     return {split: _class_images(root)}
 
 
-def _class_images(root: Path) -> list[tuple[Path, str]]:
-    rows = [(image, folder.name)
+def _class_images(root: Path) -> list[tuple[_Image, str]]:
+    rows = [(_file(image), folder.name)
             for folder in sorted(p for p in root.iterdir() if p.is_dir())
             for image in sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)]
     if not rows:
@@ -96,10 +137,10 @@ def _class_images(root: Path) -> list[tuple[Path, str]]:
 
 
 def _manifest_splits(location: str, image_col: str, label_col: str, split_col: str,
-                     split: str) -> dict[str, list[tuple[Path, str]]]:
+                     split: str) -> dict[str, list[tuple[_Image, str]]]:
     frame = read_manifest(location, image_col, label_col)
     base = Path(location).parent.resolve()
-    splits: dict[str, list[tuple[Path, str]]] = {}
+    splits: dict[str, list[tuple[_Image, str]]] = {}
     for row in frame.itertuples(index=False):
         record = row._asdict()
         relative, label = record[image_col], record[label_col].strip()
@@ -107,10 +148,10 @@ def _manifest_splits(location: str, image_col: str, label_col: str, split_col: s
         if not relative or not label or not path.is_relative_to(base):
             raise ConfigError(f"manifest {location}: row {relative!r} needs an image inside {base} and a label")
         name = str(record.get(split_col) or split)
-        splits.setdefault(name, []).append((path, label))
+        splits.setdefault(name, []).append((_file(path), label))
     if not splits:
         raise ConfigError(f"manifest {location} has no rows")
-    return {name: sorted(rows, key=lambda r: (r[1], str(r[0]))) for name, rows in splits.items()}
+    return {name: sorted(rows, key=lambda r: (r[1], r[0].name)) for name, rows in splits.items()}
 
 
 def _display_names(labels: list[str], classnames: list[str] | None) -> list[str]:
@@ -137,12 +178,12 @@ def _write_text(location: str, lines: list[str]) -> None:
     storage.write_bytes(location, ("\n".join(lines) + "\n").encode("utf-8"))
 
 
-def _image_member(path: Path) -> tuple[str, bytes] | None:
+def _image_member(image: _Image) -> tuple[str, bytes] | None:
     """(extension, bytes) as stored: the file itself when CLIP_benchmark decodes its format, else PNG; None
     when it does not decode."""
     from PIL import Image
 
-    data = path.read_bytes()
+    data = image.read()
     try:
         with Image.open(io.BytesIO(data)) as image:
             image.load()
@@ -152,11 +193,11 @@ def _image_member(path: Path) -> tuple[str, bytes] | None:
             image.save(out, format="PNG")
             return "png", out.getvalue()
     except Exception as err:  # whatever the codecs raise
-        log.warning("leaving out %s: %s: %s", path, type(err).__name__, err)
+        log.warning("leaving out %s: %s: %s", image.name, type(err).__name__, err)
         return None
 
 
-def _write_split(folder: str, rows: list[tuple[Path, int]], shard_size: int) -> tuple[int, int]:
+def _write_split(folder: str, rows: list[tuple[_Image, int]], shard_size: int) -> tuple[int, int]:
     """The tars, then ``nshards.txt``; (images written, images left out)."""
     storage.ensure_folder(folder)
     storage.delete(storage.join(folder, SHARD_COUNT_FILE))  # incomplete until the count is there again
@@ -171,8 +212,8 @@ def _write_split(folder: str, rows: list[tuple[Path, int]], shard_size: int) -> 
         shards += 1
         pending.clear()
 
-    for path, label in rows:
-        member = _image_member(path)
+    for image, label in rows:
+        member = _image_member(image)
         if member is None:
             skipped += 1
             continue

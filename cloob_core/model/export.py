@@ -30,7 +30,8 @@ def export_model(model: CLOOBModel, folder: Path, extra: dict[str, Any]) -> Path
         "architecture": architecture,
         "open_clip_config": f"{architecture}.json",
         "state_dict": STATE_FILE,
-        "tokenizer": architecture,  # open_clip.get_tokenizer(<this>)
+        "tokenizer": architecture,  # open_clip.get_tokenizer(<this>), once the config beside it is registered
+        "context_length": int(config["text_cfg"].get("context_length", 77)),  # what that tokenizer pads to
         "image_size": model.image_size,
         "image_mean": list(preprocess.get("mean", open_clip.OPENAI_DATASET_MEAN)),
         "image_std": list(preprocess.get("std", open_clip.OPENAI_DATASET_STD)),

@@ -1,0 +1,62 @@
+"""CLIP_benchmark's own code scores a `cloob train` export on a wds set that `cloob data eval-set` wrote, through
+the `cloob-clip-benchmark` entry point (its CLI with `--model_type cloob` registered), and agrees with `cloob eval`.
+
+CLIP_benchmark 1.6.2 runs from the overlay scripts/clip_benchmark_env.sh creates (its own numpy 2.3; see there)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cloob_core.cli import main
+from cloob_core.config import load_config
+from cloob_core.training.loop import train
+
+pytestmark = pytest.mark.slow  # ~1 minute: a short training run and two evaluations; CI runs it (.ci/run)
+ROOT = Path(__file__).resolve().parents[1]
+OVERLAY = ROOT / ".venv-clip-benchmark"
+
+
+@pytest.fixture(scope="module")
+def export(tmp_path_factory, embedded_train_shards) -> Path:
+    run = tmp_path_factory.mktemp("cb") / "run"
+    train(load_config(overrides=[f"train.shards={embedded_train_shards}", "train.steps=60", "train.batch_size=64",
+                                 "train.tensorboard=false", "train.workers=0"]), run, progress=False)
+    return run / "model"
+
+
+def clip_benchmark(*argv: str) -> subprocess.CompletedProcess:
+    subprocess.run([str(ROOT / "scripts" / "clip_benchmark_env.sh")], check=True, timeout=600)
+    return subprocess.run([sys.executable, "-m", "cloob_core.evaluation.clip_benchmark_loader", *argv],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(OVERLAY)})
+
+
+def test_clip_benchmark_scores_our_export_on_our_wds_set_as_cloob_eval_does(capsys, export, tmp_path):
+    bench = tmp_path / "mnist"
+    assert main(["data", "eval-set", "--source", "embedded", "--output", str(bench)]) == 0
+    done = clip_benchmark("eval", "--model_type", "cloob", "--model", "cloob-tiny", "--pretrained", str(export),
+                          "--dataset", "wds/mnist", "--dataset_root", str(bench), "--task", "zeroshot_classification",
+                          "--no_amp", "--num_workers", "1", "--batch_size", "250", "--output",
+                          str(tmp_path / "theirs.json"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    theirs = json.loads((tmp_path / "theirs.json").read_text())["metrics"]
+    assert main(["eval", "zeroshot", "--model", str(export), "--data", str(bench), "--output", str(tmp_path / "ours"),
+                 "--no-cache", "--no-progress"]) == 0
+    ours = json.loads((tmp_path / "ours" / "mnist-test_zeroshot_classification.json").read_text())["metrics"]
+    assert theirs["acc1"] == pytest.approx(ours["top1"], abs=1e-6)  # 1000 images: one is 1e-3
+    assert theirs["acc5"] == pytest.approx(ours["top5"], abs=1e-6)
+    assert theirs["mean_per_class_recall"] == pytest.approx(ours["mean_per_class_recall"], abs=1e-6)
+    assert 0.1 < ours["top1"] < 1.0  # a trained model, not a tie at chance
+
+
+def test_the_registration_is_what_makes_the_model_type_valid(tmp_path):
+    done = subprocess.run([sys.executable, "-c", "import clip_benchmark.cli as c; import sys; "
+                           "sys.argv = ['clip_benchmark', 'eval', '--model_type', 'cloob']; c.main()"],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(OVERLAY)})
+    assert done.returncode != 0 and "invalid choice: 'cloob'" in done.stderr  # without our entry point
