@@ -26,7 +26,7 @@ from pathlib import Path
 from cloob_core import storage
 from cloob_core.config import ConfigError
 from cloob_core.data.manifest import read_manifest
-from cloob_core.data.sources import IMAGE_SUFFIXES
+from cloob_core.data.sources import EMBEDDED_PREFIX, IMAGE_SUFFIXES, EmbeddedSource
 from cloob_core.data.wds_layout import CLASSNAMES_FILE, SHARD_COUNT_FILE, TEMPLATES_FILE
 from cloob_core.data.writer import ShardWriter
 from cloob_core.io import atomic_write
@@ -65,16 +65,14 @@ def build_eval_set(source: str, output: str, *, split: str = "test", manifest_im
         raise ConfigError(f"--shard-size must be at least 1, got {shard_size}")
     root = Path(source)
     if source == "embedded":
-        splits, labels, names, templates = _embedded_splits(classnames, templates)
-        classnames = names
+        splits, classnames, templates = _embedded_splits(classnames, templates)
     elif root.is_dir():
         splits = _folder_splits(root, split)
     elif root.is_file() or storage.is_s3(source):
         splits = _manifest_splits(source, manifest_image_col, manifest_label_col, manifest_split_col, split)
     else:
         raise ConfigError(f"--source {source} is neither an image folder nor a manifest file")
-    if source != "embedded":
-        labels = sorted({label for rows in splits.values() for _, label in rows})
+    labels = sorted({label for rows in splits.values() for _, label in rows})
     names = _display_names(labels, classnames)
     storage.ensure_folder(output)
     result = EvalSetResult(output, names, {})
@@ -94,27 +92,21 @@ SPLIT_NAMES = frozenset({"train", "test", "val", "validation"})
 
 
 def _embedded_splits(classnames: list[str] | None, templates: list[str] | None
-                     ) -> tuple[dict[str, list[tuple[_Image, str]]], list[str], list[str], list[str]]:
-    """Both splits of the packaged digits, labelled by their digit, with its class names and held-out prompts."""
-    from PIL import Image
-
+                     ) -> tuple[dict[str, list[tuple[_Image, str]]], list[str], list[str]]:
+    """Both splits of the packaged digits (PNG, as the download stage encodes them), labelled so that they sort
+    in label order, with their class names and held-out prompts unless others are given."""
     from cloob_core.data.embedded import ZERO_SHOT_TEMPLATES, load_embedded
 
-    def png(pixels) -> Callable[[], bytes]:
-        def encode() -> bytes:
-            out = io.BytesIO()
-            Image.fromarray(pixels, mode="L").save(out, format="PNG")
-            return out.getvalue()
-        return encode
+    data = {name: load_embedded(name) for name in ("train", "test")}
+    source = EmbeddedSource({name: split.images for name, split in data.items()})
 
-    splits: dict[str, list[tuple[_Image, str]]] = {}
-    labels: list[str] = []
-    for name in ("train", "test"):
-        data = load_embedded(name)
-        labels = [f"{i:02d}" for i in range(len(data.classnames))]  # sorts in label order
-        splits[name] = sorted(((_Image(f"embedded:{name}/{i}", png(data.images[i])), labels[int(data.labels[i])])
-                               for i in range(len(data))), key=lambda row: row[1])
-    return (splits, labels, classnames or list(data.classnames),
+    def image(url: str) -> _Image:
+        return _Image(url, lambda: source.fetch(url).data)
+
+    splits = {name: sorted(((image(f"{EMBEDDED_PREFIX}{name}/{i}"), f"{int(label):02d}")
+                            for i, label in enumerate(split.labels)), key=lambda row: row[1])
+              for name, split in data.items()}
+    return (splits, classnames or list(data["test"].classnames),
             templates or [t.replace("{}", "{c}") for t in ZERO_SHOT_TEMPLATES])
 
 
