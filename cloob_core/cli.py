@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from cloob_core import __version__
-from cloob_core.config import CloobConfig, ConfigError, dump_defaults, load_config
+from cloob_core.config import TASK_RESULTS, CloobConfig, ConfigError, dump_defaults, load_config
 from cloob_core.errors import StageError, fail, user_facing
 from cloob_core.flags import add_model_flags, flag_values
 
@@ -310,11 +310,31 @@ def _add_eval_commands(sub: argparse._SubParsersAction) -> None:
         task.add_argument("--split", default="test")
         common(task)
 
+    suite = eval_sub.add_parser(
+        "suite", help="the evaluation suite of the config (eval.datasets), each data set on its tasks",
+        description="Evaluate every data set of the config's eval suite (or those named) on its tasks, into "
+        "OUTPUT/<data set>/. Each entry's source, splits and class list are checked before the model loads; a data "
+        "set's tasks share its features.")
+    _add_config_options(suite)
+    suite.add_argument("--dataset", action="append", metavar="NAME", help="only this data set (repeatable)")
+    suite.add_argument("--task", action="append", choices=list(TASK_RESULTS), help="only this task (repeatable)")
+    suite.add_argument("--model", metavar="DIR", help="`cloob train` model folder (OUTPUT/model), local or s3://")
+    suite.add_argument("--architecture", help="open_clip config name (with --weights instead of --model)")
+    suite.add_argument("--weights", metavar="FILE", help="state-dict file for --architecture")
+    suite.add_argument("--output", default="runs/eval", help="results folder (default: runs/eval)")
+    suite.add_argument("--cache", metavar="DIR", help="feature cache kept between runs (default: none)")
+    suite.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    suite.add_argument("--no-progress", action="store_true", help="no progress bars")
+    suite.set_defaults(func=_cmd_eval_suite)
+
     report = eval_sub.add_parser("report", help="one report over several evaluation folders, with a summary",
-                                 description="Combine the results of evaluation folders (e.g. one per task, as the "
-                                 "DVC pipeline writes them) into OUTPUT/metrics.json, OUTPUT/report.md with the "
-                                 "plots beside it, and print the summary table.")
-    report.add_argument("--inputs", nargs="+", required=True, metavar="DIR", help="evaluation output folders")
+                                 description="Combine the results of evaluation folders into OUTPUT/metrics.json, "
+                                 "OUTPUT/report.md with the plots beside it, and print the summary table. With "
+                                 "--params (or --set), the config's eval suite: only its results, all of them "
+                                 "required, and its aggregates as the result 'suite'.")
+    _add_config_options(report)
+    report.add_argument("--inputs", nargs="+", required=True, metavar="DIR",
+                        help="evaluation output folders (with the suite: also `cloob eval suite`'s OUTPUT)")
     report.add_argument("--output", required=True, metavar="DIR", help="report folder")
     report.set_defaults(func=_cmd_eval_report)
 
@@ -354,10 +374,29 @@ def _cmd_eval_summary(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_eval_suite(args: argparse.Namespace) -> int:
+    from cloob_core.evaluation.run import ModelSource
+    from cloob_core.evaluation.suite import evaluate_suite
+
+    results = evaluate_suite(_config_of(args).eval, ModelSource(args.model, args.architecture, args.weights,
+                                                                 args.device),
+                             args.output, datasets=args.dataset, tasks=args.task,
+                             cache=Path(args.cache) if args.cache else None, progress=not args.no_progress)
+    for result in results:
+        for line in result.lines:
+            print(line)
+    print(f"wrote results, plots and report.md of {len(results)} data set(s) to {args.output}/<data set>")
+    return 0
+
+
 def _cmd_eval_report(args: argparse.Namespace) -> int:
     from cloob_core.evaluation.reports import combine_reports, summary_table
+    from cloob_core.evaluation.suite_report import suite_report
 
-    report = combine_reports([Path(p) for p in args.inputs], Path(args.output))
+    if args.params or args.overrides:
+        report = suite_report(_config_of(args).eval, args.inputs, args.output)
+    else:
+        report = combine_reports([Path(p) for p in args.inputs], Path(args.output))
     print(summary_table(report.metrics))
     print(f"wrote {args.output}/metrics.json and {args.output}/report.md")
     return 0

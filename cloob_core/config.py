@@ -6,6 +6,7 @@ that names an unknown key, or gives a value of the wrong type or out of range, f
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -246,17 +247,140 @@ class TrainConfig(_Section):
         return name
 
 
+# The evaluation suite's vocabulary. `cloob eval TASK` -> the result it writes, named as CLIP_benchmark names its
+# tasks: results are <data set>_<result> (mnist_zeroshot_classification), metrics <data set>_<result>.<key>.
+TASK_RESULTS: dict[str, str] = {"zeroshot": "zeroshot_classification", "linear-probe": "linear_probe",
+                                "retrieval": "zeroshot_retrieval", "diagnostics": "diagnostics"}
+TaskName = Literal["zeroshot", "linear-probe", "retrieval", "diagnostics"]  # the keys of TASK_RESULTS
+# Sources read from installed packages, so they need no path: the embedded MNIST digits and scikit-learn's digits.
+PACKAGED_SOURCES = ("embedded", "sklearn-digits")
+SUITE_RESULT = "suite"  # the result holding the aggregates: suite.<aggregate> beside <data set>_<result>.<key>
+# Data-set and aggregate names become folder names, DVC stage names (eval@NAME) and the first part of metric
+# names, so they may not hold a dot (the separator of RESULT.KEY), a slash or spaces.
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_@+-]*")
+
+
+def result_name(dataset: str, task: str) -> str:
+    return f"{dataset}_{TASK_RESULTS[task]}"
+
+
+
+class SplitsConfig(_Section):
+    """Which split of a data set each role reads (subfolders of an ImageFolder tree, of a wds set)."""
+
+    test: str = Field("test", description="The split every task scores.")
+    train: str = Field("train", description="The linear probe's training split.")
+    val: str | None = Field(None, description="The linear probe's validation split for the lambda search "
+                            "(null: a random half of train, CLIP's recipe).")
+
+
+class DatasetConfig(_Section):
+    """One data set of the evaluation suite; its name is its key in ``eval.datasets``."""
+
+    source: str = Field(description="'embedded' (the MNIST digits), 'sklearn-digits' (scikit-learn's 8x8 "
+                        "digits), an ImageFolder tree, CLIP_benchmark wds shards (`cloob data eval-set`), "
+                        "`cloob data` shards or an image,caption .csv; a local path or s3://.")
+    tasks: list[TaskName] = Field(["zeroshot"], min_length=1, description="zeroshot, linear-probe, "
+                                  "retrieval, diagnostics.")
+    splits: SplitsConfig = Field(default_factory=SplitsConfig)
+    classnames: str | None = Field(None, description="Class names and templates: a packaged set (imagenet, "
+                                   "cifar10, ...) or a JSON file (null: from the source).")
+    label_key: str = Field("label", description="The class field in the json of `cloob data` shards.")
+    few_shot: int | None = Field(None, ge=1, description="Linear probe on K training images per class "
+                                 "(null: all).")
+    batch_size: int = Field(256, ge=1, description="Images per encoding batch.")
+
+    @field_validator("tasks")
+    @classmethod
+    def _once_each(cls, tasks: list[str]) -> list[str]:
+        if len(set(tasks)) != len(tasks):
+            raise ValueError(f"a task is named twice in {tasks}")
+        return tasks
+
+
+class AggregateConfig(_Section):
+    """A suite-level figure: the mean of per-data-set metrics, written as ``suite.<name>``."""
+
+    of: list[str] = Field(min_length=1, description="RESULT.KEY of each data set's metrics, e.g. "
+                          "zeroshot_classification.acc1; several are averaged together.")
+    datasets: list[str] | None = Field(None, description="The data sets averaged over (null: every data set "
+                                       "that writes the result).")
+
+    @field_validator("of", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+
+def _default_datasets() -> dict[str, DatasetConfig]:
+    return {"mnist": DatasetConfig(source="embedded", tasks=["zeroshot", "linear-probe", "retrieval", "diagnostics"]),
+            "digits": DatasetConfig(source="sklearn-digits", tasks=["zeroshot", "linear-probe"])}
+
+
+def _default_aggregates() -> dict[str, AggregateConfig]:
+    return {"zeroshot_acc1": AggregateConfig(of=["zeroshot_classification.acc1"]),
+            "linear_probe_acc1": AggregateConfig(of=["linear_probe.lp_acc1"]),
+            "retrieval_recall@5": AggregateConfig(of=["zeroshot_retrieval.image_retrieval_recall@5",
+                                                      "zeroshot_retrieval.text_retrieval_recall@5"])}
+
+
+class EvalConfig(_Section):
+    """The evaluation suite: what `dvc repro`, the Kubeflow pipelines and the promotion gate evaluate on."""
+
+    datasets: dict[str, DatasetConfig] = Field(default_factory=_default_datasets, min_length=1,
+                                               description="Data sets by name (unique: they are mapping keys).")
+    aggregates: dict[str, AggregateConfig] = Field(default_factory=_default_aggregates,
+                                                   description="Suite means by name, as suite.<name>.")
+
+    @model_validator(mode="after")
+    def _names_and_references(self) -> EvalConfig:
+        for kind, names in (("data set", self.datasets), ("aggregate", self.aggregates)):
+            for name in names:
+                if not NAME_PATTERN.fullmatch(name) or name == SUITE_RESULT:
+                    raise ValueError(f"{kind} name {name!r} must be letters, digits, _ @ + - (no dots, not "
+                                     f"{SUITE_RESULT!r})")
+        results = {TASK_RESULTS[task]: task for task in TASK_RESULTS}
+        if "aggregates" not in self.model_fields_set:  # the defaults apply where the user's suite has their tasks
+            kept = {name: aggregate for name, aggregate in self.aggregates.items()
+                    if all(self.contributors(name, metric.partition(".")[0]) for metric in aggregate.of)}
+            object.__setattr__(self, "aggregates", kept)
+        for name, aggregate in self.aggregates.items():
+            for metric in aggregate.of:
+                result, _, key = metric.partition(".")
+                if result not in results or not key:
+                    raise ValueError(f"aggregates.{name}: {metric!r} is not RESULT.KEY with RESULT one of "
+                                     f"{sorted(results)}")
+                unknown_sets = sorted(set(aggregate.datasets or ()) - set(self.datasets))
+                if unknown_sets:
+                    raise ValueError(f"aggregates.{name}: no data set named {unknown_sets} in eval.datasets")
+                if not self.contributors(name, result):
+                    raise ValueError(f"aggregates.{name}: no data set of the suite runs "
+                                     f"{results[result]!r}, so {metric!r} has nothing to average")
+        return self
+
+    def contributors(self, aggregate: str, result: str) -> list[str]:
+        """The data sets whose ``result`` an aggregate averages."""
+        chosen = self.aggregates[aggregate].datasets or list(self.datasets)
+        return [name for name in chosen if any(TASK_RESULTS[t] == result for t in self.datasets[name].tasks)]
+
+    def metric_names(self) -> set[str]:
+        """The RESULT names the suite writes (``<data set>_<result>`` and ``suite``)."""
+        return {SUITE_RESULT} | {result_name(name, task) for name, entry in self.datasets.items()
+                                 for task in entry.tasks}
+
+
 class PromoteConfig(_Section):
     """``cloob promote``: the gate between a retrained model and production."""
 
     store: str = Field("models/registry", description="Model store: a local folder or an s3:// prefix holding "
                        "production.json (the pointer), models/<id>/ and history/.")
-    metric: str = Field("embedded-mnist-test_zeroshot_classification.top1", description="The metric that must "
-                        "improve, as RESULT.KEY of the evaluation report's metrics.json.")
+    metric: str = Field("suite.zeroshot_acc1", description="The metric that must improve, as RESULT.KEY of the "
+                        "evaluation report's metrics.json: suite.<aggregate> or <data set>_<result>.<key> of "
+                        "the eval suite.")
     min_improvement: float = Field(0.005, ge=0.0, description="Least improvement of `metric` over production "
                                    "(0.005 = half a point of accuracy).")
     guards: dict[str, float] = Field(
-        default_factory=lambda: {"embedded-mnist-test_linear_probe.top1": 0.01},
+        default_factory=lambda: {"suite.linear_probe_acc1": 0.01},
         description="Metrics that may not regress by more than their tolerance (RESULT.KEY: tolerance). Keys ending "
         "in _rank count lower as better.")
 
@@ -280,6 +404,7 @@ class CloobConfig(_Section):
     download: DownloadConfig = Field(default_factory=DownloadConfig)
     validation: ValidationConfig = Field(default_factory=ValidationConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
     promote: PromoteConfig = Field(default_factory=PromoteConfig)
 
     @model_validator(mode="after")
@@ -290,6 +415,22 @@ class CloobConfig(_Section):
                              f"({', '.join(POLY_VIEW_OBJECTIVES)}), not {self.train.objective!r}")
         return self
 
+    @model_validator(mode="after")
+    def _promotion_reads_the_suite(self) -> CloobConfig:
+        written = self.eval.metric_names()
+        for where, metric in (("promote.metric", self.promote.metric),
+                              *((f"promote.guards.{key}", key) for key in self.promote.guards)):
+            result, _, key = metric.partition(".")
+            if not key:
+                raise ValueError(f"{where}: {metric!r} is not RESULT.KEY")
+            if result == SUITE_RESULT and key not in self.eval.aggregates:
+                raise ValueError(f"{where}: {metric!r} names no aggregate of eval.aggregates "
+                                 f"({', '.join(self.eval.aggregates) or 'none'})")
+            if result not in written:
+                raise ValueError(f"{where}: {metric!r}: the eval suite writes no result {result!r} (it writes "
+                                 f"{', '.join(sorted(written))})")
+        return self
+
 
 def describe(err: ValidationError, what: str = "configuration") -> str:
     """A pydantic error as one line that names each offending key (its value cut short: it may be huge)."""
@@ -298,6 +439,9 @@ def describe(err: ValidationError, what: str = "configuration") -> str:
         key = ".".join(str(part) for part in problem["loc"]) or "<root>"
         if problem["type"] == "extra_forbidden":
             lines.append(f"{key}: unknown key")
+        elif problem["type"] == "value_error":  # our own checks: their message says what was wrong
+            message = problem["msg"].removeprefix("Value error, ")
+            lines.append(message if key == "<root>" else f"{key}: {message}")
         else:
             lines.append(f"{key}: {problem['msg']} (got {_short(repr(problem.get('input')))})")
     return f"invalid {what}: " + "; ".join(lines)
@@ -305,6 +449,21 @@ def describe(err: ValidationError, what: str = "configuration") -> str:
 
 def _short(text: str, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML that refuses a key given twice in one mapping: PyYAML keeps the last silently, which would drop a
+    data set of the evaluation suite (they are keyed by name) without a word."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice (line {key_node.start_mark.line + 1})")
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 def _parse_override(text: str) -> tuple[list[str], Any]:
@@ -339,7 +498,7 @@ def config_from_text(text: str | None, overrides: Sequence[str] = (), preset: st
     data: dict[str, Any] = {}
     if text is not None:
         try:
-            loaded = yaml.safe_load(text)
+            loaded = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader
         except yaml.YAMLError as err:
             raise ConfigError(f"{source} is not valid YAML: {err}") from None
         if loaded is not None and not isinstance(loaded, dict):

@@ -83,6 +83,18 @@ def exists(location: str | os.PathLike) -> bool:
     return Path(location).exists()
 
 
+def found(location: str | os.PathLike) -> bool:
+    """A file or a folder is there: for S3, an object or any object under the prefix."""
+    if is_s3(location):
+        bucket, key = split_s3(str(location))
+        key = key.rstrip("/")
+        if key and exists(location):
+            return True
+        listed = s3_client().list_objects_v2(Bucket=bucket, Prefix=f"{key}/" if key else "", MaxKeys=1)
+        return bool(listed.get("KeyCount"))
+    return Path(location).exists()
+
+
 def list_names(folder: str | os.PathLike, suffix: str = "") -> list[str]:
     """Base names of the files directly in ``folder`` that end with ``suffix``, sorted."""
     if is_s3(folder):

@@ -59,22 +59,53 @@ def train(params: str, shards: Input[Dataset], gpus: int, model: Output[Model], 
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
-def evaluate(task: str, model: Input[Model], results: Output[Dataset]):
-    """One `cloob eval` task (zeroshot, linear-probe, retrieval, diagnostics) on the embedded held-out split."""
+def plan_evaluation(params: str) -> list:
+    """The eval suite's data sets (each entry checked before any model loads): what the evaluation fans out over."""
     from cloob_core.ops import kubeflow
 
-    results.metadata["results"] = sorted(kubeflow.evaluate(task, model.path + "/model", results.path))
+    return kubeflow.plan_evaluation(params)
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
-def report(zeroshot: Input[Dataset], linear_probe: Input[Dataset], retrieval: Input[Dataset],
-           diagnostics: Input[Dataset], folder: Output[Dataset], metrics: Output[Metrics],
-           confusion: Output[ClassificationMetrics], page: Output[Markdown]):
-    """The combined report: scalars as KFP metrics, the zero-shot confusion matrix, the Markdown page."""
+def prepare_features(params: str, dataset: str, model: Input[Model], features: Output[Dataset]) -> list:
+    """One data set's image features, computed once for all its task steps; returns the data set's tasks."""
     from cloob_core.ops import kubeflow
 
-    kubeflow.report([zeroshot.path, linear_probe.path, retrieval.path, diagnostics.path], folder.path,
-                         metrics=metrics, markdown_path=page.path, classification=confusion)
+    features.metadata["dataset"] = dataset
+    return kubeflow.prepare_features(params, dataset, model.path + "/model", features.path)
+
+
+@dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
+def evaluate(params: str, task: str, model: Input[Model], features: Input[Dataset], results: Output[Dataset]):
+    """One `cloob eval` task on one data set of the suite: the data set whose shared features it reads (named in
+    their metadata, so the two cannot disagree)."""
+    from cloob_core.ops import kubeflow
+
+    dataset = features.metadata["dataset"]
+    results.metadata.update({"dataset": dataset, "task": task})
+    results.metadata["results"] = sorted(kubeflow.evaluate(params, dataset, task, model.path + "/model",
+                                                           results.path, features.path))
+
+
+@dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
+def collect_dataset(dataset: str, parts: Input[list[Dataset]], results: Output[Dataset], metrics: Output[Metrics],
+                    confusion: Output[ClassificationMetrics]):
+    """One data set's task results in one folder: its scalars as KFP metrics, its zero-shot confusion matrix."""
+    from cloob_core.ops import kubeflow
+
+    results.metadata["dataset"] = dataset
+    kubeflow.collect_dataset(dataset, [part.path for part in parts], results.path, metrics=metrics,
+                             classification=confusion)
+
+
+@dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
+def report(params: str, datasets: Input[list[Dataset]], folder: Output[Dataset], metrics: Output[Metrics],
+           page: Output[Markdown]):
+    """The suite's report: every data set's scalars and the suite means as KFP metrics, the Markdown page."""
+    from cloob_core.ops import kubeflow
+
+    kubeflow.report(params, [dataset.path for dataset in datasets], folder.path, metrics=metrics,
+                    markdown_path=page.path)
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)

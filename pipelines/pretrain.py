@@ -1,6 +1,6 @@
 """The pretraining-and-evaluation pipeline: acquire -> manifest gate -> download fanned out over partitions ->
-merge -> shard gate -> train on GPU nodes -> the four evaluations -> report. The stages are the DVC pipeline's,
-run by the components in components/steps.py."""
+merge -> shard gate -> train on GPU nodes -> the evaluation suite fanned out over data set x task -> report ->
+promotion. The stages are the DVC pipeline's, run by the components in components/steps.py."""
 
 # No `from __future__ import annotations`: KFP reads the pipeline parameter types from the live annotations.
 
@@ -19,7 +19,6 @@ from components.images import CUDA_IMAGE
 # The repository's params.yaml as the run parameter's default, as one line of JSON (JSON is YAML): a multi-line
 # default breaks the comment header the compiler writes, and a struct parameter cannot hold nulls.
 DEFAULT_PARAMS = json.dumps(yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text("utf-8")))
-EVAL_TASKS = ("zeroshot", "linear-probe", "retrieval", "diagnostics")
 
 
 def partition_names(count: int) -> list[str]:
@@ -53,7 +52,7 @@ def build(settings: ClusterSettings | None = None):
         trained.after(shard_gate)
         trained.set_caching_options(False)  # a retraining run must train, even on unchanged inputs
         with_s3_credentials(trained, settings.s3_secret)
-        reported = evaluate_and_report(trained.outputs["model"])
+        reported = evaluate_and_report(params, trained.outputs["model"], settings.s3_secret)
         gate = steps.promote(params=params, model=trained.outputs["model"], report=reported.outputs["folder"])
         gate.set_caching_options(False)  # production may have moved since a cached decision
         with_s3_credentials(gate, settings.s3_secret)
@@ -109,16 +108,24 @@ def train_task(params: str, shards: Any, settings: ClusterSettings) -> dsl.Pipel
     return trained
 
 
-def evaluate_and_report(model: Any) -> dsl.PipelineTask:  # model: a task output channel
-    """The four evaluations (retried: they only read) and the report over them."""
-    results = {}
-    for task in EVAL_TASKS:
-        evaluated = steps.evaluate(task=task, model=model)
-        evaluated.set_display_name(f"eval {task}")
-        evaluated.set_retry(num_retries=2, backoff_duration="30s")
-        results[task] = evaluated.outputs["results"]
-    return steps.report(zeroshot=results["zeroshot"], linear_probe=results["linear-probe"],
-                         retrieval=results["retrieval"], diagnostics=results["diagnostics"])
+def evaluate_and_report(params: str, model: Any, s3_secret: str | None) -> dsl.PipelineTask:
+    """The eval suite of ``params`` (a run parameter, so a recurring run can change it without recompiling),
+    fanned out: per data set, its image features once, then one task per data set x task on them (retried: they
+    only read), the task results collected per data set; then the report over all data sets."""
+    planned = with_s3_credentials(steps.plan_evaluation(params=params), s3_secret)
+    with dsl.ParallelFor(items=planned.output) as dataset:
+        features = steps.prepare_features(params=params, dataset=dataset, model=model)
+        features.set_display_name("eval features")
+        features.set_retry(num_retries=2, backoff_duration="30s")
+        with_s3_credentials(features, s3_secret)
+        with dsl.ParallelFor(items=features.outputs["Output"]) as task:
+            evaluated = steps.evaluate(params=params, task=task, model=model, features=features.outputs["features"])
+            evaluated.set_display_name("eval task")
+            evaluated.set_retry(num_retries=2, backoff_duration="30s")
+            with_s3_credentials(evaluated, s3_secret)
+        collected = steps.collect_dataset(dataset=dataset, parts=dsl.Collected(evaluated.outputs["results"]))
+        collected.set_display_name("eval data set")
+    return steps.report(params=params, datasets=dsl.Collected(collected.outputs["results"]))
 
 
 def build_evaluation(settings: ClusterSettings | None = None):
@@ -131,7 +138,7 @@ def build_evaluation(settings: ClusterSettings | None = None):
     def evaluate_production(params: str = DEFAULT_PARAMS):
         current = with_s3_credentials(steps.production_model(params=params), s3_secret)
         current.set_caching_options(False)  # the pointer moves
-        reported = evaluate_and_report(current.outputs["model"])
+        reported = evaluate_and_report(params, current.outputs["model"], s3_secret)
         recorded = steps.record_production_metrics(params=params, report=reported.outputs["folder"])
         recorded.set_caching_options(False)
         with_s3_credentials(recorded, s3_secret)

@@ -13,21 +13,22 @@ from cloob_core.evaluation.reports import comparison_rows
 
 def report(zeroshot: float, probe: float) -> dict[str, dict]:
     return {
-        "digits_zeroshot_classification": {"top1": zeroshot, "mean_per_class_recall": zeroshot},
-        "digits_linear_probe": {"top1": probe, "lambda_": 0.01},
-        "digits_zeroshot_retrieval": {"image_to_text_R@1": 0.25, "text_to_image_R@1": 0.125},
+        "digits_zeroshot_classification": {"acc1": zeroshot, "mean_per_class_recall": zeroshot},
+        "digits_linear_probe": {"lp_acc1": probe, "lambda_": 0.01},
+        "digits_zeroshot_retrieval": {"text_retrieval_recall@1": 0.25, "image_retrieval_recall@1": 0.125},
         "digits_diagnostics": {"effective_eigenvalues_image": 34.0},
-        "other-set_zeroshot_classification": {"top1": 0.5},
+        "other-set_zeroshot_classification": {"acc1": 0.5},
+        "suite": {"zeroshot_acc1": (zeroshot + 0.5) / 2, "linear_probe_acc1": probe},
     }
 
 
 def test_rows_per_run_and_data_set_with_missing_cells_marked():
     header, rows, numbers = comparison_rows({"cloob": report(0.643, 0.887), "clip": report(0.612, 0.874)})
-    assert header[:4] == ["run", "data set", "zero-shot top-1", "linear-probe top-1"]
+    assert header[:4] == ["run", "data set", "zero-shot acc1", "linear-probe acc1"]
     assert rows[0] == ["cloob", "digits", "64.30%", "88.70%", "25.00%", "12.50%", "34"]
     assert rows[1] == ["cloob", "other-set", "50.00%", "-", "-", "-", "-"]
     assert [row[0] for row in rows] == ["cloob", "cloob", "clip", "clip"]
-    assert numbers["zero-shot top-1"] == pytest.approx([64.3, 50.0, 61.2, 50.0])
+    assert numbers["zero-shot acc1"] == pytest.approx([64.3, 50.0, 61.2, 50.0])
 
 
 # The shape `dvc exp show --json` prints (DVC 3): the workspace, the baseline commit, and its experiments.
@@ -59,7 +60,7 @@ DVC_EXP_SHOW = [
 def test_dvc_experiments_are_labelled_by_name_and_objective():
     runs = runs_from_dvc_exp_show(DVC_EXP_SHOW)
     assert list(runs) == ["main (cloob)", "clip", "pvc (pvc_geometric)"]  # the workspace repeats main: left out
-    assert runs["clip"]["digits_linear_probe"]["top1"] == 0.874
+    assert runs["clip"]["digits_linear_probe"]["lp_acc1"] == 0.874
 
 
 def test_the_cli_writes_the_table_and_chart(tmp_path, capsys):
@@ -69,7 +70,10 @@ def test_the_cli_writes_the_table_and_chart(tmp_path, capsys):
                  str(tmp_path / "exps.json"), "--output", str(tmp_path / "out")]) == 0
     out = capsys.readouterr().out
     assert "| pvc (pvc_geometric) | digits | 70.00% | 90.00% |" in out
-    assert (tmp_path / "out" / "comparison.md").read_text().count("\n") == 2 + 8
+    table = (tmp_path / "out" / "comparison.md").read_text()
+    assert table.count("\n") == (2 + 8) + 1 + (2 + 4)  # data sets of each run, then the suite means of each run
+    assert "| run | suite.zeroshot_acc1 | suite.linear_probe_acc1 |" in table
+    assert "| clip | 55.60% | 87.40% |" in table
     assert (tmp_path / "out" / "comparison.png").stat().st_size > 5_000
     assert main(["eval", "compare", "--run", "x=missing.json"]) == 2
     assert "expected LABEL=PATH" in capsys.readouterr().err

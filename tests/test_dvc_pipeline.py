@@ -19,8 +19,8 @@ import yaml
 pytestmark = pytest.mark.slow  # ~8 minutes: CI runs it (.ci/run), the default suite does not
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-STAGES = ["acquire", "validate", "download", "validate_shards", "train", "eval_zeroshot", "eval_linear_probe",
-          "eval_retrieval", "eval_diagnostics", "report", "promote"]
+STAGES = ["acquire", "validate", "download", "validate_shards", "train", "eval@mnist", "eval@digits", "report",
+          "promote"]
 
 
 def run(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> str:
@@ -31,7 +31,7 @@ def run(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> str:
 
 
 def stages_run(output: str) -> list[str]:
-    return re.findall(r"Running stage '([\w-]+)'", output)
+    return re.findall(r"Running stage '([\w@-]+)'", output)
 
 
 def environment() -> dict[str, str]:
@@ -83,10 +83,12 @@ def test_dvc_repro_runs_every_stage_and_reports(reproduced):
     assert sorted(ran) == sorted(STAGES) and ran[:5] == STAGES[:5] and ran[-2:] == ["report", "promote"], output
     assert "evaluation summary" in output
     metrics = json.loads((repo / "reports" / "metrics.json").read_text())
-    zeroshot = metrics["embedded-mnist-test_zeroshot_classification"]
-    assert zeroshot["top1"] > 2 * zeroshot["chance"]  # 10 digit classes: chance 10%; 3 epochs give ~40%
-    assert metrics["embedded-mnist-test_linear_probe"]["top1"] > 0.5
-    assert {"embedded-mnist-test_zeroshot_retrieval", "embedded-mnist-test_diagnostics"} <= set(metrics)
+    zeroshot = metrics["mnist_zeroshot_classification"]
+    assert zeroshot["acc1"] > 2 * zeroshot["chance"]  # 10 digit classes: chance 10%; 3 epochs give ~40%
+    assert metrics["mnist_linear_probe"]["lp_acc1"] > 0.5
+    assert {"mnist_zeroshot_retrieval", "mnist_diagnostics", "digits_zeroshot_classification",
+            "digits_linear_probe"} <= set(metrics)
+    assert set(metrics["suite"]) == {"zeroshot_acc1", "linear_probe_acc1", "retrieval_recall@5"}
     assert (repo / "reports" / "report.md").read_text().count("figures/") >= 4
     assert json.loads((repo / "data" / "validation" / "gate.json").read_text())["passed"] is True
     decision = json.loads((repo / "reports" / "promotion.json").read_text())
@@ -94,7 +96,7 @@ def test_dvc_repro_runs_every_stage_and_reports(reproduced):
     pointer = json.loads((repo / "models" / "registry" / "production.json").read_text())
     assert (repo / "models" / "registry" / "models" / pointer["model_id"] / "open_clip_model.pt").exists()
     shown = run(["dvc", "metrics", "show"], repo, environment())
-    assert "reports/metrics.json" in shown and "top1" in shown
+    assert "reports/metrics.json" in shown and "suite.zeroshot_acc1" in shown
     assert "up to date" in run(["dvc", "status"], repo, environment()).lower()
 
 
@@ -130,14 +132,17 @@ def test_dvc_experiments_with_each_objective_family_compared_in_one_table(reprod
         output = run(["dvc", "exp", "run", "--name", name, *(arg for s in settings for arg in ("-S", s))], repo, env)
         assert "train" in stages_run(output) and "acquire" not in stages_run(output), output
     table = run(["dvc", "exp", "show", "--no-pager", "--md"], repo, env)
-    assert "clip" in table and "pvc_geometric" in table and "top1" in table, table
+    assert "clip" in table and "pvc_geometric" in table and "suite.zeroshot_acc1" in table, table
     shown = tmp_path / "exps.json"
     shown.write_text(run(["dvc", "exp", "show", "--no-pager", "--json"], repo, env))
     compared = run(["cloob", "eval", "compare", "--dvc-exps", str(shown), "--output", str(tmp_path / "cmp")], repo,
                    env)
-    rows = [line for line in compared.splitlines() if line.startswith("| ") and "embedded-mnist-test" in line]
+    rows = [line for line in compared.splitlines() if line.startswith("| ") and " | mnist | " in line]
     labels = {row.split(" | ")[0].strip("| ") for row in rows}
     assert {"clip", "ring (cloob_ring)", "pvc (pvc_geometric)"} <= labels and len(rows) == 4, compared
+    suite_rows = [line for line in compared.splitlines() if line.startswith("| ") and line.count("%") == 3
+                  and " | mnist | " not in line and " | digits | " not in line]
+    assert len(suite_rows) == 4, compared  # the suite means of each run
     assert all(re.search(r"\d+\.\d\d% \| \d+\.\d\d%", row) for row in rows), compared
     assert (tmp_path / "cmp" / "comparison.png").stat().st_size > 10_000
 

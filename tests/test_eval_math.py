@@ -130,19 +130,19 @@ def test_retrieval_ranks_with_several_captions_per_image():
     texts = torch.tensor([[0.1, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.9, 0.5]])
     metrics = retrieval_metrics(images, texts, torch.tensor([0, 0, 1, 2]))
     # text -> image ranks: caption0 prefers image1 (rank 2), caption1 rank 1, caption2 rank 1, caption3 rank 2
-    assert metrics["text_to_image_R@1"] == 0.5 and metrics["text_to_image_R@5"] == 1.0
-    assert metrics["text_to_image_mean_rank"] == 1.5 and metrics["text_to_image_median_rank"] == 1.0
+    assert metrics["image_retrieval_recall@1"] == 0.5 and metrics["image_retrieval_recall@5"] == 1.0
+    assert metrics["image_retrieval_mean_rank"] == 1.5 and metrics["image_retrieval_median_rank"] == 1.0
     # image -> text: image0's best own caption (caption1, 1.0) is top -> rank 1; image1: caption0 (1.0) and
     # caption3 (0.9) beat caption2? caption2 scores 1.0 = caption0's 1.0 (tie, not counted) -> rank 1;
     # image2: own caption3 scores 0.5, no other text scores above 0.5 on axis 2 -> rank 1
-    assert metrics["image_to_text_R@1"] == 1.0 and metrics["image_to_text_mean_rank"] == 1.0
+    assert metrics["text_retrieval_recall@1"] == 1.0 and metrics["text_retrieval_mean_rank"] == 1.0
 
 
 def test_retrieval_worst_case_ranks():
     images = torch.eye(4)
     texts = torch.eye(4).flip(0)  # every caption points at the wrong image
     metrics = retrieval_metrics(images, texts, torch.arange(4))
-    assert metrics["text_to_image_mean_rank"] == 2.0  # correct image scores 0, one image scores 1
+    assert metrics["image_retrieval_mean_rank"] == 2.0  # correct image scores 0, one image scores 1
     with pytest.raises(ValueError, match="every image needs at least one caption"):
         retrieval_metrics(images, texts[:3], torch.arange(3))
 

@@ -71,7 +71,7 @@ def test_cloob_eval_scores_the_wds_copy_exactly_as_the_folder(capsys, folder, tm
     wds_result = json.loads((tmp_path / "a" / "wds-test_zeroshot_classification.json").read_text())["metrics"]
     folder_result = json.loads((tmp_path / "b" / "pets-test_zeroshot_classification.json").read_text())["metrics"]
     assert wds_result["confusion_matrix"] == folder_result["confusion_matrix"]
-    assert wds_result["top1"] == folder_result["top1"]
+    assert wds_result["acc1"] == folder_result["acc1"]
 
 
 def test_the_layout_on_s3_is_read_by_cloob_eval(capsys, folder, tmp_path, weights, s3_bucket):

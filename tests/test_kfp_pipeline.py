@@ -24,7 +24,7 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:This client only works with Kubeflow Pipeline:FutureWarning"),
 ]
 STAGES = {"acquire", "validate-manifest", "download-partition", "merge-shards", "validate-shards", "train",
-          "evaluate", "report", "promote"}
+          "plan-evaluation", "prepare-features", "evaluate", "collect-dataset", "report", "promote"}
 
 
 @pytest.fixture(scope="module")
@@ -51,12 +51,13 @@ def test_every_stage_is_present_and_the_gates_come_first(compiled):
     assert {f"comp-{stage}" for stage in STAGES} <= {task["componentRef"]["name"] for task in tasks.values()}
     assert set(tasks["train"]["dependentTasks"]) >= {"validate-shards", "merge-shards"}  # the shard gate first
     assert "report" in tasks["promote"]["dependentTasks"] and "train" in tasks["promote"]["dependentTasks"]
-    loop = next(task for task in spec["root"]["dag"]["tasks"].values() if "parameterIterator" in task)
+    loop = next(task for task in spec["root"]["dag"]["tasks"].values()
+                if "raw" in task.get("parameterIterator", {}).get("items", {}))
     assert "validate-manifest" in loop["dependentTasks"]  # the manifest gate before any download
     assert loop["iteratorPolicy"]["parallelismLimit"] == 3
     assert json.loads(loop["parameterIterator"]["items"]["raw"]) == ["0/3", "1/3", "2/3"]
     assert tasks["download-partition"]["retryPolicy"]["maxRetryCount"] == 3
-    assert all(tasks[name]["retryPolicy"]["maxRetryCount"] == 2 for name in tasks if name.startswith("evaluate"))
+    assert all(tasks[name]["retryPolicy"]["maxRetryCount"] == 2 for name in ("prepare-features", "evaluate"))
     assert tasks["train"]["cachingOptions"] == {} or "enableCache" not in tasks["train"]["cachingOptions"]
 
 
@@ -70,7 +71,8 @@ def test_training_runs_on_gpu_nodes_with_shared_memory_and_the_secret(compiled):
     assert train["emptyDirMounts"] == [{"medium": "Memory", "mountPath": "/dev/shm", "sizeLimit": "16Gi",
                                         "volumeName": "dshm"}]
     assert train["tolerations"][0]["key"] == "nvidia.com/gpu" and train["nodeSelector"]["labels"] == {"pool": "a100"}
-    for executor in ("exec-acquire", "exec-download-partition", "exec-train"):
+    for executor in ("exec-acquire", "exec-download-partition", "exec-train", "exec-plan-evaluation",
+                     "exec-prepare-features", "exec-evaluate", "exec-promote"):
         mapped = {entry["envVar"] for entry in platform[executor]["secretAsEnv"][0]["keyToEnv"]}
         assert mapped == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL"}
     # credentials never appear as parameters
@@ -94,21 +96,70 @@ def test_kfp_local_runs_the_whole_pipeline_on_the_embedded_default(tmp_path):
     build(ClusterSettings(partitions=2, gpus=0))(params=json.dumps(params))
     (report,) = (tmp_path / "root").glob("*/report/folder/metrics.json")
     metrics = json.loads(report.read_text())
-    zeroshot = metrics["embedded-mnist-test_zeroshot_classification"]
-    assert zeroshot["top1"] > 2 * zeroshot["chance"]
-    assert metrics["embedded-mnist-test_linear_probe"]["top1"] > 0.5
+    zeroshot = metrics["mnist_zeroshot_classification"]
+    assert zeroshot["acc1"] > 2 * zeroshot["chance"]
+    assert metrics["mnist_linear_probe"]["lp_acc1"] > 0.5
+    assert metrics["digits_linear_probe"]["lp_acc1"] > 0.5  # the default suite's second data set
+    assert set(metrics["suite"]) == {"zeroshot_acc1", "linear_probe_acc1", "retrieval_recall@5"}
+    collected = [json.loads(path.read_text())["artifacts"] for path in
+                 sorted((tmp_path / "root").glob("*/for-loop-*/collect-dataset/executor_output.json"))]
+    matrices = [out["confusion"]["artifacts"][0]["metadata"]["confusionMatrix"] for out in collected]
+    assert len(matrices) == 2 and all(len(m["rows"]) == 10 for m in matrices)  # one per classification set
     (merged,) = (tmp_path / "root").glob("*/merge-shards/shards/sizes.json")
     assert sum(json.loads(merged.read_text()).values()) == 4000  # both partitions' shards, merged
     (page,) = (tmp_path / "root").glob("*/report/page")
     assert page.read_text().startswith("# Evaluation report")
     pointer = json.loads((tmp_path / "store" / "production.json").read_text())  # promoted: the first model
-    assert pointer["metrics"]["embedded-mnist-test_zeroshot_classification.top1"] == zeroshot["top1"]
+    assert pointer["metrics"]["suite.zeroshot_acc1"] == metrics["suite"]["zeroshot_acc1"]
 
     # The scheduled evaluation pipeline re-evaluates that production model and records its metrics.
     build_evaluation()(params=json.dumps(params))
     pointer = json.loads((tmp_path / "store" / "production.json").read_text())
     assert "evaluated_at" in pointer
-    assert pointer["metrics"]["embedded-mnist-test_zeroshot_classification.top1"] == pytest.approx(zeroshot["top1"])
+    assert pointer["metrics"]["mnist_zeroshot_classification.acc1"] == pytest.approx(zeroshot["acc1"])
+
+
+def fan_out(spec: dict) -> tuple[dict, dict]:
+    """The evaluation's two loops: over the data sets the suite plans, and over the tasks of each."""
+    loops = [task for component in (spec["root"], *spec["components"].values())
+             for task in component.get("dag", {}).get("tasks", {}).values() if "parameterIterator" in task]
+    over_sets = next(loop for loop in loops if loop["inputs"]["parameters"].get(
+        loop["parameterIterator"]["items"].get("inputParameter", ""), {}).get("taskOutputParameter", {})
+        .get("producerTask") == "plan-evaluation")
+    over_tasks = next(loop for loop in loops if loop["inputs"]["parameters"].get(
+        loop["parameterIterator"]["items"].get("inputParameter", ""), {}).get("taskOutputParameter", {})
+        .get("producerTask") == "prepare-features")
+    return over_sets, over_tasks
+
+
+@pytest.mark.parametrize("pipeline", ["pretrain", "evaluate"])
+def test_the_evaluation_fans_out_over_the_suite_of_the_params_run_parameter(tmp_path, pipeline):
+    from pipelines.__main__ import main
+
+    path = tmp_path / "pipeline.yaml"
+    assert main(["compile", "--pipeline", pipeline, "--output", str(path)]) == 0
+    spec = next(yaml.safe_load_all(path.read_text()))
+    tasks = tasks_of(spec)
+    # the suite comes from the run's params, so a recurring run can name another without recompiling
+    assert tasks["plan-evaluation"]["inputs"]["parameters"]["params"] == {"componentInputParameter": "params"}
+    assert "params" in spec["root"]["inputDefinitions"]["parameters"]
+    over_sets, over_tasks = fan_out(spec)
+    sets_body = spec["components"][over_sets["componentRef"]["name"]]["dag"]["tasks"]
+    tasks_body = spec["components"][over_tasks["componentRef"]["name"]]["dag"]["tasks"]
+    assert {"prepare-features", "collect-dataset"} <= set(sets_body) and set(tasks_body) == {"evaluate"}
+    evaluate = tasks_body["evaluate"]["inputs"]
+    prepare = sets_body["prepare-features"]["inputs"]
+    assert prepare["parameters"]["dataset"]["componentInputParameter"] == over_sets["parameterIterator"]["itemInput"]
+    assert evaluate["parameters"]["task"]["componentInputParameter"] == over_tasks["parameterIterator"]["itemInput"]
+    # a data set's task steps read the features its one prepare-features step computed (and named)
+    shared = over_tasks["inputs"]["artifacts"][evaluate["artifacts"]["features"]["componentInputArtifact"]]
+    assert shared["taskOutputArtifact"] == {"outputArtifactKey": "features", "producerTask": "prepare-features"}
+    collected = sets_body["collect-dataset"]["inputs"]["artifacts"]["parts"]["taskOutputArtifact"]
+    assert collected["producerTask"] == over_tasks["taskInfo"]["name"]
+    report = tasks["report"]["inputs"]["artifacts"]["datasets"]["taskOutputArtifact"]
+    assert report["producerTask"] == over_sets["taskInfo"]["name"]
+    outputs = spec["components"]["comp-collect-dataset"]["outputDefinitions"]["artifacts"]
+    assert outputs["confusion"]["artifactType"]["schemaTitle"] == "system.ClassificationMetrics"  # one per set
 
 
 def test_the_evaluation_pipeline_reads_production_and_records_its_metrics(tmp_path):
@@ -120,7 +171,10 @@ def test_the_evaluation_pipeline_reads_production_and_records_its_metrics(tmp_pa
     tasks = tasks_of(spec)
     assert {"production-model", "report", "record-production-metrics"} <= set(tasks)
     assert "report" in tasks["record-production-metrics"]["dependentTasks"]
-    assert "production-model" in tasks["evaluate"]["dependentTasks"]
+    over_sets, _ = fan_out(spec)
+    assert "production-model" in over_sets["dependentTasks"]
+    assert tasks["prepare-features"]["inputs"]["artifacts"]["model"]["componentInputArtifact"] in \
+        over_sets["inputs"]["artifacts"]
 
 
 @pytest.fixture(scope="module")

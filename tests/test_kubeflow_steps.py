@@ -32,5 +32,9 @@ def test_a_failing_gate_raises_its_report_and_a_bad_configuration_its_key(tmp_pa
     assert json.loads((tmp_path / "gate" / "gate.json").read_text())["passed"] is False  # the report is kept
     with pytest.raises(StageError, match=r"train\.batch_size"):
         kubeflow.train({"train": {"batch_size": 1}}, str(tmp_path / "shards"), str(tmp_path / "model"))
-    with pytest.raises(StageError, match="unknown evaluation task 'zero-shot'"):
-        kubeflow.evaluate("zero-shot", str(tmp_path / "model"), str(tmp_path / "eval"))
+    with pytest.raises(StageError, match=r"unknown task \['zero-shot'\]"):
+        kubeflow.evaluate(PARAMS, "mnist", "zero-shot", str(tmp_path / "model"), str(tmp_path / "eval"))
+    missing = {**PARAMS, "eval": {"datasets": {"imagenet": {"source": str(tmp_path / "imagenet")}}},
+               "promote": {"guards": {}}}
+    with pytest.raises(StageError, match=r"eval.datasets.imagenet: source .* does not exist"):
+        kubeflow.plan_evaluation(json.dumps(missing))  # before any model is loaded

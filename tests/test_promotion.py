@@ -14,8 +14,8 @@ from cloob_core.cli import main
 from cloob_core.config import PromoteConfig
 from cloob_core.ops import promotion
 
-METRIC = "set_zeroshot_classification.top1"
-GUARD = "set_linear_probe.top1"
+METRIC = "mnist_zeroshot_classification.acc1"
+GUARD = "mnist_linear_probe.lp_acc1"
 
 
 def model(folder: Path, seed: int) -> Path:
@@ -26,9 +26,9 @@ def model(folder: Path, seed: int) -> Path:
 
 
 def metrics(top1: float, probe: float, rank: float = 10.0) -> dict:
-    return {"set_zeroshot_classification": {"top1": top1, "chance": 0.1},
-            "set_linear_probe": {"top1": probe},
-            "set_zeroshot_retrieval": {"image_to_text_mean_rank": rank}}
+    return {"mnist_zeroshot_classification": {"acc1": top1, "chance": 0.1},
+            "mnist_linear_probe": {"lp_acc1": probe},
+            "mnist_zeroshot_retrieval": {"text_retrieval_mean_rank": rank}}
 
 
 def settings(store: str, guards: dict[str, float] | None = None) -> PromoteConfig:
@@ -64,17 +64,17 @@ def test_a_guarded_metric_that_regresses_blocks_promotion(tmp_path):
     store = str(tmp_path / "store")
     promotion.promote(model(tmp_path / "a", 1), metrics(0.50, 0.80, rank=10.0), settings(store))
     blocked = promotion.promote(model(tmp_path / "b", 2), metrics(0.70, 0.77), settings(store))  # probe -0.03
-    assert not blocked.promoted and "set_linear_probe.top1 fell by 0.03" in blocked.reason
+    assert not blocked.promoted and "mnist_linear_probe.lp_acc1 fell by 0.03" in blocked.reason
     assert blocked.guards[GUARD]["ok"] is False
     # lower is better for ranks: a rank that grows is a regression
-    ranked = settings(store, guards={"set_zeroshot_retrieval.image_to_text_mean_rank": 1.0})
+    ranked = settings(store, guards={"mnist_zeroshot_retrieval.text_retrieval_mean_rank": 1.0})
     worse_rank = promotion.promote(model(tmp_path / "c", 3), metrics(0.70, 0.80, rank=15.0), ranked)
     assert not worse_rank.promoted and "mean_rank fell by 5" in worse_rank.reason
 
 
 def test_metrics_missing_on_one_side_stop_the_promotion_with_advice(tmp_path):
     store = str(tmp_path / "store")
-    promotion.promote(model(tmp_path / "a", 1), {"set_zeroshot_classification": {"top1": 0.5}},
+    promotion.promote(model(tmp_path / "a", 1), {"mnist_zeroshot_classification": {"acc1": 0.5}},
                       settings(store, guards={}))
     decision = promotion.promote(model(tmp_path / "b", 2), metrics(0.9, 0.9), settings(store))
     assert not decision.promoted and "re-evaluate production" in decision.reason

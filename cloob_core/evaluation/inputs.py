@@ -131,13 +131,18 @@ def packaged_class_sets() -> list[str]:
                   if p.name.endswith(".json"))
 
 
+def packaged_class_set(name: str) -> str:
+    """The JSON text of a packaged class-name set."""
+    return (_CLASS_SETS / f"{name}.json").read_text(encoding="utf-8")
+
+
 def read_class_file(path: str | None) -> tuple[list[str] | None, list[str] | None]:
     """A JSON file ``{"classnames": [...], "templates": ["a photo of a {c}.", ...]}`` (either key optional), or
     the name of a packaged set (``cifar10``, ``imagenet``, ...; see :func:`packaged_class_sets`)."""
     if not path:
         return None, None
     if not storage.is_s3(path) and not Path(path).exists() and path in packaged_class_sets():
-        text = (_CLASS_SETS / f"{path}.json").read_text()
+        text = packaged_class_set(path)
     else:
         try:
             text = storage.read_bytes(path).decode("utf-8")
@@ -175,6 +180,26 @@ def embedded_set(split: str) -> ImageSet:
         labels=[int(v) for v in data.labels], classnames=list(data.classnames),
         captions=[[c] for c in data.captions], templates=list(ZERO_SHOT_TEMPLATES),
     )
+
+
+def sklearn_digits_set(split: str) -> ImageSet:
+    """scikit-learn's 1,797 handwritten digits (UCI "Optical Recognition of Handwritten Digits", CC BY 4.0; 8x8,
+    16 grey levels, ink bright like MNIST's), shipped inside scikit-learn so they need no download. Split as
+    scikit-learn's own digit-classification example splits them: the first half trains, the second half tests."""
+    from sklearn.datasets import load_digits
+
+    from cloob_core.data.embedded import CLASSNAMES, ZERO_SHOT_TEMPLATES
+
+    data = load_digits()
+    half = len(data.target) // 2
+    parts = {"train": slice(0, half), "test": slice(half, None)}
+    if split not in parts:
+        raise ConfigError(f"sklearn-digits has the splits train and test, not {split!r}")
+    pixels = (data.images[parts[split]] * (255 / 16)).round().astype("uint8")
+    return ImageSet(name=f"sklearn-digits-{split}", identity=f"sklearn-digits:{split}",
+                    opener=lambda i: Image.fromarray(pixels[i], mode="L").convert("RGB"), size=len(pixels),
+                    labels=[int(v) for v in data.target[parts[split]]], classnames=list(CLASSNAMES),
+                    templates=list(ZERO_SHOT_TEMPLATES))
 
 
 def image_folder_set(root: Path, name: str) -> ImageSet:
@@ -307,11 +332,13 @@ def caption_csv_set(path: Path) -> ImageSet:
 
 
 def load_images(source: str, split: str = "test", label_key: str = "label", class_file: str | None = None) -> ImageSet:
-    """``embedded`` (split train/test), CLIP_benchmark's ``wds`` layout (``SPLIT/nshards.txt``; local or s3://),
-    a folder (ImageFolder; ``SPLIT/`` inside it if present), shards (a folder with sizes.json, .tar, brace
-    pattern, s3://), or a .csv of image paths and captions."""
+    """``embedded`` or ``sklearn-digits`` (split train/test), CLIP_benchmark's ``wds`` layout
+    (``SPLIT/nshards.txt``; local or s3://), a folder (ImageFolder; ``SPLIT/`` inside it if present), shards (a
+    folder with sizes.json, .tar, brace pattern, s3://), or a .csv of image paths and captions."""
     if source == "embedded":
         images = embedded_set(split)
+    elif source == "sklearn-digits":
+        images = sklearn_digits_set(split)
     elif source.endswith(".csv"):
         images = caption_csv_set(Path(source))
     elif is_wds_set(source, split):

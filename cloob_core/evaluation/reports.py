@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from cloob_core import storage
-from cloob_core.config import ConfigError
+from cloob_core.config import SUITE_RESULT, TASK_RESULTS, ConfigError
 from cloob_core.io import atomic_write, read_json, read_json_or, write_json, write_text
 from cloob_core.plots import save_png
 
@@ -39,7 +39,7 @@ def write_result(output: Path, record: dict, plots: Sequence[str] = ()) -> Path:
                      "pretrained": record["pretrained"],
                      "scalars": combined[name]}
     write_json(output / ".report.json", entries)
-    write_text(output / "report.md", _markdown(entries))
+    write_text(output / "report.md", _markdown(entries, {}))
     return output / f"{name}.json"
 
 
@@ -49,10 +49,13 @@ class Report:
     metrics: dict[str, dict]  # the scalars of each result (data set x task), as in OUTPUT/metrics.json
 
 
-def combine_reports(inputs: Sequence[Path], output: Path) -> Report:
-    """One report over several evaluation folders (the DVC pipeline runs each task into its own, since DVC outputs
-    may not overlap): their scalars in ``OUTPUT/metrics.json``, their records in ``OUTPUT/results/``, their plots
-    in ``OUTPUT/figures/`` (a folder DVC shows as image plots), and ``OUTPUT/report.md`` linking both."""
+def combine_reports(inputs: Sequence[Path], output: Path, *, keep: set[str] | None = None,
+                    suite: dict[str, dict[str, float]] | None = None) -> Report:
+    """One report over several evaluation folders (the DVC pipeline evaluates each data set into its own, since
+    DVC outputs may not overlap; the Kubeflow pipelines each data set x task): their scalars in
+    ``OUTPUT/metrics.json``, their records in ``OUTPUT/results/``, their plots in ``OUTPUT/figures/`` (a folder DVC
+    shows as image plots), and ``OUTPUT/report.md`` linking both. ``keep``: only these results; ``suite``: results
+    computed over the others (the suite's aggregates)."""
     storage.ensure_folder(output)
     entries: dict[str, dict] = {}
     for folder in inputs:
@@ -61,21 +64,22 @@ def combine_reports(inputs: Sequence[Path], output: Path) -> Report:
             raise ConfigError(f"{folder} holds no evaluation results (no .report.json); run `cloob eval` into it "
                               "first")
         for name, entry in found.items():
+            if keep is not None and name not in keep:
+                continue
             if name in entries:
                 raise ConfigError(f"result {name} appears in two input folders")
-            moved = {**entry, "record": f"results/{entry['record']}", "plots": [f"figures/{p}" for p in entry["plots"]]}
+            moved = {**entry, "record": f"results/{Path(entry['record']).name}",
+                     "plots": [f"figures/{Path(p).name}" for p in entry["plots"]]}
             for source, target in zip((entry["record"], *entry["plots"]), (moved["record"], *moved["plots"]),
                                       strict=True):
                 atomic_write(output / target, lambda tmp, src=folder / source: shutil.copyfile(src, tmp))
             entries[name] = moved
     combined = {name: entry["scalars"] for name, entry in sorted(entries.items())}
+    combined.update(suite or {})
     write_json(output / "metrics.json", combined)
-    write_text(output / "report.md", _markdown(entries))
+    write_json(output / ".report.json", entries)  # so a combined report can be combined again
+    write_text(output / "report.md", _markdown(entries, suite or {}))
     return Report(output, combined)
-
-
-HEADLINE = ("top1", "mean_per_class_recall", "lambda_", "image_to_text_R@1", "text_to_image_R@1",
-            "effective_eigenvalues_image", "effective_eigenvalues_text", "positive_probability_p1")
 
 
 def read_metrics(path: str | Path) -> dict[str, dict]:
@@ -90,78 +94,125 @@ def read_metrics(path: str | Path) -> dict[str, dict]:
     return metrics
 
 
-def summary_table(combined: dict[str, dict]) -> str:
-    """The headline numbers of each result, one line each, for a terminal."""
-    lines = ["evaluation summary"]
-    width = max((len(name) for name in combined), default=0)
-    for name, scalars in combined.items():
-        shown = [(key, scalars[key]) for key in HEADLINE if key in scalars]
-        cells = [f"{key} {100 * value:.2f}%" if key in ("top1", "mean_per_class_recall") or "R@" in key
-                 else f"{key} {value:.4g}" for key, value in shown]
-        lines.append(f"  {name:<{width}}  " + ", ".join(cells))
-    return "\n".join(lines)
+# (result kind, scalar, column title): each data set's headline, in summaries and comparisons of runs
+COLUMNS = (("zeroshot_classification", "acc1", "zero-shot acc1"), ("linear_probe", "lp_acc1", "linear-probe acc1"),
+           ("zeroshot_retrieval", "text_retrieval_recall@1", "image->text R@1"),
+           ("zeroshot_retrieval", "image_retrieval_recall@1", "text->image R@1"),
+           ("diagnostics", "effective_eigenvalues_image", "effective eigenvalues (image)"))
 
 
-# (task suffix of a result name, scalar, column title): what a comparison of runs shows
-COMPARED = (("zeroshot_classification", "top1", "zero-shot top-1"), ("linear_probe", "top1", "linear-probe top-1"),
-            ("zeroshot_retrieval", "image_to_text_R@1", "image->text R@1"),
-            ("zeroshot_retrieval", "text_to_image_R@1", "text->image R@1"),
-            ("diagnostics", "effective_eigenvalues_image", "effective eigenvalues (image)"))
+def _as_percent(key: str) -> bool:
+    """Accuracies and recalls (and aggregates of them, by their names) are shown as percentages."""
+    return "acc" in key or "recall" in key
+
+
+def _cell(key: str, value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{100 * value:.2f}%" if _as_percent(key) else f"{value:.4g}"
 
 
 def _datasets(combined: dict[str, dict]) -> list[str]:
-    """The data sets a report has results for (result names are ``<data set>_<task>``)."""
-    tasks = {task for task, _, _ in COMPARED}
-    return sorted({name[: -len(task) - 1] for name in combined for task in tasks if name.endswith(f"_{task}")})
+    """The data sets a report has results for (result names are ``<data set>_<result>``)."""
+    kinds = set(TASK_RESULTS.values())
+    return sorted({name[: -len(kind) - 1] for name in combined for kind in kinds if name.endswith(f"_{kind}")})
 
 
 def comparison_rows(runs: dict[str, dict[str, dict]]) -> tuple[list[str], list[list[str]], dict[str, list[float]]]:
     """Runs (label -> a report's metrics.json) side by side: the header, one row per (run, data set), and the
-    zero-shot and linear-probe numbers per column. Percentages for accuracies and recalls."""
-    header = ["run", "data set", *(title for _, _, title in COMPARED)]
-    rows, numbers = [], {title: [] for _, _, title in COMPARED[:2]}
+    zero-shot and linear-probe numbers per column (in %)."""
+    header = ["run", "data set", *(title for _, _, title in COLUMNS)]
+    rows, numbers = [], {title: [] for _, _, title in COLUMNS[:2]}
     for label, combined in runs.items():
         for dataset in _datasets(combined):
             cells = [label, dataset]
-            for task, key, title in COMPARED:
-                value = combined.get(f"{dataset}_{task}", {}).get(key)
-                if value is None:
-                    cells.append("-")
-                    continue
-                cells.append(f"{100 * value:.2f}%" if "R@" in key or key == "top1" else f"{value:.4g}")
-                if title in numbers:
+            for kind, key, title in COLUMNS:
+                value = combined.get(f"{dataset}_{kind}", {}).get(key)
+                cells.append(_cell(key, value))
+                if title in numbers and value is not None:
                     numbers[title].append(100 * value)
             rows.append(cells)
     return header, rows, numbers
 
 
+def suite_rows(runs: dict[str, dict[str, dict]]) -> tuple[list[str], list[list[str]]]:
+    """The suite's aggregates of each run: the header (run, then each aggregate) and one row per run."""
+    names = list(dict.fromkeys(name for combined in runs.values() for name in combined.get(SUITE_RESULT, {})))
+    rows = [[label, *(_cell(name, runs[label].get(SUITE_RESULT, {}).get(name)) for name in names)]
+            for label in runs if runs[label].get(SUITE_RESULT)]
+    return ["run", *(f"{SUITE_RESULT}.{name}" for name in names)], rows
+
+
+def _aligned(header: list[str], rows: list[list[str]], indent: str = "  ") -> list[str]:
+    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
+    return [indent + "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+            for row in (header, *rows)]
+
+
+def summary_table(combined: dict[str, dict]) -> str:
+    """Each data set's headline numbers and the suite's aggregates, for a terminal."""
+    header, rows, _ = comparison_rows({"": combined})
+    lines = ["evaluation summary", *_aligned(header[1:], [row[1:] for row in rows])]
+    suite = combined.get(SUITE_RESULT, {})
+    if suite:
+        lines.append(f"suite means over {len(rows)} data sets")
+        lines += _aligned(["aggregate", "value"], [[f"{SUITE_RESULT}.{name}", _cell(name, value)]
+                                                   for name, value in suite.items()])
+    return "\n".join(lines)
+
+
+def _markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(r) + " |" for r in rows)]
+
+
 def comparison_markdown(runs: dict[str, dict[str, dict]]) -> str:
     header, rows, _ = comparison_rows(runs)
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    lines = _markdown_table(header, rows)
+    suite_header, suite = suite_rows(runs)
+    if suite:
+        lines += ["", *_markdown_table(suite_header, suite)]
     return "\n".join(lines) + "\n"
 
 
 def comparison_png(path: Path, runs: dict[str, dict[str, dict]]) -> str:
-    """Grouped bars: zero-shot and linear-probe top-1 of each run (first data set of each)."""
+    """Grouped bars per run: the suite's aggregates where the runs have them, else zero-shot and linear-probe
+    top-1 of each run's first data set."""
     import matplotlib.pyplot as plt
 
-    first = {label: _datasets(combined)[0] for label, combined in runs.items() if _datasets(combined)}
-    labels = list(first)
+    labels = list(runs)
+    names = list(dict.fromkeys(name for combined in runs.values() for name in combined.get(SUITE_RESULT, {})))
+    if names:
+        series = {f"{SUITE_RESULT}.{name}": [runs[label].get(SUITE_RESULT, {}).get(name) for label in labels]
+                  for name in names}
+        title = "suite means per run"
+    else:
+        first = {label: (_datasets(combined) or [""])[0] for label, combined in runs.items()}
+        series = {title: [runs[label].get(f"{first[label]}_{kind}", {}).get(key) for label in labels]
+                  for kind, key, title in COLUMNS[:2]}
+        title = f"runs side by side ({first[labels[0]]})" if labels else "no runs"
     fig, ax = plt.subplots(figsize=(max(5, 1.4 * len(labels) + 2), 3.6))
-    for offset, (task, key, title) in enumerate(COMPARED[:2]):
-        values = [100 * (runs[label].get(f"{first[label]}_{task}", {}).get(key) or 0.0) for label in labels]
-        bars = ax.bar([i + (offset - 0.5) * 0.38 for i in range(len(labels))], values, width=0.38, label=title)
+    width = 0.8 / max(len(series), 1)
+    for offset, (name, values) in enumerate(series.items()):
+        shown = [100 * v if v is not None and _as_percent(name) else (v or 0.0) for v in values]
+        bars = ax.bar([i + (offset - (len(series) - 1) / 2) * width for i in range(len(labels))], shown, width=width,
+                      label=name)
         ax.bar_label(bars, fmt="%.1f", fontsize=8)
     ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right")
-    ax.set_ylabel("accuracy (%)")
-    ax.set_title(f"objectives side by side ({first[labels[0]]})" if labels else "no runs")
+    ax.set_ylabel("% (accuracies and recalls)")
+    ax.set_title(title)
     ax.legend(loc="lower right", fontsize=8)
     return _save(fig, path)
 
 
-def _markdown(entries: dict[str, dict]) -> str:
+def _markdown(entries: dict[str, dict], suite: dict[str, dict[str, float]]) -> str:
     lines = ["# Evaluation report", ""]
+    combined = {name: entry["scalars"] for name, entry in entries.items()} | suite
+    header, rows, _ = comparison_rows({"": combined})
+    if len(rows) > 1 or suite:
+        lines += ["## Summary", "", *_markdown_table(header[1:], [row[1:] for row in rows]), ""]
+    suite_header, suite_table = suite_rows({"": combined})
+    if suite_table:
+        lines += [*_markdown_table(["", *suite_header[1:]], [["suite mean", *suite_table[0][1:]]]), ""]
     for name, entry in sorted(entries.items()):
         lines += [f"## {name}", "", f"model `{entry['model']}` from `{entry['pretrained']}`; "
                   f"full result: [{entry['record']}]({entry['record']})", "", "| metric | value |", "|---|---|"]

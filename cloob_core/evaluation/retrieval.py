@@ -1,8 +1,8 @@
 """Image-text retrieval with any number of captions per image (COCO/Flickr style, as CLIP_benchmark scores it).
 
-Text -> image: each caption has one correct image. Image -> text: an image is found at rank r when the best
-ranked of its captions is at r. A rank is 1 + the number of candidates scored strictly higher than the correct
-one, so ties do not penalise.
+Text -> image ("image retrieval" in CLIP_benchmark's metric names): each caption has one correct image.
+Image -> text ("text retrieval"): an image is found at rank r when the best ranked of its captions is at r. A rank
+is 1 + the number of candidates scored strictly higher than the correct one, so ties do not penalise.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ KS = (1, 5, 10)
 
 def _summary(ranks: Tensor, prefix: str) -> dict[str, float]:
     ranks = ranks.double()
-    out = {f"{prefix}_R@{k}": float((ranks <= k).double().mean()) for k in KS}
+    out = {f"{prefix}_recall@{k}": float((ranks <= k).double().mean()) for k in KS}
     out[f"{prefix}_mean_rank"] = float(ranks.mean())
     out[f"{prefix}_median_rank"] = float(ranks.median())
     return out
@@ -47,4 +47,4 @@ def retrieval_metrics(image_features: Tensor, text_features: Tensor, text_to_ima
             raise ValueError("every image needs at least one caption")
         best_correct = scores.masked_fill(~owner, float("-inf")).max(dim=1, keepdim=True).values
         best_image_rank[start : start + images.shape[0]] = (1 + (scores > best_correct).sum(dim=1)).cpu()
-    return {**_summary(text_ranks, "text_to_image"), **_summary(best_image_rank, "image_to_text")}
+    return {**_summary(text_ranks, "image_retrieval"), **_summary(best_image_rank, "text_retrieval")}

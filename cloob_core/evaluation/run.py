@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 from cloob_core import storage
 from cloob_core.config import ConfigError
 from cloob_core.evaluation import tasks
+from cloob_core.evaluation.features import Encoding
 from cloob_core.evaluation.inputs import EvalModel, ImageSet, load_images, load_model
 
 
@@ -30,15 +31,26 @@ class ModelSource:
 
 @dataclass(frozen=True)
 class EvalOptions:
-    """Settings every task shares: class names/templates, the label field of shards, the feature cache."""
+    """Settings every task shares: class names/templates, the label field of shards, the name results go under
+    (a suite entry's; None: from the source), the feature cache and batch size."""
 
     classnames: str | None = None
     label_key: str = "label"
+    name: str | None = None
     cache: Path | None = None  # None: no feature cache
+    batch_size: int = 256
     progress: bool = True
+    shared_features: Path | None = None  # features computed ahead, only read
 
     def images(self, source: str, split: str) -> ImageSet:
-        return load_images(source, split=split, label_key=self.label_key, class_file=self.classnames)
+        images = load_images(source, split=split, label_key=self.label_key, class_file=self.classnames)
+        if self.name is not None:
+            images.name = self.name
+        return images
+
+    @property
+    def encoding(self) -> Encoding:
+        return Encoding(self.cache, self.batch_size, self.progress, self.shared_features)
 
 
 @dataclass
@@ -67,18 +79,18 @@ class ZeroShotTask:
         result = EvalResult(self.name, output)
         test_sets = [options.images(data, self.split) for data in self.data]
         for images in test_sets:
-            metrics = tasks.zeroshot(model, images, output, options.cache, self.hopfield_beta, options.progress)
-            top_k = next((key for key in metrics if key.startswith("top") and key != "top1"), "top1")
+            metrics = tasks.zeroshot(model, images, output, options.encoding, self.hopfield_beta)
+            top_k = next((key for key in metrics if key.startswith("acc") and key != "acc1"), "acc1")
             result.metrics[images.name] = metrics
             result.lines.append(
-                f"{images.name} zero-shot ({metrics['embeddings']} embeddings): top-1 {100 * metrics['top1']:.2f}%, "
+                f"{images.name} zero-shot ({metrics['embeddings']} embeddings): top-1 {100 * metrics['acc1']:.2f}%, "
                 f"top-{top_k[3:]} {100 * metrics[top_k]:.2f}%, mean per-class recall "
                 f"{100 * metrics['mean_per_class_recall']:.2f}% (chance {100 * metrics['chance']:.1f}%)")
         if len(test_sets) > 1:
             name = self.mean_name or "mean"
             mean = tasks.mean_over_test_sets(model, test_sets, output, name)
             result.metrics[name] = mean
-            result.lines.append(f"{name} over {len(test_sets)} test sets: top-1 {100 * mean['top1']:.2f}%")
+            result.lines.append(f"{name} over {len(test_sets)} test sets: top-1 {100 * mean['acc1']:.2f}%")
         return result
 
 
@@ -107,9 +119,10 @@ class LinearProbeTask:
             raise ConfigError(f"the linear probe's test images would be its training images ({train.name}): give "
                               "--test-data, or a folder with train/ and test/ inside")
         validation = options.images(self.val_data, self.val_split) if self.val_data else None
-        metrics = tasks.linear_probe_task(model, train, test, output, options.cache, validation=validation,
-                                           few_shot=self.few_shot, seed=self.seed, progress=options.progress)
-        line = (f"{test.name} linear probe: top-1 {100 * metrics['top1']:.2f}% with lambda {metrics['lambda_']:.3g} "
+        metrics = tasks.linear_probe_task(model, train, test, output, options.encoding, validation=validation,
+                                           few_shot=self.few_shot, seed=self.seed)
+        line = (f"{test.name} linear probe: top-1 {100 * metrics['lp_acc1']:.2f}% with lambda "
+                f"{metrics['lambda_']:.3g} "
                 f"(validation {100 * metrics['validation_accuracy']:.2f}%, {metrics['train_size']} training images)")
         return EvalResult(self.name, output, {test.name: metrics}, [line])
 
@@ -141,11 +154,11 @@ class RetrievalTask(_OneSetTask):
     name: ClassVar[str] = "retrieval"
 
     def measure(self, model: EvalModel, images: ImageSet, options: EvalOptions, output: Path) -> dict[str, Any]:
-        return tasks.retrieval(model, images, output, options.cache, options.progress)
+        return tasks.retrieval(model, images, output, options.encoding)
 
     def line(self, metrics: dict[str, Any]) -> str:
         return (f"retrieval ({metrics['images']} images, {metrics['captions']} captions): "
-                + ", ".join(f"{k} {100 * v:.1f}%" for k, v in metrics.items() if "R@" in k))
+                + ", ".join(f"{k} {100 * v:.1f}%" for k, v in metrics.items() if "recall@" in k))
 
 
 @dataclass(frozen=True)
@@ -155,7 +168,7 @@ class DiagnosticsTask(_OneSetTask):
     name: ClassVar[str] = "diagnostics"
 
     def measure(self, model: EvalModel, images: ImageSet, options: EvalOptions, output: Path) -> dict[str, Any]:
-        return tasks.diagnostics(model, images, output, options.cache, progress=options.progress)
+        return tasks.diagnostics(model, images, output, options.encoding)
 
     def line(self, metrics: dict[str, Any]) -> str:
         return (f"diagnostics: effective eigenvalues image {metrics['effective_eigenvalues_image']}, text "

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from cloob_core.evaluation import diagnostics as diag
-from cloob_core.evaluation.features import class_embeddings, image_features, text_features
+from cloob_core.evaluation.features import Encoding, class_embeddings, image_features, text_features
 from cloob_core.evaluation.inputs import EvalModel, ImageSet
 from cloob_core.evaluation.linear_probe import accuracy, few_shot_indices, linear_probe
 from cloob_core.evaluation.reports import (
@@ -45,13 +45,13 @@ def _record(model: EvalModel, images: ImageSet, task: str, metrics: dict[str, An
     return benchmark_record(images.name, model.architecture, model.source, task, metrics)
 
 
-def zeroshot(model: EvalModel, images: ImageSet, output: Path, cache: Path | None, hopfield_beta: float | None = None,
-             progress: bool = True) -> dict[str, Any]:
+def zeroshot(model: EvalModel, images: ImageSet, output: Path, encoding: Encoding,
+             hopfield_beta: float | None = None) -> dict[str, Any]:
     """Prompt-ensemble zero-shot classification. With ``hopfield_beta``, image and class embeddings are first
     retrieved from the memory of the evaluated images' embeddings (U_x against U_y, as in Eq. 5)."""
     _need(images, "labels", "classnames", "templates")
-    features = image_features(model, images, cache, progress=progress)
-    classes = class_embeddings(model, images.classnames, images.templates, cache)
+    features = image_features(model, images, encoding)
+    classes = class_embeddings(model, images.classnames, images.templates, encoding)
     if hopfield_beta is not None:
         features, classes = (hopfield_retrieval(features, features, hopfield_beta),
                              hopfield_retrieval(classes, features, hopfield_beta))
@@ -76,35 +76,38 @@ def mean_over_test_sets(model: EvalModel, test_sets: list[ImageSet], output: Pat
     per_set = {images.name: read_json(output / f"{images.name}_{task}.json")["metrics"]
                for images in test_sets}
     keys = [key for key in next(iter(per_set.values()))
-            if (key.startswith("top") or key == "mean_per_class_recall") and all(key in m for m in per_set.values())]
+            if (key.startswith("acc") or key == "mean_per_class_recall") and all(key in m for m in per_set.values())]
     metrics: dict[str, Any] = {key: statistics.fmean(m[key] for m in per_set.values()) for key in keys}
     metrics["test_sets"] = {set_name: {k: m[k] for k in keys if k in m} for set_name, m in per_set.items()}
     write_result(output, benchmark_record(name, model.architecture, model.source, task, metrics))
     return metrics
 
 
-def linear_probe_task(model: EvalModel, train: ImageSet, test: ImageSet, output: Path, cache: Path | None, *,
-                       validation: ImageSet | None = None, few_shot: int | None = None, seed: int = 0,
-                       progress: bool = True) -> dict[str, Any]:
+def linear_probe_task(model: EvalModel, train: ImageSet, test: ImageSet, output: Path, encoding: Encoding, *,
+                       validation: ImageSet | None = None, few_shot: int | None = None,
+                       seed: int = 0) -> dict[str, Any]:
+    """CLIP's linear probe; its accuracies under CLIP_benchmark's names (``lp_acc1``, ``lp_acc5``,
+    ``lp_mean_per_class_recall``), the other figures as zero-shot classification names them."""
     for images in (train, test, *( [validation] if validation else [])):
         _need(images, "labels")
     num_classes = max(max(train.labels), max(test.labels)) + 1
-    train_x = image_features(model, train, cache, progress=progress)
+    train_x = image_features(model, train, encoding)
     train_y = torch.tensor(train.labels)
     if few_shot:
         keep = few_shot_indices(train_y, few_shot, torch.Generator().manual_seed(seed))
         train_x, train_y = train_x[keep], train_y[keep]
-    test_x, test_y = image_features(model, test, cache, progress=progress), torch.tensor(test.labels)
+    test_x, test_y = image_features(model, test, encoding), torch.tensor(test.labels)
     val_x = val_y = None
     if validation is not None:
-        val_x, val_y = image_features(model, validation, cache, progress=progress), torch.tensor(validation.labels)
+        val_x, val_y = image_features(model, validation, encoding), torch.tensor(validation.labels)
     fit, search = linear_probe(train_x, train_y, num_classes, val_x=val_x, val_y=val_y, seed=seed)
     scores = fit.predict_scores(test_x)
-    metrics = classification_metrics(scores, test_y, num_classes)
+    metrics = {f"lp_{key}" if key.startswith("acc") or key == "mean_per_class_recall" else key: value
+               for key, value in classification_metrics(scores, test_y, num_classes).items()}
     metrics.update(lambda_=search.lam, validation_accuracy=search.validation_accuracy,
                    lambda_search={f"{k:.3g}": v for k, v in search.tried.items()}, train_size=len(train_y),
                    few_shot=few_shot or 0)
-    metrics["top1_check"] = accuracy(fit, test_x, test_y)
+    metrics["lp_acc1_check"] = accuracy(fit, test_x, test_y)
     output.mkdir(parents=True, exist_ok=True)
     names = test.classnames or [str(c) for c in range(num_classes)]
     task = "linear_probe"
@@ -114,32 +117,31 @@ def linear_probe_task(model: EvalModel, train: ImageSet, test: ImageSet, output:
     return metrics
 
 
-def _pairs(model: EvalModel, images: ImageSet, cache: Path | None, progress: bool):
+def _pairs(model: EvalModel, images: ImageSet, encoding: Encoding):
     if images.captions is None and None not in (images.labels, images.classnames, images.templates):
         # a labelled set without captions (an ImageFolder): its class prompt is every image's caption
         images.captions = [[images.templates[0].format(images.classnames[label])] for label in images.labels]
         log.info("%s has no captions: using '%s' with each image's class name", images.name, images.templates[0])
     _need(images, "captions")
-    image_x = image_features(model, images, cache, progress=progress)
+    image_x = image_features(model, images, encoding)
     texts = [caption for captions in images.captions for caption in captions]
     owner = torch.tensor([i for i, captions in enumerate(images.captions) for _ in captions])
-    text_y = text_features(model, texts, cache, f"captions|{images.identity}")
+    text_y = text_features(model, texts, encoding, f"captions|{images.identity}")
     return image_x, text_y, owner
 
 
-def retrieval(model: EvalModel, images: ImageSet, output: Path, cache: Path | None,
-              progress: bool = True) -> dict[str, Any]:
-    image_x, text_y, owner = _pairs(model, images, cache, progress)
+def retrieval(model: EvalModel, images: ImageSet, output: Path, encoding: Encoding) -> dict[str, Any]:
+    image_x, text_y, owner = _pairs(model, images, encoding)
     metrics = retrieval_metrics(image_x, text_y, owner)
     metrics.update(images=len(image_x), captions=len(text_y))
     write_result(output, _record(model, images, "zeroshot_retrieval", metrics))
     return metrics
 
 
-def diagnostics(model: EvalModel, images: ImageSet, output: Path, cache: Path | None, top_k: int = 10,
-                progress: bool = True) -> dict[str, Any]:
+def diagnostics(model: EvalModel, images: ImageSet, output: Path, encoding: Encoding,
+                top_k: int = 10) -> dict[str, Any]:
     """The paper's embedding analyses on matched image-caption pairs (the first caption of each image)."""
-    image_x, text_y, owner = _pairs(model, images, cache, progress)
+    image_x, text_y, owner = _pairs(model, images, encoding)
     first = torch.tensor([int(torch.nonzero(owner == i)[0]) for i in range(len(image_x))])
     text_x = text_y[first]
     spectra = {"image": diag.eigen_spectrum(image_x), "text": diag.eigen_spectrum(text_x)}

@@ -14,7 +14,8 @@ def ensemble(prompt_embeddings: Tensor) -> Tensor:
 
 
 def classification_metrics(scores: Tensor, labels: Tensor, num_classes: int) -> dict[str, object]:
-    """Top-1, top-k (k = min(5, C)), mean per-class recall and per-class accuracy from ``[N, C]`` scores."""
+    """Accuracy at 1 and at k = min(5, C), mean per-class recall and per-class accuracy from ``[N, C]`` scores,
+    under CLIP_benchmark's names (``acc1``, ``acc5``, ``mean_per_class_recall``) so its tables read ours."""
     labels = labels.to(scores.device)
     k = min(5, num_classes)
     topk = scores.topk(k, dim=-1).indices
@@ -27,9 +28,9 @@ def classification_metrics(scores: Tensor, labels: Tensor, num_classes: int) -> 
     confusion = torch.zeros(num_classes, num_classes, dtype=torch.long)
     confusion.index_put_((labels.cpu(), predicted.cpu()), torch.ones_like(labels.cpu()), accumulate=True)
     return {
-        "top1": float((predicted == labels).float().mean()),
+        "acc1": float((predicted == labels).float().mean()),
         "confusion_matrix": confusion.tolist(),  # rows: true class, columns: predicted class
-        f"top{k}": float((topk == labels[:, None]).any(dim=-1).float().mean()),
+        f"acc{k}": float((topk == labels[:, None]).any(dim=-1).float().mean()),
         "mean_per_class_recall": float(np.nanmean(recalls)),
         "per_class_accuracy": per_class,
         "chance": 1.0 / num_classes,

@@ -146,42 +146,74 @@ def train_multinode(params: Params, shards_dir: str, shards_uri: str, output_dir
     return _record_training(read_json(Path(output_dir) / "metrics.json"), model, metrics)
 
 
-def evaluate(task: str, model_dir: str, output_dir: str) -> dict[str, dict[str, Any]]:
-    """One evaluation task with its default settings (the embedded held-out split); its metrics by data set."""
-    from cloob_core.evaluation.run import TASKS, EvalOptions, ModelSource
-    from cloob_core.evaluation.run import evaluate as evaluate_stage
+def plan_evaluation(params: Params) -> list[str]:
+    """The suite's data sets, every entry checked (its source there, its class list known) before any model is
+    loaded: the Kubeflow pipelines fan out over this list."""
+    from cloob_core.evaluation.suite import plan_suite
 
-    if task not in TASKS:
-        raise StageError(f"unknown evaluation task {task!r}; choose one of {sorted(TASKS)}")
-    result = evaluate_stage(TASKS[task](), ModelSource(model=model_dir), output_dir, EvalOptions(progress=False))
+    return list(plan_suite(_config(params).eval))
+
+
+def prepare_features(params: Params, dataset: str, model_dir: str, features_dir: str) -> list[str]:
+    """The image features of one data set, computed once for all its task steps; returns its tasks."""
+    from cloob_core.evaluation.run import ModelSource
+    from cloob_core.evaluation.suite import prepare_features as prepare
+
+    return prepare(_config(params).eval, dataset, ModelSource(model=model_dir), features_dir, progress=False)
+
+
+def evaluate(params: Params, dataset: str, task: str, model_dir: str, output_dir: str,
+             features_dir: str | None = None) -> dict[str, dict[str, Any]]:
+    """One task on one data set of the suite, into ``output_dir/<data set>``; its metrics by result name."""
+    from cloob_core.evaluation.run import ModelSource
+    from cloob_core.evaluation.suite import evaluate_suite
+
+    (result,) = evaluate_suite(_config(params).eval, ModelSource(model=model_dir), output_dir, datasets=[dataset],
+                               tasks=[task], shared_features=Path(features_dir) if features_dir else None,
+                               progress=False)
     for line in result.lines:
         log.info("%s", line)
     return result.metrics
 
 
-def report(eval_dirs: Sequence[str], output_dir: str, metrics: Any = None, markdown_path: str | None = None,
-           classification: Any = None) -> dict[str, dict]:
-    """The combined report, then its scalars onto a KFP ``Metrics`` artifact, the Markdown page onto a
-    ``Markdown`` artifact and the first zero-shot confusion matrix onto a ``ClassificationMetrics`` one."""
-    from cloob_core.evaluation.reports import combine_reports, summary_table
+def collect_dataset(dataset: str, part_dirs: Sequence[str], output_dir: str, metrics: Any = None,
+                    classification: Any = None) -> dict[str, dict]:
+    """One data set's task results in one folder; its scalars onto a KFP ``Metrics`` artifact and its zero-shot
+    confusion matrix onto a ``ClassificationMetrics`` one (a data set without zero-shot leaves it empty)."""
+    from cloob_core.evaluation.reports import combine_reports
 
-    combined = combine_reports([Path(folder) for folder in eval_dirs], Path(output_dir)).metrics
-    log.info("%s", summary_table(combined))
+    combined = combine_reports([Path(folder) / dataset for folder in part_dirs], Path(output_dir)).metrics
+    _log_metrics(combined, metrics)
+    if classification is not None:
+        for record in sorted((Path(output_dir) / "results").glob("*_zeroshot_classification.json")):
+            result = read_json(record)["metrics"]
+            matrix = result.get("confusion_matrix")
+            if matrix:
+                names = result.get("classnames") or [str(i) for i in range(len(matrix))]
+                classification.log_confusion_matrix(list(names), [list(map(int, row)) for row in matrix])
+    return combined
+
+
+def _log_metrics(combined: dict[str, dict], metrics: Any) -> None:
     if metrics is not None:
         for name, scalars in combined.items():
             for key, value in scalars.items():
                 metrics.log_metric(f"{name}.{key}", float(value))
+
+
+def report(params: Params, dataset_dirs: Sequence[str], output_dir: str, metrics: Any = None,
+           markdown_path: str | None = None) -> dict[str, dict]:
+    """The suite's report over the data sets' folders: every result and the suite means onto a KFP ``Metrics``
+    artifact, the Markdown page onto a ``Markdown`` one."""
+    from cloob_core.evaluation.reports import summary_table
+    from cloob_core.evaluation.suite_report import suite_report
+
+    combined = suite_report(_config(params).eval, dataset_dirs, output_dir).metrics
+    log.info("%s", summary_table(combined))
+    _log_metrics(combined, metrics)
     if markdown_path:
         Path(markdown_path).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(Path(output_dir) / "report.md", markdown_path)
-    if classification is not None:
-        for record in sorted((Path(output_dir) / "results").glob("*_zeroshot_classification.json")):
-            result = read_json(record)
-            matrix = result["metrics"].get("confusion_matrix")
-            names = result["metrics"].get("classnames") or [str(i) for i in range(len(matrix or []))]
-            if matrix:
-                classification.log_confusion_matrix(list(names), [list(map(int, row)) for row in matrix])
-                break
     return combined
 
 

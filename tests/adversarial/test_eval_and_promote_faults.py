@@ -100,11 +100,11 @@ def _candidate(tmp_path: Path, top1: object) -> tuple[Path, Path]:
     (model / "open_clip_model.pt").write_bytes(b"weights")
     (model / "model_info.json").write_text("{}")
     metrics = tmp_path / "metrics.json"
-    metrics.write_text(json.dumps({"set_zeroshot_classification": {"top1": top1}}))
+    metrics.write_text(json.dumps({"mnist_zeroshot_classification": {"acc1": top1}}))
     return model, metrics
 
 
-PROMOTE = ["--metric", "set_zeroshot_classification.top1", "--guards", "{}"]
+PROMOTE = ["--metric", "mnist_zeroshot_classification.acc1", "--guards", "{}"]
 
 
 def test_a_nan_candidate_is_not_promoted_and_production_is_untouched(capsys, tmp_path):

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-METRIC = "set_zeroshot_classification.top1"
-GUARD = "set_linear_probe.top1"
+METRIC = "mnist_zeroshot_classification.acc1"
+GUARD = "mnist_linear_probe.lp_acc1"
 TRIALS = 20
 
 # Each process imports everything first, says it is ready, then waits for the start signal, so the gates'
@@ -38,7 +38,8 @@ def candidate(folder: Path, top1: float) -> tuple[Path, Path]:
     (folder / "open_clip_model.pt").write_bytes(os.urandom(256))
     (folder / "model_info.json").write_text("{}")
     report = folder / "metrics.json"
-    report.write_text(json.dumps({"set_zeroshot_classification": {"top1": top1}, "set_linear_probe": {"top1": 0.8}}))
+    report.write_text(json.dumps({"mnist_zeroshot_classification": {"acc1": top1},
+                                  "mnist_linear_probe": {"lp_acc1": 0.8}}))
     return folder, report
 
 
