@@ -327,6 +327,17 @@ def _add_eval_commands(sub: argparse._SubParsersAction) -> None:
     suite.add_argument("--no-progress", action="store_true", help="no progress bars")
     suite.set_defaults(func=_cmd_eval_suite)
 
+    production = eval_sub.add_parser(
+        "production", help="re-evaluate the production model on the suite and record its metrics",
+        description="Fetch the production model of promote.store, evaluate it on the config's eval suite into "
+        "OUTPUT (model/, datasets/, report/) and record its metrics with the suite's fingerprint, so the promotion "
+        "gate compares the next candidate with it on the same suite.")
+    _add_config_options(production)
+    production.add_argument("--output", default="runs/production", help="default: runs/production")
+    production.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    production.add_argument("--no-progress", action="store_true", help="no progress bars")
+    production.set_defaults(func=_cmd_eval_production)
+
     report = eval_sub.add_parser("report", help="one report over several evaluation folders, with a summary",
                                  description="Combine the results of evaluation folders into OUTPUT/metrics.json, "
                                  "OUTPUT/report.md with the plots beside it, and print the summary table. With "
@@ -389,6 +400,18 @@ def _cmd_eval_suite(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_eval_production(args: argparse.Namespace) -> int:
+    from cloob_core.evaluation.reports import summary_table
+    from cloob_core.ops.reevaluation import reevaluate_production
+
+    config = _config_of(args)
+    done = reevaluate_production(config, args.output, device=args.device, progress=not args.no_progress)
+    print(summary_table(done.report.metrics))
+    print(f"recorded production model {done.model_id}'s metrics on suite {done.pointer['suite'][:12]} in "
+          f"{config.promote.store}")
+    return 0
+
+
 def _cmd_eval_report(args: argparse.Namespace) -> int:
     from cloob_core.evaluation.reports import combine_reports, summary_table
     from cloob_core.evaluation.suite_report import suite_report
@@ -413,9 +436,14 @@ def _cmd_promote(args: argparse.Namespace) -> int:
         return 0
     if not args.model:
         raise ConfigError("cloob promote needs --model (or --record-production-metrics)")
+    if args.record_stage:
+        print(promotion.record_production_stage(settings, args.model))
+        return 0
     decision = promotion.promotion_gate(settings, model_dir=args.model, metrics_file=args.metrics,
                                         decision_file=args.output)
     print(decision.summary())
+    if decision.registry:
+        print(decision.registry)
     return 0
 
 
@@ -432,6 +460,9 @@ def _add_promote_command(sub: argparse._SubParsersAction) -> None:
     promote.add_argument("--output", metavar="FILE", help="write the decision as JSON here (e.g. for DVC metrics)")
     promote.add_argument("--record-production-metrics", action="store_true",
                          help="instead: store --metrics as production's current metrics (after re-evaluating it)")
+    promote.add_argument("--record-stage", action="store_true",
+                         help="instead: record the production model --model as GTO stage promote.registry_stage, "
+                         "once its dvc.lock is committed")
     _add_config_options(promote)
     _add_section_flags(promote, "promote")
     promote.set_defaults(func=_cmd_promote)

@@ -383,6 +383,9 @@ class PromoteConfig(_Section):
         default_factory=lambda: {"suite.linear_probe_acc1": 0.01},
         description="Metrics that may not regress by more than their tolerance (RESULT.KEY: tolerance). Keys ending "
         "in _rank count lower as better.")
+    registry_stage: str | None = Field("prod", description="In a git repository whose dvc.yaml declares the model "
+                                       "folder as an artifact, a promotion is also recorded as this GTO stage "
+                                       "(DVC's model registry), once the commit holds the weights (null: no record).")
 
 
 # Named recipes of the paper (§5.1 CC3M, §5.2 YFCC; App. A.2.2). ``--preset`` applies them over the params file

@@ -160,7 +160,8 @@ def test_exported_model_folder_must_be_ours(tmp_path, capsys):
 
 
 def test_packaged_class_names_and_templates():
-    from cloob_core.evaluation.inputs import packaged_class_sets, read_class_file
+    from cloob_core.evaluation.class_sets import packaged_class_sets
+    from cloob_core.evaluation.inputs import read_class_file
 
     sets = packaged_class_sets()
     assert {"imagenet", "imagenet_v2", "cifar10", "pets", "flowers102", "caltech101", "eurosat"} <= set(sets)

@@ -144,6 +144,7 @@ def test_a_data_set_s_tasks_share_features_computed_ahead(evaluated, weights, mo
      "eval.datasets.broken: PHOTOS has no split 'training'"),
     ({"source": "PHOTOS/test", "tasks": ["linear-probe"]}, "the linear probe needs separate train and test images"),
     ({"source": "embedded", "tasks": ["zeroshot", "linearprobe"]}, "eval.datasets.broken.tasks.1: Input should be"),
+    ({"source": "sklearn-digits", "splits": {"test": "val"}}, "sklearn-digits has the splits train and test, not val"),
 ])
 def test_a_broken_entry_fails_before_the_model_loads_and_names_the_entry(photos, tmp_path, capsys, entry, message):
     entry = json.loads(json.dumps(entry).replace("PHOTOS", str(photos)))
@@ -198,3 +199,30 @@ def test_an_aggregate_over_a_metric_a_data_set_lacks_is_named():
         aggregate(settings, {"a_zeroshot_classification": {"acc5": 0.9}, "b_zeroshot_classification": {"acc3": 1.0}})
     assert aggregate(settings, {"a_zeroshot_classification": {"acc5": 0.9},
                                 "b_zeroshot_classification": {"acc5": 0.5}}) == {"top5": pytest.approx(0.7)}
+
+
+def test_the_report_records_the_suite_fingerprint_that_promotion_compares(evaluated, photos, tmp_path):
+    import shutil
+
+    from cloob_core.evaluation.fingerprint import dataset_fingerprint
+    from cloob_core.evaluation.suite_report import suite_fingerprint
+
+    root, params, _ = evaluated
+    recorded = json.loads((root / "report" / "suite.json").read_text())
+    settings = config_from_text(params.read_text()).eval
+    assert set(recorded["datasets"]) == {"photos", "digits"}
+    assert recorded["datasets"]["digits"]["content"]["kind"] == "arrays"
+    assert recorded["datasets"]["photos"]["content"]["kind"] == "stat"
+    assert recorded["datasets"]["photos"]["classnames"]["digest"]  # the class file's content counts too
+    assert suite_fingerprint(settings, recorded["datasets"])["digest"] == recorded["digest"]
+    # the same data gives the same fingerprint; a changed image, another few-shot K or aggregate another one
+    copy = tmp_path / "photos"
+    shutil.copytree(photos, copy)
+    entry = settings.datasets["photos"].model_copy(update={"source": str(copy)})
+    before = dataset_fingerprint(entry)
+    assert dataset_fingerprint(entry) == before
+    (copy / "test" / "cat" / "0.jpg").write_bytes(photo_bytes(999))
+    assert dataset_fingerprint(entry)["content"] != before["content"]
+    assert dataset_fingerprint(entry.model_copy(update={"few_shot": 4})) != dataset_fingerprint(entry)
+    fewer = settings.model_copy(update={"aggregates": {"zeroshot_acc1": settings.aggregates["zeroshot_acc1"]}})
+    assert suite_fingerprint(fewer, recorded["datasets"])["digest"] != recorded["digest"]

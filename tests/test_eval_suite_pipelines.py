@@ -118,3 +118,8 @@ def test_the_kubeflow_evaluation_pipeline_gives_the_same_metrics_for_the_same_mo
         assert ours[name] == pytest.approx(scalars, rel=1e-6), name
     pointer = json.loads((tmp_path / "store" / "production.json").read_text())
     assert pointer["metrics"]["suite.zeroshot_acc1"] == pytest.approx(dvc["suite"]["zeroshot_acc1"], rel=1e-6)
+    # both pipelines fingerprint the suite alike, so the gate compares their metrics
+    fingerprint = json.loads((report.parent / "suite.json").read_text())
+    assert fingerprint == json.loads((repo / "reports" / "suite.json").read_text())
+    assert pointer["suite"] == fingerprint["digest"]
+    assert fingerprint["datasets"]["pets-wds"]["content"]["kind"] == "etag"

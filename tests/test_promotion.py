@@ -82,6 +82,33 @@ def test_metrics_missing_on_one_side_stop_the_promotion_with_advice(tmp_path):
     assert promotion.promote(model(tmp_path / "c", 3), metrics(0.9, 0.9), settings(store)).promoted
     with pytest.raises(promotion.PromotionError, match="not in the candidate's metrics"):
         promotion.promote(model(tmp_path / "d", 4), {"other": {"top1": 1.0}}, settings(store))
+    # a guard the candidate's evaluation did not produce is an error too, and nothing moves
+    before = (tmp_path / "store" / "production.json").read_bytes()
+    with pytest.raises(promotion.PromotionError, match=f"promote.guards {GUARD}: not in the candidate's metrics"):
+        promotion.promote(model(tmp_path / "e", 5), {"mnist_zeroshot_classification": {"acc1": 0.99}},
+                          settings(store))
+    assert (tmp_path / "store" / "production.json").read_bytes() == before
+
+
+def test_production_metrics_from_another_suite_are_not_compared(tmp_path):
+    store = str(tmp_path / "store")
+    suite_a, suite_b = {"digest": "a" * 64, "datasets": {}}, {"digest": "b" * 64, "datasets": {}}
+    first = promotion.promote(model(tmp_path / "a", 1), metrics(0.5, 0.8), settings(store), suite_a)
+    assert first.promoted and json.loads((tmp_path / "store" / "production.json").read_text())["suite"] == "a" * 64
+    stored = tmp_path / "store" / "models" / first.candidate / "suite.json"
+    assert json.loads(stored.read_text()) == suite_a
+    candidate = model(tmp_path / "b", 2)
+    other = promotion.promote(candidate, metrics(0.9, 0.9), settings(store), suite_b)
+    assert not other.promoted and "re-evaluate production first" in other.reason and "suite aaaaaaaaaaaa" in \
+        other.reason and other.production_value is None  # no comparison was made
+    unfingerprinted = promotion.promote(model(tmp_path / "c", 3), metrics(0.9, 0.9), settings(store))
+    assert not unfingerprinted.promoted and "no suite fingerprint" in unfingerprinted.reason
+    # the evaluation pipeline re-evaluates production on suite b: its metrics replace the earlier ones
+    pointer = promotion.record_production_metrics(store, {"mnist_zeroshot_classification": {"acc1": 0.45},
+                                                          "mnist_linear_probe": {"lp_acc1": 0.8}}, suite_b)
+    assert pointer["suite"] == "b" * 64 and pointer["metrics"] == {METRIC: 0.45, GUARD: 0.8}
+    again = promotion.promote(candidate, metrics(0.9, 0.9), settings(store), suite_b)
+    assert again.promoted and again.improvement == pytest.approx(0.45)
 
 
 def test_cli_reports_a_failed_gate_as_a_normal_outcome(tmp_path, capsys):

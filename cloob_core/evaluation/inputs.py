@@ -12,7 +12,6 @@ import logging
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +22,12 @@ from torch import Tensor
 
 from cloob_core import storage
 from cloob_core.config import ConfigError
+from cloob_core.evaluation.class_sets import packaged_class_set, packaged_class_sets
 from cloob_core.io import read_torch
 from cloob_core.model.dual_encoder import register_project_configs, without_random_init_warning
 from cloob_core.model.export import INFO_FILE, load_exported, load_weights
 
 log = logging.getLogger(__name__)
-_CLASS_SETS = resources.files("cloob_core.evaluation") / "classnames"  # the paper's data sets
 
 
 @dataclass
@@ -123,17 +122,6 @@ class ImageSet:
     captions: list[list[str]] | None = None  # one list of captions per image
     templates: list[str] | None = None
     skipped: int = 0  # unreadable samples left out when the set was read
-
-
-def packaged_class_sets() -> list[str]:
-    """Names of the class-name/template sets shipped in ``cloob_core/evaluation/classnames`` (the paper's data sets)."""
-    return sorted(p.name.removesuffix(".json") for p in _CLASS_SETS.iterdir()
-                  if p.name.endswith(".json"))
-
-
-def packaged_class_set(name: str) -> str:
-    """The JSON text of a packaged class-name set."""
-    return (_CLASS_SETS / f"{name}.json").read_text(encoding="utf-8")
 
 
 def read_class_file(path: str | None) -> tuple[list[str] | None, list[str] | None]:

@@ -43,10 +43,19 @@ def write_result(output: Path, record: dict, plots: Sequence[str] = ()) -> Path:
     return output / f"{name}.json"
 
 
+def annotate(output: Path, names: Sequence[str], **fields: Any) -> None:
+    """Add ``fields`` to the index entries of these results (what a report over them carries along)."""
+    entries = read_json_or(output / ".report.json", {})
+    for name in names:
+        entries[name].update(fields)
+    write_json(output / ".report.json", entries)
+
+
 @dataclass(frozen=True)
 class Report:
     output: Path
     metrics: dict[str, dict]  # the scalars of each result (data set x task), as in OUTPUT/metrics.json
+    entries: dict[str, dict]  # the index: each result's record, plots, model and what the suite annotated
 
 
 def combine_reports(inputs: Sequence[Path], output: Path, *, keep: set[str] | None = None,
@@ -79,7 +88,7 @@ def combine_reports(inputs: Sequence[Path], output: Path, *, keep: set[str] | No
     write_json(output / "metrics.json", combined)
     write_json(output / ".report.json", entries)  # so a combined report can be combined again
     write_text(output / "report.md", _markdown(entries, suite or {}))
-    return Report(output, combined)
+    return Report(output, combined, entries)
 
 
 def read_metrics(path: str | Path) -> dict[str, dict]:

@@ -8,7 +8,6 @@ data set, which :func:`cloob_core.evaluation.suite_report.suite_report` combines
 
 from __future__ import annotations
 
-import logging
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -17,6 +16,9 @@ from typing import Any
 
 from cloob_core import storage
 from cloob_core.config import PACKAGED_SOURCES, TASK_RESULTS, DatasetConfig, EvalConfig, result_name
+from cloob_core.evaluation.class_sets import packaged_class_sets
+from cloob_core.evaluation.fingerprint import dataset_fingerprint
+from cloob_core.evaluation.reports import annotate
 from cloob_core.evaluation.run import (
     DiagnosticsTask,
     EvalOptions,
@@ -28,7 +30,6 @@ from cloob_core.evaluation.run import (
 )
 from cloob_core.evaluation.suite_report import SuiteError
 
-log = logging.getLogger(__name__)
 SPLIT_FOLDERS = ("train", "test", "val", "validation")  # what marks an ImageFolder tree as split into subfolders
 
 
@@ -76,14 +77,15 @@ def _split_there(source: str, split: str) -> bool | None:
 
 def check_entry(name: str, entry: DatasetConfig, tasks: Sequence[str]) -> None:
     """What can be known before a model is loaded: the source and its splits are there, the class list exists."""
-    from cloob_core.evaluation.inputs import packaged_class_sets
-
     where = f"eval.datasets.{name}"
+    needed = {entry.splits.test} | ({entry.splits.train} | ({entry.splits.val} if entry.splits.val else set())
+                                    if "linear-probe" in tasks else set())
+    if entry.source in PACKAGED_SOURCES and not needed <= {"train", "test"}:
+        raise SuiteError(f"{where}: {entry.source} has the splits train and test, not "
+                         f"{', '.join(sorted(needed - {'train', 'test'}))}")
     if entry.source not in PACKAGED_SOURCES:
         if not storage.found(entry.source):
             raise SuiteError(f"{where}: source {entry.source} does not exist")
-        needed = {entry.splits.test} | ({entry.splits.train} | ({entry.splits.val} if entry.splits.val else set())
-                                        if "linear-probe" in tasks else set())
         for split in sorted(needed):
             there = _split_there(entry.source, split)
             if there is False:
@@ -129,6 +131,7 @@ def evaluate_suite(settings: EvalConfig, model: ModelSource, output: str | Path,
     from cloob_core.evaluation.inputs import load_model
 
     plan = plan_suite(settings, datasets, tasks)
+    fingerprints = {name: dataset_fingerprint(settings.datasets[name]) for name in plan}  # the data as evaluated
     storage.ensure_folder(output)
     loaded = load_model(model.model, model.architecture, model.weights, model.device)
     results = []
@@ -141,6 +144,7 @@ def evaluate_suite(settings: EvalConfig, model: ModelSource, output: str | Path,
                 done = _task(entry, task).run(loaded, options, folder)
                 result.metrics.update({result_name(name, task): m for m in done.metrics.values()})
                 result.lines += done.lines
+            annotate(folder, list(result.metrics), fingerprint=fingerprints[name])
             results.append(result)
     return results
 

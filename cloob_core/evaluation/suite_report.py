@@ -4,6 +4,8 @@ model code."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
@@ -11,10 +13,27 @@ from typing import Any
 
 from cloob_core.config import SUITE_RESULT, ConfigError, EvalConfig, result_name
 from cloob_core.evaluation.reports import Report, combine_reports, read_metrics
+from cloob_core.io import write_json
+
+SUITE_FILE = "suite.json"  # beside a suite report's metrics.json: the suite's fingerprint
 
 
 class SuiteError(ConfigError):
     """A suite entry that cannot be evaluated, or results that do not cover the suite; names the entry."""
+
+
+def digest(value: Any) -> str:
+    """SHA-256 of a JSON value in canonical form."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def suite_fingerprint(settings: EvalConfig, datasets: dict[str, Any]) -> dict[str, Any]:
+    """The suite's fingerprint from its data sets' (as their evaluations recorded them, see
+    :mod:`cloob_core.evaluation.fingerprint`) and the aggregates' definitions, which decide what ``suite.*`` means;
+    ``digest`` is what the promotion gate compares."""
+    aggregates = {name: spec.model_dump() for name, spec in settings.aggregates.items()}
+    return {"digest": digest({"datasets": datasets, "aggregates": aggregates}), "datasets": datasets,
+            "aggregates": aggregates}
 
 
 def aggregate(settings: EvalConfig, metrics: dict[str, dict[str, Any]]) -> dict[str, float]:
@@ -53,4 +72,18 @@ def suite_report(settings: EvalConfig, inputs: Sequence[str | Path], output: str
     if missing:
         raise SuiteError(f"no results for {', '.join(missing)} in {', '.join(map(str, inputs))}; run `cloob eval "
                          "suite` for those data sets first")
-    return combine_reports(folders, Path(output), keep=needed, suite={SUITE_RESULT: aggregate(settings, found)})
+    report = combine_reports(folders, Path(output), keep=needed, suite={SUITE_RESULT: aggregate(settings, found)})
+    write_json(Path(output) / SUITE_FILE, suite_fingerprint(settings, _dataset_fingerprints(settings, report)))
+    return report
+
+
+def _dataset_fingerprints(settings: EvalConfig, report: Report) -> dict[str, Any]:
+    """Each data set's fingerprint as its evaluations recorded it; its tasks (separate Kubeflow steps) agree."""
+    found: dict[str, Any] = {}
+    for name, entry in settings.datasets.items():
+        recorded = [report.entries[result_name(name, task)].get("fingerprint") for task in entry.tasks]
+        if any(value != recorded[0] for value in recorded):
+            raise SuiteError(f"eval.datasets.{name}: its tasks were evaluated on different data or settings (their "
+                             "fingerprints differ); evaluate them again")
+        found[name] = recorded[0]
+    return found

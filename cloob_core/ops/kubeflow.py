@@ -238,15 +238,9 @@ def promote(params: Params, model_dir: str, metrics_file: str, decision_metrics:
 
 def fetch_production(params: Params, output_dir: str) -> dict[str, Any]:
     """The production model of ``promote.store`` into ``output_dir/model`` (the layout `cloob train` writes)."""
-    from cloob_core import storage
-    from cloob_core.ops.promotion import PromotionError, read_production
+    from cloob_core.ops.promotion import fetch_production as fetch
 
-    store = _config(params).promote.store
-    pointer = read_production(store)
-    if pointer is None:
-        raise PromotionError(f"{store} has no production model yet: run the training pipeline first")
-    storage.download_tree(pointer["model"], Path(output_dir) / "model")
-    return pointer
+    return fetch(_config(params).promote.store, Path(output_dir) / "model")
 
 
 def record_production_metrics(params: Params, metrics_file: str) -> None:

@@ -10,8 +10,10 @@ The model store (a local folder or an ``s3://`` prefix) holds:
 A candidate is promoted when the configured metric beats production's by at least ``min_improvement`` and no
 guarded metric falls by more than its tolerance. Not promoting is a normal outcome: it is reported and recorded,
 and the command succeeds. Comparisons use the metrics production was promoted with (or re-evaluated on, see
-:func:`record_production_metrics`), so both sides must be evaluated on the same sets: a metric missing on either
-side stops the promotion with a message saying so.
+:func:`record_production_metrics`), and only when both sides were computed on the same evaluation suite: the
+report's ``suite.json`` fingerprint (data sets, splits, settings, sources' content) is stored with production's
+metrics, and when the candidate's differs the decision is "re-evaluate production first". A metric or guard the
+candidate's evaluation did not produce is an error, raised before anything is promoted.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ from cloob_core import storage
 from cloob_core.config import PromoteConfig
 from cloob_core.errors import StageError
 from cloob_core.evaluation.reports import read_metrics
-from cloob_core.io import json_bytes, read_json, write_json
+from cloob_core.evaluation.suite_report import SUITE_FILE
+from cloob_core.io import json_bytes, read_json, read_json_or, write_json
 from cloob_core.model.files import INFO_FILE, STATE_FILE
 
 log = logging.getLogger(__name__)
@@ -52,6 +55,7 @@ class Decision:
     improvement: float | None = None
     guards: dict[str, dict[str, float | bool]] = field(default_factory=dict)
     decided_at: str = ""
+    registry: str | None = None  # the GTO record of a promotion (or why there is none yet)
 
     def summary(self) -> str:
         verdict = "PROMOTED" if self.promoted else "NOT PROMOTED"
@@ -88,10 +92,15 @@ def _lower_is_better(key: str) -> bool:
 
 
 def decide(candidate: dict[str, float], production: dict[str, float] | None, settings: PromoteConfig,
-           candidate_id: str, production_id: str | None) -> Decision:
-    if settings.metric not in candidate:
-        raise PromotionError(f"promote.metric {settings.metric!r} is not in the candidate's metrics; it has "
-                         f"{sorted(candidate)[:12]}...")
+           candidate_id: str, production_id: str | None, candidate_suite: str | None = None,
+           production_suite: str | None = None) -> Decision:
+    """The gate's decision; ``*_suite``: the digests of the suites each side's metrics were computed on."""
+    unproduced = [f"promote.{'metric' if key == settings.metric else 'guards'} {key}"
+                  for key in (settings.metric, *settings.guards) if key not in candidate]
+    if unproduced:
+        raise PromotionError(f"{'; '.join(unproduced)}: not in the candidate's metrics, its evaluation did not "
+                             f"produce it (it has {', '.join(sorted(candidate)[:8])}"
+                             f"{', ...' if len(candidate) > 8 else ''})")
     value = candidate[settings.metric]
     decision = Decision(promoted=False, reason="", candidate=candidate_id, production_before=production_id,
                         metric=settings.metric, candidate_value=value if math.isfinite(value) else None)
@@ -103,7 +112,12 @@ def decide(candidate: dict[str, float], production: dict[str, float] | None, set
     if production is None:
         decision.promoted, decision.reason = True, "no production model yet"
         return decision
-    missing = [key for key in (settings.metric, *settings.guards) if key not in production or key not in candidate]
+    if candidate_suite != production_suite:
+        decision.reason = (f"production's metrics were computed on another evaluation suite "
+                           f"({_short(production_suite)}, the candidate's {_short(candidate_suite)}): re-evaluate "
+                           "production first (the evaluation pipeline, or `cloob eval production`)")
+        return decision
+    missing = [key for key in (settings.metric, *settings.guards) if key not in production]
     if missing:
         decision.reason = (f"{missing} missing on one side; evaluate both models on the same sets (re-evaluate "
                            "production with the evaluation pipeline)")
@@ -135,8 +149,21 @@ def decide(candidate: dict[str, float], production: dict[str, float] | None, set
     return decision
 
 
+def _short(suite_digest: str | None) -> str:
+    return f"suite {suite_digest[:12]}" if suite_digest else "no suite fingerprint"
+
+
 def read_production(store: str) -> dict[str, Any] | None:
     return _read_pointer(store)[0]
+
+
+def fetch_production(store: str, output_dir: str | Path) -> dict[str, Any]:
+    """The production model of ``store`` into ``output_dir`` (the folder `cloob train` exports); its pointer."""
+    pointer = read_production(store)
+    if pointer is None:
+        raise PromotionError(f"{store} has no production model yet: run the training pipeline first")
+    storage.download_tree(pointer["model"], output_dir)
+    return pointer
 
 
 def _read_pointer(store: str) -> tuple[dict[str, Any] | None, str | None]:
@@ -156,19 +183,22 @@ def _read_pointer(store: str) -> tuple[dict[str, Any] | None, str | None]:
 CAS_ATTEMPTS = 20
 
 
-def promote(model_dir: str | Path, metrics: dict[str, dict[str, Any]], settings: PromoteConfig) -> Decision:
+def promote(model_dir: str | Path, metrics: dict[str, dict[str, Any]], settings: PromoteConfig,
+            suite: dict[str, Any] | None = None) -> Decision:
     """Decide against the current production, and on success publish the model and move the pointer with a
     compare-and-swap: if another gate moved production meanwhile, decide again against the new one. So however
-    many gates run at once, production ends at the best candidate that passed, and every decision is recorded."""
+    many gates run at once, production ends at the best candidate that passed, and every decision is recorded.
+    ``suite``: the fingerprint of the suite the metrics were computed on (a suite report's ``suite.json``)."""
     store = settings.store
     _check_candidate(Path(model_dir))
     storage.ensure_folder(store)
     candidate_id = model_id(model_dir)
     candidate = flatten(metrics)
+    suite_digest = suite["digest"] if suite else None
     for _attempt in range(CAS_ATTEMPTS):
         production, version = _read_pointer(store)
         decision = decide(candidate, production and production["metrics"], settings, candidate_id,
-                          production and production["model_id"])
+                          production and production["model_id"], suite_digest, production and production.get("suite"))
         now = datetime.now(timezone.utc)
         decision.decided_at = now.isoformat(timespec="seconds")
         if not decision.promoted:
@@ -177,7 +207,9 @@ def promote(model_dir: str | Path, metrics: dict[str, dict[str, Any]], settings:
         storage.ensure_folder(target)
         storage.upload_tree(model_dir, target)
         storage.write_bytes(storage.join(target, "metrics.json"), json_bytes(metrics))
-        pointer = {"model_id": candidate_id, "model": target, "metrics": candidate,
+        if suite:
+            storage.write_bytes(storage.join(target, SUITE_FILE), json_bytes(suite))
+        pointer = {"model_id": candidate_id, "model": target, "metrics": candidate, "suite": suite_digest,
                    "promoted_at": decision.decided_at, "previous": decision.production_before}
         try:
             storage.write_if_unchanged(storage.join(store, POINTER), json_bytes(pointer), version)  # the switch
@@ -198,21 +230,49 @@ def promotion_gate(settings: PromoteConfig, *, model_dir: str | Path, metrics_fi
                    decision_file: str | Path | None = None) -> Decision:
     """``cloob promote``: :func:`promote` on a report's metrics file; the decision also as JSON at
     ``decision_file`` (a DVC metric, a Kubeflow artifact)."""
-    decision = promote(model_dir, read_metrics(metrics_file), settings)
+    decision = promote(model_dir, read_metrics(metrics_file), settings, read_suite(metrics_file))
+    if decision.promoted and settings.registry_stage:
+        from cloob_core.ops.git_registry import record_stage
+
+        decision.registry = record_stage(model_dir, settings.registry_stage, decision.candidate, settings.store).line
     if decision_file is not None:
         write_json(decision_file, asdict(decision))
     return decision
 
 
+def record_production_stage(settings: PromoteConfig, model_dir: str | Path) -> str:
+    """``cloob promote --record-stage``: after committing the dvc.lock of a promoted model, its GTO stage."""
+    from cloob_core.ops.git_registry import RegistryError, record_stage
+
+    pointer = read_production(settings.store)
+    candidate = model_id(model_dir)
+    if pointer is None or pointer["model_id"] != candidate:
+        raise RegistryError(f"{model_dir} holds model {candidate}, and production in {settings.store} is "
+                            f"{pointer and pointer['model_id']}: only the production model gets the stage")
+    if not settings.registry_stage:
+        raise RegistryError("promote.registry_stage is null: no GTO stage to record")
+    record = record_stage(model_dir, settings.registry_stage, candidate, settings.store)
+    if not record.recorded:
+        raise RegistryError(record.line)
+    return record.line
+
+
+def read_suite(metrics_file: str | Path) -> dict[str, Any] | None:
+    """The suite fingerprint beside a report's metrics.json (None for a report made without a suite)."""
+    return read_json_or(Path(metrics_file).parent / SUITE_FILE, None)
+
+
 def refresh_production_metrics(settings: PromoteConfig, *, metrics_file: str | Path) -> dict[str, Any]:
     """``cloob promote --record-production-metrics``: :func:`record_production_metrics` from a report's file."""
-    return record_production_metrics(settings.store, read_metrics(metrics_file))
+    return record_production_metrics(settings.store, read_metrics(metrics_file), read_suite(metrics_file))
 
 
-def record_production_metrics(store: str, metrics: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """After re-evaluating production (the scheduled evaluation pipeline): its metrics on today's sets, so the
-    next gate compares like with like. The pointer is rewritten with a compare-and-swap (a promotion in between
-    wins, and these metrics, measured on the old model, are not recorded); the model does not change."""
+def record_production_metrics(store: str, metrics: dict[str, dict[str, Any]],
+                              suite: dict[str, Any] | None = None) -> dict[str, Any]:
+    """After re-evaluating production (the scheduled evaluation pipeline): its metrics on today's suite (they
+    replace the earlier ones, with the suite's fingerprint), so the next gate compares like with like. The pointer
+    is rewritten with a compare-and-swap (a promotion in between wins, and these metrics, measured on the old
+    model, are not recorded); the model does not change."""
     measured = flatten(metrics)
     broken = sorted(key for key, value in measured.items() if not math.isfinite(value))
     if broken:
@@ -220,7 +280,7 @@ def record_production_metrics(store: str, metrics: dict[str, dict[str, Any]]) ->
     production, version = _read_pointer(store)
     if production is None:
         raise PromotionError(f"{store} has no {POINTER}: nothing is in production yet")
-    production = {**production, "metrics": {**production["metrics"], **measured},
+    production = {**production, "metrics": measured, "suite": suite["digest"] if suite else None,
                   "evaluated_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     try:
         storage.write_if_unchanged(storage.join(store, POINTER), json_bytes(production), version)
