@@ -226,3 +226,10 @@ def test_the_report_records_the_suite_fingerprint_that_promotion_compares(evalua
     assert dataset_fingerprint(entry.model_copy(update={"few_shot": 4})) != dataset_fingerprint(entry)
     fewer = settings.model_copy(update={"aggregates": {"zeroshot_acc1": settings.aggregates["zeroshot_acc1"]}})
     assert suite_fingerprint(fewer, recorded["datasets"])["digest"] != recorded["digest"]
+
+
+def test_a_task_that_no_chosen_data_set_runs_is_named(tmp_path, capsys):
+    assert main(["eval", "suite", "--dataset", "digits", "--task", "retrieval", "--model", str(tmp_path / "none"),
+                 "--output", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.strip() == "cloob: no data set of digits runs retrieval in eval.datasets"
+    assert not (tmp_path / "out").exists()

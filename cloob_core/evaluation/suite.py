@@ -108,8 +108,13 @@ def plan_suite(settings: EvalConfig, datasets: Sequence[str] | None = None,
     plan = {}
     for name in _chosen(settings, datasets):
         entry = settings.datasets[name]
-        plan[name] = [task for task in entry.tasks if tasks is None or task in tasks]
-        check_entry(name, entry, plan[name])
+        chosen = [task for task in entry.tasks if tasks is None or task in tasks]
+        if chosen:
+            check_entry(name, entry, chosen)
+            plan[name] = chosen
+    if not plan:
+        raise SuiteError(f"no data set of {', '.join(datasets or settings.datasets)} runs {', '.join(tasks or [])} "
+                         "in eval.datasets")
     return plan
 
 
