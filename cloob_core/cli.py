@@ -257,23 +257,26 @@ def _add_eval_commands(sub: argparse._SubParsersAction) -> None:
     data_help = ("'embedded' (the held-out digits), an ImageFolder tree (SPLIT/ inside it is used if present), "
                  "WebDataset shards (folder with sizes.json, .tar, s3://) or a .csv of image,caption rows")
 
-    def common(task: argparse.ArgumentParser) -> None:
+    def model_and_output(task: argparse.ArgumentParser) -> None:
         task.add_argument("--model", metavar="DIR", help="`cloob train` model folder (OUTPUT/model), local or s3://")
         task.add_argument("--architecture", help="open_clip config name (with --weights instead of --model)")
         task.add_argument("--weights", metavar="FILE", help="state-dict file for --architecture")
         task.add_argument("--output", default="runs/eval", help="results folder (default: runs/eval)")
+        task.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+        task.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+    def common(task: argparse.ArgumentParser) -> None:
+        model_and_output(task)
         task.add_argument("--cache", metavar="DIR", help="feature cache (default: OUTPUT/.cache)")
         task.add_argument("--no-cache", action="store_true", help="do not cache features")
         task.add_argument("--classnames", metavar="JSON|NAME",
                           help='a JSON file {"classnames": [...], "templates": ["a photo of a {c}.", ...]}, or a '
                           "packaged set of the paper's data sets (cifar10, imagenet, pets, ...)")
         task.add_argument("--label-key", default="label", help="class field in shard json (default: label)")
-        task.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
-        task.add_argument("--no-progress", action="store_true", help="no progress bars")
         task.set_defaults(func=_cmd_eval)
 
     zs = eval_sub.add_parser("zeroshot", help="prompt-ensemble zero-shot classification",
-                             description="Zero-shot classification with a prompt ensemble: top-1, top-5, mean "
+                             description="Zero-shot classification with a prompt ensemble: acc1, acc5, mean "
                              "per-class recall, per-class accuracy, confusion matrix.")
     zs.add_argument("--data", nargs="+", default=["embedded"],
                     help=data_help + "; several give each set's metrics and their mean, as for ImageNet-V2's "
@@ -318,13 +321,8 @@ def _add_eval_commands(sub: argparse._SubParsersAction) -> None:
     _add_config_options(suite)
     suite.add_argument("--dataset", action="append", metavar="NAME", help="only this data set (repeatable)")
     suite.add_argument("--task", action="append", choices=list(TASK_RESULTS), help="only this task (repeatable)")
-    suite.add_argument("--model", metavar="DIR", help="`cloob train` model folder (OUTPUT/model), local or s3://")
-    suite.add_argument("--architecture", help="open_clip config name (with --weights instead of --model)")
-    suite.add_argument("--weights", metavar="FILE", help="state-dict file for --architecture")
-    suite.add_argument("--output", default="runs/eval", help="results folder (default: runs/eval)")
+    model_and_output(suite)
     suite.add_argument("--cache", metavar="DIR", help="feature cache kept between runs (default: none)")
-    suite.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
-    suite.add_argument("--no-progress", action="store_true", help="no progress bars")
     suite.set_defaults(func=_cmd_eval_suite)
 
     production = eval_sub.add_parser(

@@ -3,6 +3,7 @@ the project's own formats (JSON, tensors) that name the file when it is not what
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -17,6 +18,15 @@ from cloob_core.errors import StageError
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
+
+
+def file_digest(path: str | Path, algorithm: str = "sha256") -> str:
+    """The hex digest of a file's bytes, read in blocks (weights files are large)."""
+    digest = hashlib.new(algorithm, usedforsecurity=False)
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 @contextmanager

@@ -256,17 +256,25 @@ def open_read(location: str) -> IO[bytes]:
     return open(location, "rb")
 
 
-def _tree_files(location: str) -> list[str]:
-    """Paths (``/``-separated, relative to ``location``) of every file under it, sorted."""
+def tree_entries(location: str) -> list[tuple[str, int, str]]:
+    """``(path, size, version)`` of every file under the folder ``location``, sorted by path (``/``-separated,
+    relative to it); the version is the S3 ETag, or locally the modification time in nanoseconds."""
     if is_s3(location):
         bucket, prefix = split_s3(location)
         prefix = prefix.rstrip("/") + "/" if prefix.strip("/") else ""
-        keys = []
+        entries = []
         for page in s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-            keys += [item["Key"][len(prefix):] for item in page.get("Contents", []) if not item["Key"].endswith("/")]
-        return sorted(keys)
+            entries += [(item["Key"][len(prefix):], item["Size"], item["ETag"]) for item in page.get("Contents", [])
+                        if not item["Key"].endswith("/")]
+        return sorted(entries)
     root = Path(location)
-    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()) if root.is_dir() else []
+    files = (p for p in root.rglob("*") if p.is_file()) if root.is_dir() else ()
+    return sorted((p.relative_to(root).as_posix(), p.stat().st_size, str(p.stat().st_mtime_ns)) for p in files)
+
+
+def _tree_files(location: str) -> list[str]:
+    """Paths (``/``-separated, relative to ``location``) of every file under it, sorted."""
+    return [path for path, _, _ in tree_entries(location)]
 
 
 def upload_tree(local: str | os.PathLike, location: str, exclude: tuple[str, ...] = ()) -> list[str]:

@@ -8,8 +8,10 @@ import socket
 import threading
 import time
 from collections import Counter
+from collections.abc import Sequence
 from functools import cache
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 from PIL import Image
 
@@ -30,6 +32,16 @@ def photo_bytes(index: int, fmt: str = "JPEG") -> bytes:
     out = io.BytesIO()
     crop.save(out, format=fmt, **({"quality": 90} if fmt == "JPEG" else {}))
     return out.getvalue()
+
+
+def image_folder(root: Path, classes: Sequence[str], counts: dict[str, int]) -> Path:
+    """An ImageFolder tree of distinct real photos, ``root/SPLIT/CLASS/I.jpg``, with ``counts[SPLIT]`` per class."""
+    for split, count in counts.items():
+        for c, name in enumerate(classes):
+            (root / split / name).mkdir(parents=True)
+            for i in range(count):
+                (root / split / name / f"{i}.jpg").write_bytes(photo_bytes(100 * c + 10 * (split == "test") + i))
+    return root
 
 
 @cache

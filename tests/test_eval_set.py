@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from image_server import photo_bytes
+from image_server import image_folder, photo_bytes
 from PIL import Image
 
 from cloob_core.cli import main
@@ -21,11 +21,7 @@ CLASSES = ("cat", "dog", "sea_lion")
 def folder(tmp_path_factory) -> Path:
     """train/ and test/ ImageFolder trees of real photos, one of them a PNG and one a BMP."""
     root = tmp_path_factory.mktemp("photos") / "pets"
-    for split, count in (("train", 4), ("test", 3)):
-        for c, name in enumerate(CLASSES):
-            (root / split / name).mkdir(parents=True)
-            for i in range(count):
-                (root / split / name / f"{i}.jpg").write_bytes(photo_bytes(100 * c + 10 * (split == "test") + i))
+    image_folder(root, CLASSES, {"train": 4, "test": 3})
     Image.open(root / "test" / "cat" / "0.jpg").save(root / "test" / "cat" / "9.png")
     Image.open(root / "test" / "dog" / "0.jpg").save(root / "test" / "dog" / "9.bmp")
     return root

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from image_server import photo_bytes
+from image_server import image_folder, photo_bytes
 
 from cloob_core.cli import main
 from cloob_core.config import ConfigError, EvalConfig, config_from_text
@@ -22,11 +22,7 @@ CLASSES = ("cat", "dog", "sea_lion")
 def photos(tmp_path_factory) -> Path:
     """An ImageFolder tree with train/ and test/, as ImageNet's is laid out."""
     root = tmp_path_factory.mktemp("suite") / "photos"
-    for split, count in (("train", 5), ("test", 3)):
-        for c, name in enumerate(CLASSES):
-            (root / split / name).mkdir(parents=True)
-            for i in range(count):
-                (root / split / name / f"{i}.jpg").write_bytes(photo_bytes(100 * c + 10 * (split == "test") + i))
+    image_folder(root, CLASSES, {"train": 5, "test": 3})
     return root
 
 

@@ -10,7 +10,7 @@ import json
 
 import pytest
 import yaml
-from image_server import photo_bytes
+from image_server import image_folder
 from test_dvc_pipeline import copy_repository, environment, run, stages_run
 
 pytestmark = [
@@ -32,11 +32,7 @@ def repo(tmp_path_factory, embedded_train_shards, s3_server):
     run(["cloob", "train", "--shards", str(embedded_train_shards), "--output", "models/train", "--steps", "40",
          "--batch-size", "64", "--no-progress", "--set", "train.tensorboard=false"], root, env)
     pets = root.parent / "pets"
-    for split, count in (("train", 6), ("test", 4)):
-        for c, name in enumerate(CLASSES):
-            (pets / split / name).mkdir(parents=True)
-            for i in range(count):
-                (pets / split / name / f"{i}.jpg").write_bytes(photo_bytes(100 * c + 10 * (split == "test") + i))
+    image_folder(pets, CLASSES, {"train": 6, "test": 4})
     from cloob_core import storage
 
     storage.s3_client().create_bucket(Bucket="cloob-benchmarks")

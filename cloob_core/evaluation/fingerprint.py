@@ -39,30 +39,14 @@ def _packaged(source: str) -> str:
     return digest.hexdigest()
 
 
-def _s3_listing(location: str) -> list[list[Any]]:
-    bucket, prefix = storage.split_s3(location)
-    prefix = prefix.rstrip("/")
-    listed = []
-    for page in storage.s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-        listed += [[item["Key"][len(prefix):], item["Size"], item["ETag"]] for item in page.get("Contents", [])
-                   if item["Key"] == prefix or item["Key"].startswith(prefix + "/")]
-    return sorted(listed)
-
-
-def _local_listing(location: str) -> list[list[Any]]:
-    root = Path(location)
-    files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
-    return [[p.relative_to(root).as_posix() if p != root else p.name, p.stat().st_size, p.stat().st_mtime_ns]
-            for p in files]
-
-
 def source_content(source: str) -> dict[str, str]:
     """The digest of a source's content where it can be known without reading it, and how it was taken."""
     if source in PACKAGED_SOURCES:
         return {"kind": "arrays", "digest": _packaged(source)}
-    if storage.is_s3(source):
-        return {"kind": "etag", "digest": digest(_s3_listing(source))}
-    return {"kind": "stat", "digest": digest(_local_listing(source))}
+    if not storage.is_s3(source) and Path(source).is_file():  # an image,caption .csv
+        return {"kind": "stat", "digest": digest([[Path(source).name, Path(source).stat().st_size,
+                                                   str(Path(source).stat().st_mtime_ns)]])}
+    return {"kind": "etag" if storage.is_s3(source) else "stat", "digest": digest(storage.tree_entries(source))}
 
 
 def _class_list(name: str | None) -> dict[str, str] | None:

@@ -5,7 +5,6 @@ image paths and captions)."""
 from __future__ import annotations
 
 import csv
-import hashlib
 import io
 import json
 import logging
@@ -23,7 +22,7 @@ from torch import Tensor
 from cloob_core import storage
 from cloob_core.config import ConfigError
 from cloob_core.evaluation.class_sets import packaged_class_set, packaged_class_sets
-from cloob_core.io import read_torch
+from cloob_core.io import file_digest, read_torch
 from cloob_core.model.dual_encoder import register_project_configs, without_random_init_warning
 from cloob_core.model.export import INFO_FILE, load_exported, load_weights
 
@@ -49,14 +48,6 @@ class EvalModel:
         return self.model.encode_text(tokens, normalize=True).float()
 
 
-def _fingerprint(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()[:16]
-
-
 def _local_copy(location: str, scratch: Path) -> Path:
     """An exported model folder on S3 is fetched into ``scratch``; a local one is used in place."""
     if not storage.is_s3(location):
@@ -80,13 +71,13 @@ def load_model(model: str | None = None, architecture: str | None = None, weight
             if not (folder / INFO_FILE).exists():
                 raise FileNotFoundError(f"{model} is not a `cloob train` model folder (no {INFO_FILE})")
             net, info = load_exported(folder)
-            fingerprint = _fingerprint(folder / info["state_dict"])
+            fingerprint = file_digest(folder / info["state_dict"])[:16]
         architecture, inv_tau, source = info["architecture"], float(info["inv_tau"]), model
     elif architecture and weights:
         with without_random_init_warning():  # the weights are loaded next
             net = open_clip.create_model(architecture, pretrained=None)
         load_weights(net, read_torch(weights, weights), weights)
-        fingerprint, source = _fingerprint(Path(weights)), weights
+        fingerprint, source = file_digest(weights)[:16], weights
         inv_tau = float(net.logit_scale.detach().exp())
     else:
         raise ValueError("give --model (a `cloob train` export) or --architecture with --weights")

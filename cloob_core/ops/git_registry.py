@@ -10,7 +10,6 @@ model. Then the record waits for ``cloob promote --record-stage`` after the comm
 
 from __future__ import annotations
 
-import hashlib
 import json
 import subprocess
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from pathlib import Path
 import yaml
 
 from cloob_core.errors import StageError
+from cloob_core.io import file_digest
 from cloob_core.model.files import STATE_FILE
 
 
@@ -67,14 +67,6 @@ def _committed_weights_md5(root: Path, model_path: str) -> str | None:
     return next((entry["md5"] for entry in entries if entry.get("relpath") == STATE_FILE), None)
 
 
-def _md5(path: Path) -> str:
-    digest = hashlib.md5(usedforsecurity=False)
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def record_stage(model_dir: str | Path, stage: str, model_id: str, store: str) -> StageRecord:
     """Assign ``stage`` to the model folder's artifact at HEAD, when HEAD records these weights."""
     model_dir = Path(model_dir).resolve()
@@ -85,7 +77,7 @@ def record_stage(model_dir: str | Path, stage: str, model_id: str, store: str) -
     name = _artifact(root, model_path)
     if name is None:
         return StageRecord(False, f"dvc.yaml declares no artifact at {model_path}: no GTO record")
-    if _committed_weights_md5(root, model_path) != _md5(model_dir / STATE_FILE):
+    if _committed_weights_md5(root, model_path) != file_digest(model_dir / STATE_FILE, "md5"):
         return StageRecord(False, f"GTO stage {stage!r} of {name} not recorded yet: HEAD's dvc.lock does not hold "
                            "these weights; commit dvc.lock, then run `cloob promote --record-stage`")
     from gto import api

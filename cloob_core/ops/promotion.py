@@ -18,7 +18,6 @@ candidate's evaluation did not produce is an error, raised before anything is pr
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -32,7 +31,7 @@ from cloob_core.config import PromoteConfig
 from cloob_core.errors import StageError
 from cloob_core.evaluation.reports import read_metrics
 from cloob_core.evaluation.suite_report import SUITE_FILE
-from cloob_core.io import json_bytes, read_json, read_json_or, write_json
+from cloob_core.io import file_digest, json_bytes, read_json, read_json_or, write_json
 from cloob_core.model.files import INFO_FILE, STATE_FILE
 
 log = logging.getLogger(__name__)
@@ -69,11 +68,7 @@ def flatten(metrics: dict[str, dict[str, Any]]) -> dict[str, float]:
 
 
 def model_id(model_dir: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(Path(model_dir) / STATE_FILE, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()[:16]
+    return file_digest(Path(model_dir) / STATE_FILE)[:16]
 
 
 def _check_candidate(model_dir: Path) -> None:
