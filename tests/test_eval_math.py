@@ -77,13 +77,13 @@ def test_probabilities_match_scikit_learn_on_ill_conditioned_embeddings(lam):
 
 
 def test_objective_gradient_is_the_gradient_of_the_plain_objective():
-    """The written-out gradient (centred-bias coordinates, chunked rows) against autograd of
+    """The written-out gradient (centred features and bias, chunked rows) against autograd of
     ``mean CE(x W^T + b) + lam/(2n) ||W||^2`` with ``b = b' - W mu``."""
     x, y = cone(5, 300, 16, 4)
     x = x.double()
     lams = torch.tensor([0.5, 7.0], dtype=torch.float64)
     geometry = FeatureGeometry.of(x)
-    objective = logistic._Objective(x, y, 4, lams, geometry)
+    objective = logistic._Objective(x - geometry.mean, y, 4, lams, geometry)
     theta = torch.randn(2, 4 * 16 + 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     loss, grad = objective(theta, torch.arange(2))
     for k in range(2):
@@ -180,3 +180,50 @@ def test_alignment_similarities_and_saturation():
     identity = torch.eye(10)
     assert positive_probability(identity, identity, 30.0) == pytest.approx(math.e**30 / (math.e**30 + 9))
     assert positive_probability(identity, identity, 1e-9) == pytest.approx(0.1)
+
+
+def separable(seed: int, n: int, d: int, classes: int, scale: float):
+    """Un-normalised features with class means and power-law noise, nearly separable: weak lambdas win there, and
+    a gradient near zero says little about how far the logits still are from the optimum's."""
+    generator = torch.Generator().manual_seed(seed)
+    labels = torch.randint(0, classes, (n,), generator=generator)
+    noise = torch.randn(n, d, generator=generator) * torch.arange(1, d + 1) ** -0.5
+    features = torch.randn(classes, d, generator=generator)[labels] * 0.3 + noise
+    return features * scale + 1.0, labels
+
+
+@pytest.mark.parametrize("scale", [0.1, 1.0, 30.0])
+def test_convergence_is_scale_free(scale):
+    """Scaling the features by s and lambda by s^2 gives the same optimum logits: the stopping test lives in logit
+    units, so the fit stops equally close to it at every scale. (A largest-gradient test, 1e-8, stops 0.03 away at
+    s = 0.1 and s = 1, 0.001 at s = 30.)"""
+    x, y = separable(7, 600, 40, 8, 1.0)
+    reference = fit_logistic(x, y, 8, 1e-4, tolerance=1e-8, max_iter=5000).predict_scores(x)
+    scaled = fit_logistic(x * scale, y, 8, 1e-4 * scale**2).predict_scores(x * scale)
+    difference = (scaled - scaled.mean(1, keepdim=True)) - (reference - reference.mean(1, keepdim=True))
+    assert float(difference.abs().max()) < 5e-3, float(difference.abs().max())
+
+
+def test_a_warm_start_from_another_lambda_reaches_the_same_optimum():
+    x, y = separable(8, 800, 32, 6, 3.0)
+    for lam, other in ((1e-5, 1e-3), (1.0, 1e-5)):
+        cold = fit_logistic(x, y, 6, lam)
+        warm = fit_logistic(x, y, 6, lam, start=fit_logistic(x, y, 6, other))
+        assert warm.iterations < cold.iterations or lam == 1.0
+        # Both stop within the tolerance (1e-4 rms logit) of the one optimum, so within a few 1e-4 of each other.
+        torch.testing.assert_close(torch.softmax(warm.predict_scores(x), 1), torch.softmax(cold.predict_scores(x), 1),
+                                   rtol=0, atol=5e-4)
+
+
+def test_the_warm_started_search_scores_every_lambda_as_a_cold_fit_does():
+    """The search's path (warm starts) changes no lambda's validation accuracy beyond rows that are ties within
+    the tolerance (top two logits closer than 1e-3), so not the lambda it picks."""
+    x, y = separable(9, 1600, 24, 5, 4.0)
+    result = search_lambda(x[:800], y[:800], x[800:], y[800:], 5)
+    for lam, score in result.tried.items():
+        cold = fit_logistic(x[:800], y[:800], 5, lam)
+        top2 = cold.predict_scores(x[800:]).topk(2, dim=1).values
+        near_ties = int((top2[:, 0] - top2[:, 1] < 1e-3).sum())
+        assert abs(accuracy(cold, x[800:], y[800:]) - score) * 800 <= near_ties + 1e-6, lam
+    assert result.fit.lam == result.lam
+    assert 0.5 < result.validation_accuracy < 1.0  # not a degenerate case where every lambda ties
