@@ -1,5 +1,6 @@
-"""`python -m pipelines compile|submit|schedule …`: the pipeline as KFP YAML, a run of it on a KFP endpoint,
-and recurring runs (scheduled retraining / re-evaluation)."""
+"""`python -m pipelines compile|run-local|submit|schedule …`: the pipeline as KFP YAML, a run of it on this
+machine (in the images or as subprocesses), a run of it on a KFP endpoint, and recurring runs (scheduled retraining /
+re-evaluation)."""
 
 from __future__ import annotations
 
@@ -84,6 +85,22 @@ def _schedule(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_local(args: argparse.Namespace) -> int:
+    from pipelines import client, local_run
+    from pipelines.pretrain import build, build_evaluation
+
+    settings = ClusterSettings.from_flags(flag_values(args, "cluster"))
+    pipeline = build_evaluation(settings) if args.pipeline == "evaluate" else build(settings)
+    parameters = client.run_parameters(args.params, args.set)
+    run = local_run.run_pipeline(pipeline, parameters, args.root.resolve(), args.runner)
+    print(f"run {run.name} finished ({args.runner}); its outputs: {run}")
+    if args.pipeline == "pretrain":
+        suite = local_run.final_metrics(run).get("suite", {})
+        for name, value in sorted(suite.items()):
+            print(f"  suite.{name:<24} {100 * value:.2f}%")
+    return 0
+
+
 def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--package", type=Path, default=DEFAULT_PACKAGE, help=f"compiled pipeline ({DEFAULT_PACKAGE})")
     parser.add_argument("--params", default="params.yaml", help="configuration of the run (default params.yaml)")
@@ -128,6 +145,18 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_flags(comp, ClusterSettings, "cluster", "cluster settings (cloob_core.ops.cluster.ClusterSettings)",
                     skip=("image",))
     comp.set_defaults(func=_compile)
+
+    here = sub.add_parser("run-local", help="run a pipeline on this machine with kfp.local: each step in its image "
+                          "(--runner docker, as the cluster runs it) or as a subprocess of this environment")
+    here.add_argument("--pipeline", choices=["pretrain", "evaluate"], default="pretrain")
+    here.add_argument("--runner", choices=["docker", "subprocess"], default="docker")
+    here.add_argument("--root", type=Path, default=Path("local_outputs"), help="pipeline root (default local_outputs)")
+    here.add_argument("--params", default="params.yaml", help="configuration of the run (default params.yaml)")
+    here.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                      help="override one value (repeatable)")
+    add_model_flags(here, ClusterSettings, "cluster", "cluster settings (cloob_core.ops.cluster.ClusterSettings)",
+                    skip=("image",))
+    here.set_defaults(func=_run_local)
 
     run = sub.add_parser("submit", help="start one run of a compiled pipeline")
     _add_endpoint_options(run)

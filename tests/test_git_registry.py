@@ -76,3 +76,13 @@ def test_a_promotion_is_a_gto_stage_once_the_commit_holds_its_weights(tmp_path):
     out = run(root, "cloob", "promote", "--model", "models/train/model", "--record-stage", *GATE, ok=False)
     assert "only the production model gets the stage" in out.strip().splitlines()[-1]
     assert production_stage(root) == "v0.0.2"
+
+
+def test_without_git_the_store_pointer_is_the_only_record(tmp_path, monkeypatch):
+    """A pipeline step's image has no git: promotion still decides and points the store, and says why no GTO
+    record was made (found by running the promote step in the image)."""
+    from cloob_core.ops.git_registry import record_stage
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no git on it
+    record = record_stage(tmp_path, "prod", "0123456789abcdef", str(tmp_path / "store"))
+    assert not record.recorded and record.line.startswith("no git repository")

@@ -11,6 +11,7 @@ model. Then the record waits for ``cloob promote --record-stage`` after the comm
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,8 @@ def _git(root: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def _repository(model_dir: Path) -> Path | None:
+    if shutil.which("git") is None:  # a pipeline step's image: no git, so no repository to record in
+        return None
     found = _git(model_dir if model_dir.is_dir() else model_dir.parent, "rev-parse", "--show-toplevel")
     return Path(found.stdout.strip()) if found.returncode == 0 else None
 

@@ -1,29 +1,57 @@
 #!/usr/bin/env bash
 # Build (and with --push, push) the CPU and CUDA images under the names the components use
-# (components/images.py; CLOOB_IMAGE_CPU / CLOOB_IMAGE_CUDA override both there and here).
-#   infra/images/build.sh [--push] [--dry-run]
-# Environment: CONTAINER_CLI (docker, podman, ...; default docker), TORCH_INDEX_URL (a CPU-only torch wheel index
-# for the CPU image; unset: the CPU image carries the CUDA wheels too, larger but equivalent on CPU).
+# (components/images.py; CLOOB_IMAGE_CPU / CLOOB_IMAGE_CUDA override both there and here), and print each one's
+# build time and size.
+#   infra/images/build.sh [--variant cpu|cuda|all] [--network MODE] [--push] [--dry-run]
+# The Dockerfile's base image is made sure of first (infra/images/base.sh: present, pulled, or built locally where no
+# registry can be reached). --network defaults to `host` when the engine has no default bridge (infra/images/engine.sh
+# starts it so), else to the engine's default.
+# Environment: CONTAINER_CLI (docker, podman, ...; default Debian's /usr/bin/docker where present, else docker),
+# TORCH_INDEX_URL (a CPU-only torch wheel index for the CPU image; unset: the CPU image carries torch's CUDA wheels
+# too, several GB larger but equivalent on CPU).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-push=0 dry=0
-for arg in "$@"; do
-  case "$arg" in
+push=0 dry=0 variant=all network=""
+while [ $# -gt 0 ]; do
+  case "$1" in
     --push) push=1 ;;
     --dry-run) dry=1 ;;
-    *) echo "usage: $0 [--push] [--dry-run]" >&2; exit 2 ;;
+    --variant) variant=${2:?--variant needs cpu, cuda or all}; shift ;;
+    --network) network=${2:?--network needs a mode}; shift ;;
+    *) echo "usage: $0 [--variant cpu|cuda|all] [--network MODE] [--push] [--dry-run]" >&2; exit 2 ;;
   esac
+  shift
 done
+case "$variant" in cpu|cuda|all) ;; *) echo "build: --variant must be cpu, cuda or all, not '$variant'" >&2; exit 2 ;; esac
 python=${PYTHON:-python3}
 [ -x .venv/bin/python ] && python=.venv/bin/python
 read -r version cpu cuda < <("$python" -c \
   'from components.images import VERSION, CPU_IMAGE, CUDA_IMAGE; print(VERSION, CPU_IMAGE, CUDA_IMAGE)')
-cli=${CONTAINER_CLI:-docker}
+cli=${CONTAINER_CLI:-$( [ -x /usr/bin/docker ] && echo /usr/bin/docker || echo docker )}
+base=$(awk -F= '/^ARG BASE_IMAGE=/{print $2; exit}' infra/images/Dockerfile)
 run() { echo "+ $*"; [ "$dry" -eq 1 ] || "$@"; }
-run "$cli" build -f infra/images/Dockerfile --build-arg VERSION="$version" --build-arg VARIANT=cuda -t "$cuda" .
-run "$cli" build -f infra/images/Dockerfile --build-arg VERSION="$version" --build-arg VARIANT=cpu \
-  --build-arg TORCH_INDEX_URL="${TORCH_INDEX_URL:-}" -t "$cpu" .
+
+if [ "$dry" -eq 0 ]; then
+  DOCKER=$cli infra/images/base.sh "$base"
+  if [ -z "$network" ] && ! "$cli" network inspect bridge >/dev/null 2>&1; then
+    network=host
+  fi
+fi
+export DOCKER_BUILDKIT=${DOCKER_BUILDKIT:-1}
+
+build() {  # variant tag [extra build args]
+  local variant=$1 tag=$2 started
+  shift 2
+  started=$(date +%s)
+  run "$cli" build -f infra/images/Dockerfile ${network:+--network "$network"} --build-arg VERSION="$version" \
+    --build-arg VARIANT="$variant" "$@" -t "$tag" .
+  if [ "$dry" -eq 0 ]; then
+    echo "built $tag in $(( $(date +%s) - started )) s, $(( $("$cli" image inspect -f '{{.Size}}' "$tag") / 1000000 )) MB"
+  fi
+}
+if [ "$variant" != cuda ]; then build cpu "$cpu" --build-arg TORCH_INDEX_URL="${TORCH_INDEX_URL:-}"; fi
+if [ "$variant" != cpu ]; then build cuda "$cuda"; fi
 if [ "$push" -eq 1 ]; then
-  run "$cli" push "$cuda"
-  run "$cli" push "$cpu"
+  if [ "$variant" != cuda ]; then run "$cli" push "$cpu"; fi
+  if [ "$variant" != cpu ]; then run "$cli" push "$cuda"; fi
 fi

@@ -1,0 +1,136 @@
+"""Run a pipeline on this machine with kfp.local, either as subprocesses of this environment or inside the project's
+images, as a cluster runs it: each step's compiled executor command in its component's image, as the image's user,
+with no network, a read-only root filesystem and writable ``/tmp``, ``HOME`` and ``/workspace``; artifacts pass
+between containers through the mounted pipeline root. Nothing is pulled or installed at run time: a missing image is
+an error that says how to build it.
+
+kfp.local's own container launcher starts each container with auto-remove and, when the container is gone before it
+is waited on, reports success; here a failing step must fail the run, so the launcher is replaced by one that waits
+for the exit status, prints it with the step, image and user, and removes the container afterwards.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from cloob_core.errors import StageError
+
+Runner = Literal["subprocess", "docker"]
+IMAGE_USER = "10001:10001"  # infra/images/Dockerfile's USER
+IMAGE_HOME = "/home/cloob"
+
+
+class LocalRunError(StageError):
+    """A local run that could not start or whose step failed."""
+
+
+@dataclass(frozen=True)
+class StepContainer:
+    """How each step's container runs: the image's user, no network, a read-only root with writable scratch."""
+
+    user: str = IMAGE_USER
+    network: str = "none"
+
+    def run_args(self) -> dict[str, Any]:
+        writable = f"uid={self.user.split(':')[0]},gid={self.user.split(':')[1]},mode=0755"
+        return {"user": self.user, "network_mode": self.network, "read_only": True,
+                "tmpfs": {"/tmp": "mode=1777", IMAGE_HOME: writable, "/workspace": writable}}
+
+
+def _function_name(command: list[str]) -> str:
+    """The component's function, from the compiled executor command (``--function_to_execute NAME``)."""
+    for flag, value in itertools.pairwise(command):
+        if flag == "--function_to_execute":
+            return value
+    return "step"
+
+
+def _launch(client: Any, image: str, command: list[str], volumes: dict[str, Any], **run_args: Any) -> int:
+    """Run one step's container to its end; returns its exit status (printed with the step, image and user)."""
+    import docker
+
+    if ":" not in image.rsplit("/", 1)[-1]:
+        image = f"{image}:latest"
+    try:
+        client.images.get(image)
+    except docker.errors.ImageNotFound:
+        raise LocalRunError(f"image {image} is not on this Docker engine; build it with infra/images/build.sh "
+                            "(nothing is pulled for a local run)") from None
+    step = _function_name(command)
+    container = client.containers.run(image=image, command=command, detach=True, volumes=volumes, **run_args)
+    try:
+        for line in container.logs(stream=True, follow=True):
+            print(line.decode("utf-8", errors="replace"), end="")
+        code = int(container.wait()["StatusCode"])
+        user = container.attrs["Config"].get("User") or "root"
+    finally:
+        container.remove(force=True)
+    print(f"[container] step {step}: image {image}, user {user}, network {run_args.get('network_mode', 'default')}, "
+          f"exit status {code}", flush=True)
+    return code
+
+
+@contextmanager
+def _our_launcher() -> Iterator[None]:
+    from kfp.local import docker_task_handler
+
+    original = docker_task_handler.run_docker_container
+    docker_task_handler.run_docker_container = _launch
+    try:
+        yield
+    finally:
+        docker_task_handler.run_docker_container = original
+
+
+def run_pipeline(pipeline: Any, parameters: dict[str, str], root: Path, runner: Runner,
+                 container: StepContainer = StepContainer()) -> Path:
+    """Run ``pipeline`` (a pipeline function) with its run ``parameters`` (``pipelines.client.run_parameters``)
+    under ``root``; returns the run's folder. Raises :class:`LocalRunError` when a step fails."""
+    from kfp import local
+
+    root.mkdir(parents=True, exist_ok=True)
+    before = set(root.iterdir())
+    if runner == "docker":
+        import docker
+
+        try:
+            docker.from_env().ping()
+        except docker.errors.DockerException as err:
+            raise LocalRunError(f"no Docker engine answers ({err}); start one, e.g. infra/images/engine.sh start") \
+                from None
+        os.chmod(root, 0o1777)  # the steps run as the image's user and write their outputs here
+        local.init(runner=local.DockerRunner(**container.run_args()), pipeline_root=str(root),
+                   raise_on_error=True)
+        with _our_launcher():
+            _run(pipeline, parameters)
+    else:
+        local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root), raise_on_error=True)
+        _run(pipeline, parameters)
+    runs = [path for path in set(root.iterdir()) - before if path.name.startswith(f"{pipeline.name}-")]
+    if len(runs) != 1:
+        raise LocalRunError(f"expected one new run folder of {pipeline.name} under {root}, found {len(runs)}")
+    return runs[0]
+
+
+def _run(pipeline: Any, parameters: dict[str, str]) -> None:
+    try:
+        pipeline(**parameters)
+    except RuntimeError as err:  # kfp.local: "Task 'NAME' finished with status FAILURE" (with colour codes)
+        message = re.sub(r"\x1b\[[0-9;]*m", "", str(err)).strip().splitlines()
+        raise LocalRunError(message[0] if message else "a step failed") from None
+
+
+def final_metrics(run: Path) -> dict[str, Any]:
+    """The report step's metrics.json of a finished run."""
+    reports = sorted(run.glob("report/folder/metrics.json"))
+    if not reports:
+        raise LocalRunError(f"{run} has no report/folder/metrics.json: the run did not reach its report step")
+    return json.loads(reports[0].read_text("utf-8"))

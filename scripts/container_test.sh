@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The container phase of CI: a Docker engine (started here where none runs), the base and the CPU image
+# (infra/images/build.sh; docker's layer cache and the base rootfs tarball are kept between runs on one machine),
+# then tests/test_containers.py: image hygiene and the pretrain pipeline run in containers. Prints each phase's time.
+# Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh dev >/dev/null
+started_engine=0
+if ! infra/images/engine.sh status >/dev/null 2>&1; then
+  started_engine=1
+fi
+cleanup() { if [ "$started_engine" -eq 1 ]; then infra/images/engine.sh stop; fi; }
+trap cleanup EXIT
+phase() {  # name command...
+  local name=$1 started rc=0
+  shift
+  started=$(date +%s)
+  "$@" || rc=$?
+  echo "phase $name: $(( $(date +%s) - started )) s$( [ "$rc" -eq 0 ] || echo ", failed ($rc)")"
+  return "$rc"
+}
+phase engine infra/images/engine.sh start
+phase "cpu image" infra/images/build.sh --variant cpu
+phase "cuda image" infra/images/build.sh --variant cuda
+status=0
+phase "containers" .venv/bin/python -m pytest -m container -p no:cacheprovider tests/test_containers.py "$@" || status=$?
+if [ "$status" -eq 5 ]; then
+  echo "container test: pytest collected no tests; failing" >&2
+  exit 1
+fi
+exit "$status"

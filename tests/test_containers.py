@@ -1,0 +1,129 @@
+"""The pipeline's steps inside the project's CPU image, on a real Docker engine: the image's hygiene, and the pretrain
+pipeline run in containers (kfp.local's DockerRunner, each step's compiled executor command in the image) giving the
+metrics of the same pipeline run as subprocesses. scripts/container_test.sh starts the engine, builds the image and
+runs these (CI does); without an engine they are skipped, except under CI, where that is a failure."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.container
+DOCKER = "/usr/bin/docker" if Path("/usr/bin/docker").exists() else (shutil.which("docker") or "docker")
+ROOT = Path(__file__).resolve().parents[1]
+BROKEN = "cloob-pipelines:broken-test"
+
+
+def docker(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run([DOCKER, *args], capture_output=True, text=True, check=check)
+
+
+@pytest.fixture(scope="module")
+def image() -> str:
+    from components.images import CPU_IMAGE
+
+    if shutil.which(DOCKER) is None or docker("info", check=False).returncode != 0:
+        if os.environ.get("CI"):
+            pytest.fail("no Docker engine answers; scripts/container_test.sh starts one")
+        pytest.skip("no Docker engine answers (infra/images/engine.sh start)")
+    if docker("image", "inspect", CPU_IMAGE, check=False).returncode != 0:
+        pytest.fail(f"{CPU_IMAGE} is not built; infra/images/build.sh --variant cpu builds it")
+    return CPU_IMAGE
+
+
+def in_image(image: str, script: str, *options: str) -> str:
+    return docker("run", "--rm", "--network", "none", *options, image, "sh", "-c", script).stdout
+
+
+def test_the_image_runs_as_its_user_on_a_read_only_root_with_writable_scratch(image):
+    out = in_image(image, "id -u; id -g; echo $HOME; cloob --version; touch /workspace/a /tmp/b && echo writable; "
+                   "touch /opt/cloob/c 2>/dev/null || echo read-only",
+                   "--read-only", "--tmpfs", "/tmp", "--tmpfs", "/workspace:uid=10001,gid=10001").split("\n")
+    assert out[:3] == ["10001", "10001", "/home/cloob"]
+    assert importlib.metadata.version("cloob-pipelines") in out[3]
+    assert out[4:6] == ["writable", "read-only"]
+
+
+def test_the_image_has_no_compiler_and_its_packages_are_consistent(image):
+    assert in_image(image, "command -v gcc cc c++ g++ || echo none").strip() == "none"
+    assert "No broken requirements found" in in_image(image, "pip check")
+
+
+def test_no_credentials_are_baked_into_the_image(image):
+    history = docker("history", "--no-trunc", "--format", "{{.CreatedBy}}", image).stdout
+    config = docker("image", "inspect", "--format", "{{json .Config.Env}}", image).stdout
+    for text in (history, config):
+        assert "AWS_" not in text and "SECRET" not in text.upper() and "TOKEN" not in text.upper()
+
+
+def run_local(root: Path, runner: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "pipelines", "run-local", "--runner", runner, "--root", str(root),
+               "--set", "train.epochs=3", "--set", f"promote.store={root / 'store'}", "--partitions", "2"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
+    print(done.stdout[-20000:], done.stderr[-5000:])  # the steps' containers, users and exit statuses, in CI's log
+    return done
+
+
+def numbers(metrics: dict) -> dict[str, float]:
+    return {f"{name}.{key}": value for name, values in metrics.items() if isinstance(values, dict)
+            for key, value in values.items() if isinstance(value, (int, float))}
+
+
+def test_the_pretrain_pipeline_in_containers_gives_the_metrics_of_subprocesses(image, tmp_path):
+    from pipelines.local_run import final_metrics
+
+    env = {**os.environ, "CLOOB_IMAGE_CUDA": image}  # no GPU here: the training step runs in the CPU image
+    runs, logs = {}, {}
+    for runner in ("docker", "subprocess"):
+        done = run_local(tmp_path / runner, runner, env)
+        assert done.returncode == 0, done.stderr[-2000:]
+        (run,) = (tmp_path / runner).glob("cloob-pretrain-evaluate-*")
+        runs[runner], logs[runner] = final_metrics(run), done.stdout
+    containers = [line.strip() for line in logs["docker"].splitlines() if line.strip().startswith("[container] step ")]
+    assert containers and all(f"image {image}, user 10001:10001, network none, exit status 0" in line
+                              for line in containers), containers
+    assert {"train", "report", "promote"} <= {line.split()[2].rstrip(":") for line in containers}
+    assert "[container]" not in logs["subprocess"]
+    ours, reference = numbers(runs["docker"]), numbers(runs["subprocess"])
+    assert ours.keys() == reference.keys() and len(ours) > 20
+    assert ours == pytest.approx(reference, abs=1e-9)
+
+
+def test_an_image_missing_a_dependency_fails_the_run_naming_the_step(image, tmp_path):
+    dockerfile = tmp_path / "Dockerfile"
+    dockerfile.write_text(f"FROM {image}\nUSER 0\nRUN rm -rf /opt/cloob/lib/python3.11/site-packages/webdataset\n"
+                          "USER 10001:10001\n")
+    docker("build", "--network", "none", "-q", "-t", BROKEN, str(tmp_path))
+    try:
+        env = {**os.environ, "CLOOB_IMAGE_CPU": BROKEN, "CLOOB_IMAGE_CUDA": BROKEN}
+        done = run_local(tmp_path / "root", "docker", env)
+    finally:
+        docker("rmi", "-f", BROKEN, check=False)
+    assert done.returncode != 0
+    failed = [line.strip() for line in done.stdout.splitlines() if line.strip().startswith("[container] step ")
+              and not line.endswith("exit status 0")]
+    assert failed, done.stdout[-3000:]
+    assert "No module named 'webdataset'" in done.stdout + done.stderr
+    error = done.stderr.strip().splitlines()[-1]  # one line naming the failed task
+    step = failed[0].split()[2].rstrip(":").replace("_", "-")
+    assert error.startswith("pipelines: ") and f"'{step}'" in error and "FAILURE" in error, error
+
+
+def test_the_cuda_image_carries_cuda_and_nccl_and_starts_the_trainer(image):
+    """No GPU here: what can be checked without one. (The CPU image carries the same wheels unless built with
+    TORCH_INDEX_URL, so it passes this too; the CUDA image is the one the training step names.)"""
+    from components.images import CUDA_IMAGE
+
+    if docker("image", "inspect", CUDA_IMAGE, check=False).returncode != 0:
+        pytest.fail(f"{CUDA_IMAGE} is not built; infra/images/build.sh --variant cuda builds it")
+    probe = ("import torch, torch.distributed as dist; "
+             "print(torch.version.cuda, dist.is_nccl_available(), torch.cuda.is_available())")
+    cuda, nccl, available = in_image(CUDA_IMAGE, f'python -c "{probe}"').split()
+    assert cuda != "None" and nccl == "True" and available == "False"
+    assert "usage: cloob train" in in_image(CUDA_IMAGE, "cloob train --help")

@@ -1,0 +1,35 @@
+"""`python -m pipelines run-local` without a Docker engine: the step names it prints come from the compiled
+executor commands, and a missing engine is one line, not a traceback. (The runs themselves, in containers and as
+subprocesses, are in tests/test_containers.py and tests/test_kfp_pipeline.py.)"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_each_compiled_executor_names_its_component_function(tmp_path):
+    from pipelines.__main__ import main
+    from pipelines.local_run import _function_name
+
+    path = tmp_path / "pipeline.yaml"
+    assert main(["compile", "--output", str(path)]) == 0
+    executors = next(yaml.safe_load_all(path.read_text()))["deploymentSpec"]["executors"]  # then the platform spec
+    names = {_function_name(spec["container"]["command"] + spec["container"]["args"])
+             for spec in executors.values()}
+    assert {"acquire", "train", "evaluate", "report", "promote"} <= names and "step" not in names
+
+
+def test_without_a_docker_engine_the_run_stops_with_one_line(tmp_path):
+    env = {**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"}
+    done = subprocess.run([sys.executable, "-m", "pipelines", "run-local", "--runner", "docker", "--root",
+                           str(tmp_path / "root")], cwd=ROOT, capture_output=True, text=True, env=env)
+    assert done.returncode == 2
+    assert done.stderr.strip().startswith("pipelines: no Docker engine answers") and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
