@@ -24,7 +24,10 @@ phase engine infra/images/engine.sh start
 phase "cpu image" infra/images/build.sh --variant cpu
 phase "cuda image" infra/images/build.sh --variant cuda
 status=0
-phase "containers" .venv/bin/python -m pytest -m container -p no:cacheprovider tests/test_containers.py "$@" || status=$?
+# -rP: the passed tests' output too, so that the log shows each step's container, user and exit status, and the
+# final metrics.
+phase "containers" .venv/bin/python -m pytest -m container -rP -p no:cacheprovider tests/test_containers.py "$@" \
+  || status=$?
 if [ "$status" -eq 5 ]; then
   echo "container test: pytest collected no tests; failing" >&2
   exit 1

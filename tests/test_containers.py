@@ -65,9 +65,7 @@ def test_no_credentials_are_baked_into_the_image(image):
 def run_local(root: Path, runner: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "pipelines", "run-local", "--runner", runner, "--root", str(root),
                "--set", "train.epochs=3", "--set", f"promote.store={root / 'store'}", "--partitions", "2"]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
-    print(done.stdout[-20000:], done.stderr[-5000:])  # the steps' containers, users and exit statuses, in CI's log
-    return done
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
 
 
 def numbers(metrics: dict) -> dict[str, float]:
@@ -86,6 +84,10 @@ def test_the_pretrain_pipeline_in_containers_gives_the_metrics_of_subprocesses(i
         (run,) = (tmp_path / runner).glob("cloob-pretrain-evaluate-*")
         runs[runner], logs[runner] = final_metrics(run), done.stdout
     containers = [line.strip() for line in logs["docker"].splitlines() if line.strip().startswith("[container] step ")]
+    summary = [line.strip() for line in logs["docker"].splitlines()
+               if "finished (docker)" in line or line.strip().startswith("suite.")]
+    print("\n".join(containers + summary))  # each step's container, user and exit status, and the final metrics
+    assert any(line.startswith("suite.zeroshot_acc1") for line in summary), logs["docker"][-2000:]
     assert containers and all(f"image {image}, user 10001:10001, network none, exit status 0" in line
                               for line in containers), containers
     assert {"train", "report", "promote"} <= {line.split()[2].rstrip(":") for line in containers}
@@ -105,6 +107,7 @@ def test_an_image_missing_a_dependency_fails_the_run_naming_the_step(image, tmp_
         done = run_local(tmp_path / "root", "docker", env)
     finally:
         docker("rmi", "-f", BROKEN, check=False)
+    print(done.stdout[-3000:], done.stderr[-1000:])
     assert done.returncode != 0
     failed = [line.strip() for line in done.stdout.splitlines() if line.strip().startswith("[container] step ")
               and not line.endswith("exit status 0")]
