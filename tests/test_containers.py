@@ -68,6 +68,15 @@ def run_local(root: Path, runner: str, env: dict[str, str]) -> subprocess.Comple
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
 
 
+def container_lines(stdout: str) -> list[str]:
+    """run-local's ``[container] step NAME: image …, user …, network …, exit status N`` lines."""
+    return [line.strip() for line in stdout.splitlines() if line.strip().startswith("[container] step ")]
+
+
+def step(line: str) -> str:
+    return line.split()[2].rstrip(":")
+
+
 def numbers(metrics: dict) -> dict[str, float]:
     return {f"{name}.{key}": value for name, values in metrics.items() if isinstance(values, dict)
             for key, value in values.items() if isinstance(value, (int, float))}
@@ -83,14 +92,14 @@ def test_the_pretrain_pipeline_in_containers_gives_the_metrics_of_subprocesses(i
         assert done.returncode == 0, done.stderr[-2000:]
         (run,) = (tmp_path / runner).glob("cloob-pretrain-evaluate-*")
         runs[runner], logs[runner] = final_metrics(run), done.stdout
-    containers = [line.strip() for line in logs["docker"].splitlines() if line.strip().startswith("[container] step ")]
+    containers = container_lines(logs["docker"])
     summary = [line.strip() for line in logs["docker"].splitlines()
                if "finished (docker)" in line or line.strip().startswith("suite.")]
     print("\n".join(containers + summary))  # each step's container, user and exit status, and the final metrics
     assert any(line.startswith("suite.zeroshot_acc1") for line in summary), logs["docker"][-2000:]
     assert containers and all(f"image {image}, user 10001:10001, network none, exit status 0" in line
                               for line in containers), containers
-    assert {"train", "report", "promote"} <= {line.split()[2].rstrip(":") for line in containers}
+    assert {"train", "report", "promote"} <= {step(line) for line in containers}
     assert "[container]" not in logs["subprocess"]
     ours, reference = numbers(runs["docker"]), numbers(runs["subprocess"])
     assert ours.keys() == reference.keys() and len(ours) > 20
@@ -109,13 +118,12 @@ def test_an_image_missing_a_dependency_fails_the_run_naming_the_step(image, tmp_
         docker("rmi", "-f", BROKEN, check=False)
     print(done.stdout[-3000:], done.stderr[-1000:])
     assert done.returncode != 0
-    failed = [line.strip() for line in done.stdout.splitlines() if line.strip().startswith("[container] step ")
-              and not line.endswith("exit status 0")]
+    failed = [line for line in container_lines(done.stdout) if not line.endswith("exit status 0")]
     assert failed, done.stdout[-3000:]
     assert "No module named 'webdataset'" in done.stdout + done.stderr
     error = done.stderr.strip().splitlines()[-1]  # one line naming the failed task
-    step = failed[0].split()[2].rstrip(":").replace("_", "-")
-    assert error.startswith("pipelines: ") and f"'{step}'" in error and "FAILURE" in error, error
+    task = step(failed[0]).replace("_", "-")
+    assert error.startswith("pipelines: ") and f"'{task}'" in error and "FAILURE" in error, error
 
 
 def test_the_cuda_image_carries_cuda_and_nccl_and_starts_the_trainer(image):
