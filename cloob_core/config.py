@@ -131,7 +131,8 @@ class DownloadConfig(_Section):
     url_col: str = Field("url", description="Manifest column holding the image URL.")
     caption_col: str = Field("caption", description="Manifest column holding the caption.")
     input_format: Literal["auto", "csv", "tsv", "parquet", "jsonl"] = Field(
-        "auto", description="Manifest format; auto: from the file suffix. Header-less caption<TAB>url is detected."
+        "auto", description="Manifest format of text files (a .parquet file is parquet); auto: from the file "
+        "suffix. Header-less caption<TAB>url is detected."
     )
     processes: int = Field(0, ge=0, description="Worker processes (0: one per CPU core).")
     threads: int = Field(32, ge=1, le=1024, description="Download threads per worker process.")

@@ -1,7 +1,11 @@
 """One component per pipeline stage. Each body only calls its step in ``cloob_core.ops.kubeflow``, which calls the
 stage function the `cloob` command (and so the DVC stage) calls, and fills the artifacts from its result; the
 image already holds cloob_core, so nothing is installed at run time (``install_kfp_package=False``: the image
-carries kfp too)."""
+carries kfp too).
+
+The shards go from step to step as a location (a string parameter), not as an artifact: KFP's launcher copies
+each input artifact into the pod before the step starts, and shards are the pipeline's one large data. The
+manifest, features, reports and the model stay artifacts (`python -m pipelines inputs` lists what is copied)."""
 
 # No `from __future__ import annotations` here: KFP reads the artifact types from the live annotations.
 from kfp import dsl
@@ -11,11 +15,14 @@ from components.images import CPU_IMAGE, CUDA_IMAGE
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
-def acquire(params: str, manifest: Output[Dataset]):
-    """The run's image-text pairs as one manifest (the embedded default or acquire.source)."""
+def acquire(params: str, store: str, manifest: Output[Dataset]) -> str:
+    """The run's image-text pairs as one manifest (the embedded default or acquire.source); returns the folder of
+    ``store`` their shards are built in."""
     from cloob_core.ops import kubeflow
 
-    manifest.metadata.update(kubeflow.acquire(params, manifest.path))
+    facts = kubeflow.acquire(params, manifest.path, store)
+    manifest.metadata.update(facts)
+    return facts["shards"]
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
@@ -27,35 +34,42 @@ def validate_manifest(params: str, manifest: Input[Dataset], report: Output[Data
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
-def download_partition(params: str, manifest: Input[Dataset], partition: str, shards: Output[Dataset]):
-    """Part I/N of the shards (shard k belongs to part k % N); resumable, so a retry continues."""
+def download_partition(params: str, manifest: Input[Dataset], partition: str) -> dict:
+    """Part I/N of the shards (shard k belongs to part k % N) into the folder named in the manifest's metadata
+    (so the two cannot disagree), which all parts share; resumable, so a retry or a rerun continues. Returns
+    its counts."""
     from cloob_core.ops import kubeflow
 
-    shards.metadata.update(kubeflow.download(params, manifest.path, partition, shards.path))
+    return kubeflow.download(params, manifest.path, partition, manifest.metadata["shards"])
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
-def merge_shards(parts: Input[list[Dataset]], shards: Output[Dataset]):
-    """The partitions' shards in one dataset, with sizes.json / stats.json / failures.jsonl rebuilt."""
+def merge_shards(shards: str, parts: list, summary: Output[Metrics]) -> str:
+    """sizes.json / stats.json / failures.jsonl of ``shards`` rebuilt in place once every partition (``parts``:
+    their counts) is done; returns ``shards`` for the steps that read them."""
     from cloob_core.ops import kubeflow
 
-    shards.metadata.update(kubeflow.merge_partitions([part.path for part in parts], shards.path))
+    for key, value in kubeflow.merge_partitions(shards).items():
+        summary.log_metric(key, value)
+    summary.metadata["shards"] = shards
+    return shards
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
-def validate_shards(params: str, shards: Input[Dataset], report: Output[Dataset]):
-    """The data gate on the built shards: the last check before GPU hours."""
+def validate_shards(params: str, shards: str, report: Output[Dataset]):
+    """The data gate on the built shards, read where they lie: the last check before GPU hours."""
     from cloob_core.ops import kubeflow
 
-    report.metadata.update(kubeflow.validate(params, report.path, shards_dir=shards.path))
+    report.metadata.update({**kubeflow.validate(params, report.path, shards_dir=shards), "shards": shards})
 
 
 @dsl.component(base_image=CUDA_IMAGE, install_kfp_package=False)
-def train(params: str, shards: Input[Dataset], gpus: int, model: Output[Model], metrics: Output[Metrics]):
-    """`cloob train` on one node; several GPUs run under torchrun, one process each."""
+def train(params: str, shards: str, gpus: int, model: Output[Model], metrics: Output[Metrics]):
+    """`cloob train` on one node, streaming the shards from where they lie; several GPUs run under torchrun,
+    one process each."""
     from cloob_core.ops import kubeflow
 
-    kubeflow.train(params, shards.path, model.path, gpus, model=model, metrics=metrics)
+    kubeflow.train(params, shards, model.path, gpus, model=model, metrics=metrics)
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
@@ -133,11 +147,11 @@ def record_production_metrics(params: str, report: Input[Dataset]):
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
-def train_multinode(params: str, shards: Input[Dataset], job: str, run_id: str, model: Output[Model],
+def train_multinode(params: str, shards: str, job: str, run_id: str, model: Output[Model],
                     metrics: Output[Metrics]):
-    """`cloob train` on several GPU nodes: creates a PyTorchJob / TrainJob (job: its settings), waits for it
-    and fetches the result. This pod only watches, so it needs no GPU, only RBAC for the job kind."""
+    """`cloob train` on several GPU nodes: creates a PyTorchJob / TrainJob (job: its settings) whose pods
+    stream the shards from S3, waits for it and fetches the result. This pod only watches, so it needs no GPU
+    and no copy of the data, only RBAC for the job kind."""
     from cloob_core.ops import kubeflow
 
-    kubeflow.train_multinode(params, shards.path, shards.uri, model.path, job, run_id, model=model,
-                                  metrics=metrics)
+    kubeflow.train_multinode(params, shards, model.path, job, run_id, model=model, metrics=metrics)

@@ -1,6 +1,6 @@
-"""`python -m pipelines compile|run-local|submit|schedule …`: the pipeline as KFP YAML, a run of it on this
-machine (in the images or as subprocesses), a run of it on a KFP endpoint, and recurring runs (scheduled retraining /
-re-evaluation)."""
+"""`python -m pipelines compile|inputs|run-local|submit|schedule …`: the pipeline as KFP YAML, what its steps
+copy in, a run of it on this machine (in the images or as subprocesses), a run of it on a KFP endpoint, and recurring
+runs (scheduled retraining / re-evaluation)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def _compile(args: argparse.Namespace) -> int:
 
     from pipelines.pretrain import build, build_evaluation
 
-    settings = ClusterSettings.from_flags(flag_values(args, "cluster"))
+    settings = ClusterSettings.from_flags(flag_values(args, "cluster")).for_cluster()
     pipeline = build_evaluation(settings) if args.pipeline == "evaluate" else build(settings)
     with tempfile.TemporaryDirectory() as tmp:  # the compiler picks the format from the file name's suffix
         compiled = Path(tmp) / "pipeline.yaml"
@@ -34,6 +34,13 @@ def _compile(args: argparse.Namespace) -> int:
 
 
 DEFAULT_PACKAGE = Path("pipelines/compiled/pretrain_evaluate.yaml")
+
+
+def _inputs(args: argparse.Namespace) -> int:
+    from pipelines.copied_inputs import read_spec, step_inputs, table
+
+    print(table(step_inputs(read_spec(_package(args.package)))))
+    return 0
 
 
 def _package(path: Path) -> str:
@@ -89,10 +96,12 @@ def _run_local(args: argparse.Namespace) -> int:
     from pipelines import client, local_run
     from pipelines.pretrain import build, build_evaluation
 
-    settings = ClusterSettings.from_flags(flag_values(args, "cluster"))
+    root = args.root.resolve()
+    settings = ClusterSettings.from_flags({"shards_store": str(root / "shards"), **flag_values(args, "cluster")})
     pipeline = build_evaluation(settings) if args.pipeline == "evaluate" else build(settings)
     parameters = client.run_parameters(args.params, args.set)
-    run = local_run.run_pipeline(pipeline, parameters, args.root.resolve(), args.runner)
+    container = local_run.StepContainer.sharing(settings.shards_store) if args.runner == "docker" else None
+    run = local_run.run_pipeline(pipeline, parameters, root, args.runner, container)
     print(f"run {run.name} finished ({args.runner}); its outputs: {run}")
     if args.pipeline == "pretrain":
         suite = local_run.final_metrics(run).get("suite", {})
@@ -146,11 +155,18 @@ def build_parser() -> argparse.ArgumentParser:
                     skip=("image",))
     comp.set_defaults(func=_compile)
 
+    inputs = sub.add_parser("inputs", help="what each step of a compiled pipeline gets: the input artifacts KFP "
+                            "copies into its pod, and the parameters passed by value")
+    inputs.add_argument("--package", type=Path, default=DEFAULT_PACKAGE, help=f"compiled pipeline ({DEFAULT_PACKAGE})")
+    inputs.set_defaults(func=_inputs)
+
     here = sub.add_parser("run-local", help="run a pipeline on this machine with kfp.local: each step in its image "
                           "(--runner docker, as the cluster runs it) or as a subprocess of this environment")
     here.add_argument("--pipeline", choices=["pretrain", "evaluate"], default="pretrain")
     here.add_argument("--runner", choices=["docker", "subprocess"], default="docker")
-    here.add_argument("--root", type=Path, default=Path("local_outputs"), help="pipeline root (default local_outputs)")
+    here.add_argument("--root", type=Path, default=Path("local_outputs"),
+                      help="pipeline root (default local_outputs); the shards are built in ROOT/shards unless "
+                      "--shards-store names another folder")
     here.add_argument("--params", default="params.yaml", help="configuration of the run (default params.yaml)")
     here.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                       help="override one value (repeatable)")

@@ -1,7 +1,8 @@
 """Run a pipeline on this machine with kfp.local, either as subprocesses of this environment or inside the project's
 images, as a cluster runs it: each step's compiled executor command in its component's image, as the image's user,
 with no network, a read-only root filesystem and writable ``/tmp``, ``HOME`` and ``/workspace``; artifacts pass
-between containers through the mounted pipeline root. Nothing is pulled or installed at run time: a missing image is
+between containers through the mounted pipeline root, and the shards through the mounted shards store (the
+cluster's S3 prefix stands in for a host folder here). Nothing is pulled or installed at run time: a missing image is
 an error that says how to build it.
 
 kfp.local's own container launcher starts each container with auto-remove and, when the container is gone before it
@@ -34,15 +35,34 @@ class LocalRunError(StageError):
 
 @dataclass(frozen=True)
 class StepContainer:
-    """How each step's container runs: the image's user, no network, a read-only root with writable scratch."""
+    """How each step's container runs: the image's user, no network, a read-only root with writable scratch,
+    and the ``shared`` host folders mounted read-write at their own paths."""
 
     user: str = IMAGE_USER
     network: str = "none"
+    shared: tuple[str, ...] = ()
+
+    @classmethod
+    def sharing(cls, store: str) -> StepContainer:
+        """The containers of a run whose shards are built in ``store``: a folder of this machine, made writable
+        for the image's user and mounted into every step (with no network, an S3 store is out of reach)."""
+        from cloob_core import storage
+
+        if storage.is_s3(store):
+            raise LocalRunError(f"with --runner docker the steps have no network, so the shards store must be a "
+                                f"folder on this machine, not {store}; or use --runner subprocess")
+        folder = Path(store).resolve()
+        folder.mkdir(parents=True, exist_ok=True)
+        os.chmod(folder, 0o1777)
+        return cls(shared=(str(folder),))
 
     def run_args(self) -> dict[str, Any]:
+        from docker.types import Mount
+
         writable = f"uid={self.user.split(':')[0]},gid={self.user.split(':')[1]},mode=0755"
         return {"user": self.user, "network_mode": self.network, "read_only": True,
-                "tmpfs": {"/tmp": "mode=1777", IMAGE_HOME: writable, "/workspace": writable}}
+                "tmpfs": {"/tmp": "mode=1777", IMAGE_HOME: writable, "/workspace": writable},
+                "mounts": [Mount(target=folder, source=folder, type="bind") for folder in self.shared]}
 
 
 def _function_name(command: list[str]) -> str:
@@ -91,7 +111,7 @@ def _our_launcher() -> Iterator[None]:
 
 
 def run_pipeline(pipeline: Any, parameters: dict[str, str], root: Path, runner: Runner,
-                 container: StepContainer = StepContainer()) -> Path:
+                 container: StepContainer | None = None) -> Path:
     """Run ``pipeline`` (a pipeline function) with its run ``parameters`` (``pipelines.client.run_parameters``)
     under ``root``; returns the run's folder. Raises :class:`LocalRunError` when a step fails."""
     from kfp import local
@@ -107,7 +127,7 @@ def run_pipeline(pipeline: Any, parameters: dict[str, str], root: Path, runner: 
             raise LocalRunError(f"no Docker engine answers ({err}); start one, e.g. infra/images/engine.sh start") \
                 from None
         os.chmod(root, 0o1777)  # the steps run as the image's user and write their outputs here
-        local.init(runner=local.DockerRunner(**container.run_args()), pipeline_root=str(root),
+        local.init(runner=local.DockerRunner(**(container or StepContainer()).run_args()), pipeline_root=str(root),
                    raise_on_error=True)
         with _our_launcher():
             _run(pipeline, parameters)

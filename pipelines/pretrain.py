@@ -39,15 +39,16 @@ def with_s3_credentials(task: dsl.PipelineTask, secret: str | None) -> dsl.Pipel
 def build(settings: ClusterSettings | None = None):
     """The pipeline function for these cluster settings (fixed at compile time: resources and scheduling are part
     of the pod spec, not run parameters). ``nodes`` > 1 trains through the Training Operator (``job_kind``
-    pytorchjob or trainjob, pods sharing ``job_workdir``). ``data``: ``acquire`` builds the shards (acquire ->
-    gate -> download fan-out -> merge); ``import`` takes shards already on S3 (e.g. a DVC worktree remote) by
-    URI through ``dsl.importer``."""
+    pytorchjob or trainjob, pods sharing ``job_workdir``). ``data``: ``acquire`` builds the shards in
+    ``shards_store`` (acquire -> gate -> download fan-out -> merge); ``import`` takes shards already on S3 (e.g.
+    a DVC worktree remote) by their URI. Either way the shards reach the gate and training as a location, not
+    an artifact, so no pod copies them."""
     settings = settings or ClusterSettings()
     if settings.nodes > 1 and not settings.image:
         settings = settings.model_copy(update={"image": CUDA_IMAGE})
 
     def train_and_promote(params: str, shards: Any) -> None:
-        shard_gate = steps.validate_shards(params=params, shards=shards)
+        shard_gate = with_s3_credentials(steps.validate_shards(params=params, shards=shards), settings.s3_secret)
         trained = train_task(params, shards, settings)
         trained.after(shard_gate)
         trained.set_caching_options(False)  # a retraining run must train, even on unchanged inputs
@@ -61,17 +62,19 @@ def build(settings: ClusterSettings | None = None):
         @dsl.pipeline(name="cloob-pretrain-evaluate-imported",
                       description="CLOOB pretraining and evaluation on shards already on S3 (imported).")
         def pretrain_imported(shards_uri: str, params: str = DEFAULT_PARAMS):
-            imported = dsl.importer(artifact_uri=shards_uri, artifact_class=dsl.Dataset, reimport=False,
-                                    metadata={"source": shards_uri})
-            train_and_promote(params, imported.output)
+            train_and_promote(params, shards_uri)
 
         return pretrain_imported
 
     @dsl.pipeline(name="cloob-pretrain-evaluate",
                   description="CLOOB pretraining and evaluation: data gate, sharded download, training, report.")
     def pretrain_evaluate(params: str = DEFAULT_PARAMS):
-        acquired = with_s3_credentials(steps.acquire(params=params), settings.s3_secret)
+        acquired = with_s3_credentials(steps.acquire(params=params, store=settings.shards_store),
+                                       settings.s3_secret)
         acquired.set_caching_options(False)  # the source (a URL or bucket) can change under the same name
+        # The shards' folder; the partitions read it from the manifest's metadata instead (kfp.local 2.17 hands a
+        # ParallelFor body the loop item in place of any task-output parameter passed into it).
+        shards = acquired.outputs["Output"]
         gate = with_s3_credentials(steps.validate_manifest(params=params, manifest=acquired.outputs["manifest"]),
                                    settings.s3_secret)
         with dsl.ParallelFor(items=partition_names(settings.partitions), parallelism=settings.partitions) as part:
@@ -79,9 +82,12 @@ def build(settings: ClusterSettings | None = None):
                                                   partition=part)
             downloaded.after(gate)
             downloaded.set_retry(num_retries=3, backoff_duration="60s", backoff_factor=2)
+            downloaded.set_caching_options(False)  # it resumes: finished shards in the folder are skipped
             with_s3_credentials(downloaded, settings.s3_secret)
-        merged = steps.merge_shards(parts=dsl.Collected(downloaded.outputs["shards"]))
-        train_and_promote(params, merged.outputs["shards"])
+        merged = with_s3_credentials(steps.merge_shards(shards=shards, parts=dsl.Collected(downloaded.output)),
+                                     settings.s3_secret)
+        merged.set_caching_options(False)  # rebuilt from what the folder holds now
+        train_and_promote(params, merged.outputs["Output"])
 
     return pretrain_evaluate
 

@@ -6,6 +6,7 @@ runs these (CI does); without an engine they are skipped, except under CI, where
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import shutil
 import subprocess
@@ -101,6 +102,9 @@ def test_the_pretrain_pipeline_in_containers_gives_the_metrics_of_subprocesses(i
                               for line in containers), containers
     assert {"train", "report", "promote"} <= {step(line) for line in containers}
     assert "[container]" not in logs["subprocess"]
+    (sizes,) = (tmp_path / "docker" / "shards").glob("shards-*/sizes.json")  # built in the mounted store
+    assert sum(json.loads(sizes.read_text()).values()) == 4000
+    assert not list((tmp_path / "docker").glob("cloob-pretrain-evaluate-*/**/*.tar"))  # and never copied
     ours, reference = numbers(runs["docker"]), numbers(runs["subprocess"])
     assert ours.keys() == reference.keys() and len(ours) > 20
     assert ours == pytest.approx(reference, abs=1e-9)

@@ -57,6 +57,14 @@ def test_every_stage_is_present_and_the_gates_come_first(compiled):
     assert loop["iteratorPolicy"]["parallelismLimit"] == 3
     assert json.loads(loop["parameterIterator"]["items"]["raw"]) == ["0/3", "1/3", "2/3"]
     assert tasks["download-partition"]["retryPolicy"]["maxRetryCount"] == 3
+    # the partitions write into one folder, the acquire step's answer; the merge waits for all of them
+    shards = {"taskOutputParameter": {"outputParameterKey": "Output", "producerTask": "acquire"}}
+    assert tasks["merge-shards"]["inputs"]["parameters"]["shards"] == shards
+    assert tasks["merge-shards"]["inputs"]["parameters"]["parts"]["taskOutputParameter"]["producerTask"] == \
+        loop["taskInfo"]["name"]
+    merged = {"taskOutputParameter": {"outputParameterKey": "Output", "producerTask": "merge-shards"}}
+    assert tasks["validate-shards"]["inputs"]["parameters"]["shards"] == merged
+    assert tasks["train"]["inputs"]["parameters"]["shards"] == merged
     assert all(tasks[name]["retryPolicy"]["maxRetryCount"] == 2 for name in ("prepare-features", "evaluate"))
     assert tasks["train"]["cachingOptions"] == {} or "enableCache" not in tasks["train"]["cachingOptions"]
 
@@ -71,8 +79,8 @@ def test_training_runs_on_gpu_nodes_with_shared_memory_and_the_secret(compiled):
     assert train["emptyDirMounts"] == [{"medium": "Memory", "mountPath": "/dev/shm", "sizeLimit": "16Gi",
                                         "volumeName": "dshm"}]
     assert train["tolerations"][0]["key"] == "nvidia.com/gpu" and train["nodeSelector"]["labels"] == {"pool": "a100"}
-    for executor in ("exec-acquire", "exec-download-partition", "exec-train", "exec-plan-evaluation",
-                     "exec-prepare-features", "exec-evaluate", "exec-promote"):
+    for executor in ("exec-acquire", "exec-download-partition", "exec-merge-shards", "exec-validate-shards",
+                     "exec-train", "exec-plan-evaluation", "exec-prepare-features", "exec-evaluate", "exec-promote"):
         mapped = {entry["envVar"] for entry in platform[executor]["secretAsEnv"][0]["keyToEnv"]}
         assert mapped == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL"}
     # credentials never appear as parameters
@@ -82,10 +90,31 @@ def test_training_runs_on_gpu_nodes_with_shared_memory_and_the_secret(compiled):
     assert "pip install" not in json.dumps(spec["deploymentSpec"])  # nothing installed at run time
 
 
+def test_no_step_copies_the_shards_into_its_pod(tmp_path):
+    """KFP's launcher copies every input artifact into the pod before the step starts: the shards must reach
+    the gate and training as a location. What is still copied is small: the manifest, the model, features and
+    reports (the list below is `python -m pipelines inputs`)."""
+    from pipelines.copied_inputs import step_inputs
+
+    small = {"manifest (system.Dataset)", "model (system.Model)", "features (system.Dataset)",
+             "parts (system.Dataset)", "datasets (system.Dataset)", "report (system.Dataset)"}
+    for options in ((), ("--data", "import"), ("--nodes", "2")):
+        steps = {s.step: s for s in step_inputs(compile_with(tmp_path, *options)["spec"])}
+        for name in ("validate-shards", "train" if "--nodes" not in options else "train-multinode"):
+            assert steps[name].copied == () and "shards" in steps[name].by_value, (options, steps[name])
+        assert set().union(*(s.copied for s in steps.values())) <= small, options
+        if not options:
+            assert steps["download-partition"].copied == ("manifest (system.Dataset)",)
+            assert steps["merge-shards"].copied == ()
+
+
 @pytest.mark.slow  # ~2.5 minutes: CI runs it (.ci/run), the default suite does not
-def test_kfp_local_runs_the_whole_pipeline_on_the_embedded_default(tmp_path):
+def test_kfp_local_runs_the_whole_pipeline_on_the_embedded_default(tmp_path, s3_bucket):
+    """With the shards on S3 (a real server on loopback): the partitions write there, the gate and training
+    stream them from there."""
     from kfp import local
 
+    from cloob_core import storage
     from cloob_core.ops.cluster import ClusterSettings
     from pipelines.pretrain import DEFAULT_PARAMS, build, build_evaluation
 
@@ -93,7 +122,7 @@ def test_kfp_local_runs_the_whole_pipeline_on_the_embedded_default(tmp_path):
     params["train"]["epochs"] = 3.0  # CI time
     params["promote"]["store"] = str(tmp_path / "store")
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "root"))
-    build(ClusterSettings(partitions=2, gpus=0))(params=json.dumps(params))
+    build(ClusterSettings(partitions=2, gpus=0, shards_store=f"s3://{s3_bucket}/shards"))(params=json.dumps(params))
     (report,) = (tmp_path / "root").glob("*/report/folder/metrics.json")
     metrics = json.loads(report.read_text())
     zeroshot = metrics["mnist_zeroshot_classification"]
@@ -105,8 +134,12 @@ def test_kfp_local_runs_the_whole_pipeline_on_the_embedded_default(tmp_path):
                  sorted((tmp_path / "root").glob("*/for-loop-*/collect-dataset/executor_output.json"))]
     matrices = [out["confusion"]["artifacts"][0]["metadata"]["confusionMatrix"] for out in collected]
     assert len(matrices) == 2 and all(len(m["rows"]) == 10 for m in matrices)  # one per classification set
-    (merged,) = (tmp_path / "root").glob("*/merge-shards/shards/sizes.json")
-    assert sum(json.loads(merged.read_text()).values()) == 4000  # both partitions' shards, merged
+    (trained,) = (tmp_path / "root").glob("*/train/executor_output.json")
+    shards = json.loads(trained.read_text())["artifacts"]["model"]["artifacts"][0]["metadata"]["shards"]
+    assert shards.startswith(f"s3://{s3_bucket}/shards/shards-")  # the model's data lineage
+    assert sum(storage.read_json(f"{shards}/sizes.json").values()) == 4000  # both partitions, in one folder
+    assert len(storage.list_names(shards, ".tar")) == 8
+    assert not list((tmp_path / "root").rglob("*.tar"))  # and no step's folder holds a copy
     (page,) = (tmp_path / "root").glob("*/report/page")
     assert page.read_text().startswith("# Evaluation report")
     pointer = json.loads((tmp_path / "store" / "production.json").read_text())  # promoted: the first model
@@ -275,13 +308,17 @@ def test_the_import_variant_trains_on_shards_already_on_s3(tmp_path):
     tasks = tasks_of(spec)
     assert {"acquire", "download-partition", "merge-shards"}.isdisjoint(tasks)
     assert spec["root"]["inputDefinitions"]["parameters"]["shards_uri"]["parameterType"] == "STRING"
-    importer = spec["deploymentSpec"]["executors"]["exec-importer"]["importer"]
-    assert importer["artifactUri"] == {"runtimeParameter": "uri"} and importer["typeSchema"]["schemaTitle"] == \
-        "system.Dataset"
-    assert tasks["importer"]["inputs"]["parameters"]["uri"]["componentInputParameter"] == "shards_uri"
-    gate = tasks["validate-shards"]["inputs"]["artifacts"]["shards"]["taskOutputArtifact"]
-    assert gate["producerTask"] == "importer"  # imported data passes the same gate before training
+    for step in ("validate-shards", "train"):  # imported data passes the same gate, read where it lies
+        assert tasks[step]["inputs"]["parameters"]["shards"] == {"componentInputParameter": "shards_uri"}
     assert "validate-shards" in tasks["train"]["dependentTasks"]
+
+
+def test_a_cluster_pipeline_needs_a_shards_store_its_pods_share(tmp_path, capsys):
+    from pipelines.__main__ import main
+
+    assert main(["compile", "--output", str(tmp_path / "p.yaml"), "--shards-store", str(tmp_path)]) == 2
+    assert "shards_store must be an s3:// prefix the pods share" in capsys.readouterr().err
+    assert not (tmp_path / "p.yaml").exists()
 
 
 def _dvc(repo: Path, *args: str) -> None:

@@ -4,6 +4,7 @@ failing stage reaches the run as its typed error and message, not as an exit sta
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -14,17 +15,43 @@ from cloob_core.ops import kubeflow
 PARAMS = {"acquire": {"source": "embedded", "split": "test"}, "preprocess": {"resize_mode": "no"}}
 
 
-def test_the_data_steps_return_what_their_artifacts_record(tmp_path):
-    assert kubeflow.acquire(PARAMS, str(tmp_path / "manifest")) == {"rows": 1000, "source": "embedded (test split)"}
+def test_the_data_steps_build_the_shards_in_one_folder_named_by_their_content(tmp_path):
+    store = str(tmp_path / "store")
+    facts = kubeflow.acquire(PARAMS, str(tmp_path / "manifest"), store)
+    shards = facts.pop("shards")
+    assert facts == {"rows": 1000, "source": "embedded (test split)"}
+    assert Path(shards).parent == Path(store) and Path(shards).name.startswith("shards-")
     gate = kubeflow.validate(PARAMS, str(tmp_path / "gate"), manifest_dir=str(tmp_path / "manifest"))
     assert gate["passed"] and gate["checks"] == 5
-    part = kubeflow.download(PARAMS, str(tmp_path / "manifest"), "1/2", str(tmp_path / "part1"))
-    assert part == {"partition": "1/2", "rows": 500, "successes": 500, "shards_built": 1, "shards_resumed": 0}
+    parts = [kubeflow.download(PARAMS, str(tmp_path / "manifest"), f"{i}/2", shards) for i in (1, 0)]
+    assert parts[0] == {"partition": "1/2", "rows": 500, "successes": 500, "shards_built": 1, "shards_resumed": 0}
+    assert kubeflow.merge_partitions(shards) == {"samples": 1000, "shards": 2, "failures": 0}
+    assert json.loads((Path(shards) / "sizes.json").read_text()) == {"00000.tar": 500, "00001.tar": 500}
+    assert kubeflow.validate(PARAMS, str(tmp_path / "gate2"), shards_dir=shards)["passed"]
+
+    # The same rows and settings name the same folder (a rerun resumes it); settings that change the shards, another.
+    again = kubeflow.acquire(PARAMS, str(tmp_path / "manifest2"), store)["shards"]
+    assert again == shards
+    assert kubeflow.download(PARAMS, str(tmp_path / "manifest2"), "0/2", again)["shards_resumed"] == 1
+    resized = {**PARAMS, "preprocess": {"resize_mode": "center_crop", "image_size": 32}}
+    assert kubeflow.acquire(resized, str(tmp_path / "manifest3"), store)["shards"] != shards
+
+
+def test_an_acquired_manifest_reads_back_whatever_the_sources_format(tmp_path):
+    """download.input_format describes the user's source (here a header-less CC3M-style TSV named .txt); the
+    acquired manifest is parquet, and the steps after acquire read it as such."""
+    source = tmp_path / "pairs.txt"
+    source.write_text("".join(f"caption {i}\thttp://127.0.0.1:9/{i}.jpg\n" for i in range(3)))
+    params = {"acquire": {"source": str(source)}, "download": {"input_format": "tsv"},
+              "validation": {"min_rows": 1}}
+    facts = kubeflow.acquire(params, str(tmp_path / "manifest"), str(tmp_path / "store"))
+    assert facts["rows"] == 3
+    assert kubeflow.validate(params, str(tmp_path / "gate"), manifest_dir=str(tmp_path / "manifest"))["checks"]
 
 
 def test_a_failing_gate_raises_its_report_and_a_bad_configuration_its_key(tmp_path):
     (tmp_path / "manifest").mkdir()
-    kubeflow.acquire(PARAMS, str(tmp_path / "manifest"))
+    kubeflow.acquire(PARAMS, str(tmp_path / "manifest"), str(tmp_path / "store"))
     strict = json.dumps({**PARAMS, "validation": {"min_rows": 5000}})  # as the run parameter arrives: text
     with pytest.raises(GateFailed, match="data gate FAILED: 1 of 5 checks") as failed:
         kubeflow.validate(strict, str(tmp_path / "gate"), manifest_dir=str(tmp_path / "manifest"))

@@ -33,3 +33,19 @@ def test_without_a_docker_engine_the_run_stops_with_one_line(tmp_path):
     assert done.returncode == 2
     assert done.stderr.strip().startswith("pipelines: no Docker engine answers") and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_local_shards_store_is_mounted_into_every_step_and_an_s3_one_is_refused(tmp_path):
+    """The containers have no network, so the store the shards are built in is a host folder mounted into each
+    step at its own path, writable by the image's user."""
+    import pytest
+
+    from pipelines.local_run import LocalRunError, StepContainer
+
+    container = StepContainer.sharing(str(tmp_path / "store"))
+    (mount,) = container.run_args()["mounts"]
+    assert mount["Source"] == mount["Target"] == str(tmp_path / "store") and mount["Type"] == "bind"
+    assert (tmp_path / "store").stat().st_mode & 0o7777 == 0o1777
+    assert container.run_args()["network_mode"] == "none"
+    with pytest.raises(LocalRunError, match="shards store must be a folder on this machine, not s3://b/shards"):
+        StepContainer.sharing("s3://b/shards")

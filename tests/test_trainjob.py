@@ -130,6 +130,13 @@ def test_bad_job_settings_are_refused():
     assert ClusterSettings.from_json(settings().to_json()) == settings()
 
 
+def test_a_job_on_shards_its_pods_cannot_reach_is_refused_before_any_pod_starts(tmp_path):
+    from cloob_core.config import ConfigError
+
+    with pytest.raises(ConfigError, match="its shards must be an s3:// prefix, not '/data/shards'"):
+        kubeflow.train_multinode({}, "/data/shards", str(tmp_path / "model"), settings().to_json(), "run-1")
+
+
 def _stub_python(folder: Path, body: str) -> dict[str, str]:
     folder.mkdir(parents=True, exist_ok=True)
     fake = folder / "python"
@@ -174,11 +181,8 @@ def test_a_two_node_job_trains_and_equals_one_process(kind, local_shards, tmp_pa
     params = yaml.safe_dump({"model": {"architecture": "cloob-tiny-vit"},  # no BatchNorm: ranks agree exactly
                              "train": {"steps": 4, "batch_size": 32, "data_streams": 4, "workers": 1,
                                        "log_every": 2, "tensorboard": False, "checkpoint_every": 2}})
-    if kind == "trainjob":  # shards already on S3 are used where they are
-        shards_uri = f"s3://{s3_bucket}/dvc/shards"
-        storage.upload_tree(local_shards, shards_uri)
-    else:  # a local artifact folder is copied for the pods first
-        shards_uri = "minio://mlpipeline/v2/artifacts/shards"
+    shards_uri = f"s3://{s3_bucket}/dvc/shards"  # the pods stream them from there; nothing is copied
+    storage.upload_tree(local_shards, shards_uri)
     secret = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
               "AWS_ENDPOINT_URL": os.environ["AWS_ENDPOINT_URL"]}
     job = ClusterSettings(image="cloob:cuda", job_workdir=f"s3://{s3_bucket}/jobs", job_kind=kind, nodes=2, gpus=0,
@@ -189,8 +193,8 @@ def test_a_two_node_job_trains_and_equals_one_process(kind, local_shards, tmp_pa
     with FakeTrainingCluster(secrets={"cloob-s3": secret}, extra_env=pod_env) as cluster:
         monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig(tmp_path / "kubeconfig")))
         try:
-            metrics = kubeflow.train_multinode(params, str(local_shards), shards_uri, str(tmp_path / "model"),
-                                                    job.to_json(), "Run-42")
+            metrics = kubeflow.train_multinode(params, shards_uri, str(tmp_path / "model"), job.to_json(),
+                                               "Run-42")
         except Exception:
             key = next(iter(cluster.logs), None)
             print(textwrap.indent(cluster.pod_logs(key)[-4000:] if key else "no pods", "  pod| "))
@@ -200,8 +204,8 @@ def test_a_two_node_job_trains_and_equals_one_process(kind, local_shards, tmp_pa
     assert metrics["world_size"] == 2 and metrics["steps"] == 4
     workdir = f"s3://{s3_bucket}/jobs/cloob-train-run-42"
     assert storage.list_names(f"{workdir}/checkpoints", ".pt")  # mirrored: a restarted pod resumes from there
-    copied = storage.list_names(f"{workdir}/shards")
-    assert bool(copied) == (kind == "pytorchjob")
+    assert not storage.list_names(f"{workdir}/shards")  # read where they lie, not copied for the job
+    assert f"train.shards={shards_uri}" in json.dumps(created)
 
     single = tmp_path / "single"
     params_file = tmp_path / "params.yaml"

@@ -70,12 +70,14 @@ class Partition:
 
 
 def _format_of(location: str, requested: str) -> tuple[str, str | None]:
+    """(format, compression); a ``.parquet`` file is parquet whatever ``requested`` says (no text reader reads
+    it): so the acquired manifest reads back under the input_format of the user's CSV or TSV source."""
     name = location.lower()
     compression = None
     for ext, kind in ((".gz", "gzip"), (".bz2", "bz2"), (".zst", "zstd"), (".xz", "xz")):
         if name.endswith(ext):
             name, compression = name[: -len(ext)], kind
-    if requested != "auto":
+    if requested != "auto" and not name.endswith((".parquet", ".pq")):
         return requested, compression
     for suffixes, kind in (
         ((".csv",), "csv"),

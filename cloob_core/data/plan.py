@@ -4,6 +4,7 @@ of a retry round; and the guard that keeps a resume from mixing manifests or set
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import Any
 
@@ -67,6 +68,14 @@ def settings_of(manifest: Manifest, config: CloobConfig) -> dict[str, Any]:
         "dedup_urls": config.download.dedup_urls,
         "preprocess": config.preprocess.model_dump(),
     }
+
+
+def shards_folder(store: str, manifest: Manifest, config: CloobConfig) -> str:
+    """Where in ``store`` the shards of ``manifest`` are built under ``config``: a folder named by a digest of
+    :func:`settings_of`, so a later run on the same rows with the same settings resumes or reuses it, and any
+    change gets a folder of its own rather than tripping the resume guard."""
+    digest = hashlib.sha256(json_bytes(settings_of(manifest, config))).hexdigest()[:16]
+    return storage.join(store, f"shards-{digest}")
 
 
 def check_settings(output: str, settings: dict[str, Any]) -> None:

@@ -18,6 +18,9 @@ class ClusterSettings(BaseModel):
         "acquire", description="acquire: build the shards in the run; import: train on shards already on S3, given "
         "as the run parameter shards_uri (e.g. a DVC worktree remote's data/shards)")
     partitions: int = Field(2, ge=1, description="Download fan-out: parallel download tasks.")
+    shards_store: str = Field(
+        "s3://cloob/shards", min_length=1, description="Where the run builds its shards and its steps read them "
+        "in place (never copied into a pod): an s3:// prefix on a cluster; one folder per manifest and settings.")
     nodes: int = Field(1, ge=1, description="Training nodes; >1 creates a Training Operator job with `gpus` per node.")
     gpus: int = Field(1, ge=0, description="GPUs per training node; >1 runs torchrun, one process per GPU.")
     accelerator: str = Field("nvidia.com/gpu", description="Accelerator resource name.")
@@ -53,6 +56,13 @@ class ClusterSettings(BaseModel):
         if self.nodes > 1 and not self.job_workdir.startswith("s3://"):
             raise ValueError(f"a multi-node job needs a work folder its pods share (an s3:// prefix), not "
                              f"{self.job_workdir!r}")
+        return self
+
+    def for_cluster(self) -> ClusterSettings:
+        """These settings, checked for pods that share nothing but object storage."""
+        if self.data == "acquire" and not self.shards_store.startswith("s3://"):
+            raise ConfigError(f"cluster settings: shards_store must be an s3:// prefix the pods share, not "
+                              f"{self.shards_store!r}")
         return self
 
     @classmethod

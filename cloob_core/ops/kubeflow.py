@@ -2,6 +2,11 @@
 stage function the ``cloob`` command calls, and fills KFP's typed artifacts from the stage's result object. A
 stage that fails raises its typed error, whose message is what the run shows.
 
+The shards are passed by location (an ``s3://`` prefix on a cluster), never as artifacts: the KFP launcher copies
+every input artifact into the pod before a step starts, which for CC3M-sized shards is hundreds of GB per step.
+The download partitions write into one folder, the merge only rebuilds its summary files there, and the gate and
+training stream the tars from where they lie.
+
 Artifacts are duck-typed (``.path``, ``.metadata``, ``log_metric``, ``log_confusion_matrix``), so this module
 does not import kfp and the steps run without it.
 """
@@ -42,13 +47,19 @@ def _config(params: Params, overrides: Sequence[str] = ()) -> CloobConfig:
     return config_from_text(_params_text(params), overrides, source="the run's params")
 
 
-def acquire(params: Params, manifest_dir: str) -> dict[str, Any]:
-    """The manifest; its row count and source for the ``Dataset`` artifact's metadata."""
+def acquire(params: Params, manifest_dir: str, store: str) -> dict[str, Any]:
+    """The manifest, and the folder of ``store`` its shards are built in and read from (named by what decides
+    their content: a rerun on the same rows resumes or reuses it); row count, source and that folder."""
     from cloob_core.data.acquire import acquire as acquire_stage
+    from cloob_core.data.manifest import Manifest
+    from cloob_core.data.plan import shards_folder
 
-    result = acquire_stage(_config(params), manifest_dir)
-    log.info("acquired %d rows from %s: %s", result.rows, result.source, result.manifest)
-    return {"rows": result.rows, "source": result.source}
+    config = _config(params)
+    result = acquire_stage(config, manifest_dir)
+    dl = config.download
+    shards = shards_folder(store, Manifest.load(result.manifest, dl.url_col, dl.caption_col), config)
+    log.info("acquired %d rows from %s: %s; its shards: %s", result.rows, result.source, result.manifest, shards)
+    return {"rows": result.rows, "source": result.source, "shards": shards}
 
 
 def validate(params: Params, report_dir: str, manifest_dir: str | None = None,
@@ -62,13 +73,14 @@ def validate(params: Params, report_dir: str, manifest_dir: str | None = None,
     return {"passed": report.passed, "checks": len(report.checks)}
 
 
-def download(params: Params, manifest_dir: str, partition: str, shards_dir: str) -> dict[str, Any]:
-    """One partition of the shards; its counts for the ``Dataset`` artifact's metadata."""
+def download(params: Params, manifest_dir: str, partition: str, shards: str) -> dict[str, Any]:
+    """One partition of the shards, written into the shared folder ``shards`` (partitions own disjoint shard
+    numbers); its counts."""
     from cloob_core.data.download import download as download_stage
     from cloob_core.data.manifest import Partition
     from cloob_core.data.summary import format_summary
 
-    result = download_stage(str(Path(manifest_dir) / MANIFEST), shards_dir, _config(params),
+    result = download_stage(str(Path(manifest_dir) / MANIFEST), shards, _config(params),
                             partition=Partition.parse(partition), progress=False)
     log.info("partition %s: %s", partition, format_summary(result.summary))
     stats = result.summary.stats
@@ -76,74 +88,73 @@ def download(params: Params, manifest_dir: str, partition: str, shards_dir: str)
             "shards_built": result.shards_done, "shards_resumed": result.shards_skipped}
 
 
-def merge_partitions(partition_dirs: Sequence[str], shards_dir: str) -> dict[str, Any]:
-    """Put the partitions' shards (disjoint by shard number) in one folder and rebuild its summary files."""
-    from cloob_core.data.summary import SUMMARY_FILES, merge_stats
+def merge_partitions(shards: str) -> dict[str, Any]:
+    """The whole folder's summary files (sizes.json, stats.json, failures.jsonl), rebuilt in place from the
+    partitions' shard records once all have finished; nothing is copied."""
+    from cloob_core.data.summary import format_summary, merge_stats
 
-    target = Path(shards_dir)
-    target.mkdir(parents=True, exist_ok=True)
-    for folder in partition_dirs:
-        for file in sorted(Path(folder).iterdir()):
-            if file.is_file() and file.name not in SUMMARY_FILES:
-                shutil.copyfile(file, target / file.name)
-    summary = merge_stats(str(target))
+    summary = merge_stats(shards)
+    log.info("%s: %s", shards, format_summary(summary))
     return {"samples": sum(summary.sizes.values()), "shards": len(summary.sizes), "failures": len(summary.failures)}
 
 
-def _record_training(result: dict[str, Any], model: Any = None, metrics: Any = None) -> dict[str, Any]:
-    """The run's figures onto KFP ``Metrics`` and its identity onto the ``Model`` artifact's metadata."""
+def _record_training(result: dict[str, Any], shards: str, model: Any = None, metrics: Any = None) -> dict[str, Any]:
+    """The run's figures onto KFP ``Metrics``; its identity and the shards it read (its data lineage, as they
+    are no input artifact) onto the ``Model`` artifact's metadata."""
     if metrics is not None:
         for key in ("final_loss", "steps", "samples_per_second", "train_seconds"):
             metrics.log_metric(key, float(result[key]))
     if model is not None:
         model.metadata.update({key: result[key] for key in ("objective", "architecture", "world_size")})
+        model.metadata["shards"] = shards
     return result
 
 
-def train(params: Params, shards_dir: str, output_dir: str, gpus: int = 0, model: Any = None,
+def train(params: Params, shards: str, output_dir: str, gpus: int = 0, model: Any = None,
           metrics: Any = None) -> dict[str, Any]:
-    """Training on this node: in process for one device; with several GPUs, torchrun starts one `cloob train`
-    process per GPU (each a rank of the same stage function)."""
+    """Training on this node, streaming the shards from ``shards`` (a folder or ``s3://`` prefix): in process for
+    one device; with several GPUs, torchrun starts one `cloob train` process per GPU (each a rank of the same
+    stage function)."""
     from cloob_core.training.loop import train as train_stage
 
-    shards = [f"train.shards={json.dumps(shards_dir)}"]
+    override = f"train.shards={json.dumps(shards)}"
     if gpus <= 1:
-        result = train_stage(_config(params, shards), output_dir, progress=False).metrics
-        return _record_training(result, model, metrics)
-    _config(params, shards)  # a bad configuration fails here, with its message, not in every rank
+        result = train_stage(_config(params, [override]), output_dir, progress=False).metrics
+        return _record_training(result, shards, model, metrics)
+    _config(params, [override])  # a bad configuration fails here, with its message, not in every rank
     with tempfile.TemporaryDirectory() as tmp:
         params_file = Path(tmp) / "params.yaml"
         params_file.write_text(_params_text(params), encoding="utf-8")
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}",
                    "-m", "cloob_core.cli", "train", "--params", str(params_file), "--output", output_dir,
-                   "--no-progress", "--set", shards[0]]
+                   "--no-progress", "--set", override]
         log.info("running %s", " ".join(command))
         code = subprocess.run(command, env=os.environ.copy(), check=False).returncode
     if code != 0:
         raise TrainingFailed(f"torchrun cloob train exited with status {code}; the ranks' log above says why")
-    return _record_training(read_json(Path(output_dir) / "metrics.json"), model, metrics)
+    return _record_training(read_json(Path(output_dir) / "metrics.json"), shards, model, metrics)
 
 
-def train_multinode(params: Params, shards_dir: str, shards_uri: str, output_dir: str, job: str,
-                    run_id: str, model: Any = None, metrics: Any = None) -> dict[str, Any]:
-    """Training on several nodes as a PyTorchJob / TrainJob (``job``: the ClusterSettings as JSON); waits for it
-    and fetches the published result into ``output_dir``, the layout the one-node step writes."""
+def train_multinode(params: Params, shards: str, output_dir: str, job: str, run_id: str, model: Any = None,
+                    metrics: Any = None) -> dict[str, Any]:
+    """Training on several nodes as a PyTorchJob / TrainJob (``job``: the ClusterSettings as JSON) whose pods
+    stream the shards from ``shards`` (an ``s3://`` prefix: they share nothing else); waits for it and fetches
+    the published result into ``output_dir``, the layout the one-node step writes."""
     from cloob_core import storage
+    from cloob_core.config import ConfigError
     from cloob_core.ops import trainjob
     from cloob_core.ops.cluster import ClusterSettings
 
     _config(params)  # a bad configuration fails here, before any pod starts
+    if not storage.is_s3(shards):
+        raise ConfigError(f"a multi-node job's pods share only object storage: its shards must be an s3:// "
+                          f"prefix, not {shards!r} (compile with --shards-store s3://…)")
     settings = ClusterSettings.from_json(job)
     name = trainjob.job_name(run_id)
     workdir = storage.join(settings.job_workdir, name)
-    shards = shards_uri
-    if not (storage.is_s3(shards_uri) and storage.exists(storage.join(shards_uri, "sizes.json"))):
-        shards = storage.join(workdir, "shards")  # the pods cannot read this pod's artifact folder
-        log.info("copying the shards to %s for the job's pods", shards)
-        storage.upload_tree(shards_dir, shards)
     trainjob.run(trainjob.manifest(settings, name, _params_text(params), shards, workdir), settings)
     storage.download_tree(storage.join(workdir, "output"), output_dir)
-    return _record_training(read_json(Path(output_dir) / "metrics.json"), model, metrics)
+    return _record_training(read_json(Path(output_dir) / "metrics.json"), shards, model, metrics)
 
 
 def plan_evaluation(params: Params) -> list[str]:
