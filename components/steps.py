@@ -49,7 +49,7 @@ def merge_shards(shards: str, parts: list, summary: Output[Metrics]) -> str:
     their counts) is done; returns ``shards`` for the steps that read them."""
     from cloob_core.ops import kubeflow
 
-    for key, value in kubeflow.merge_partitions(shards).items():
+    for key, value in kubeflow.merge_partitions(shards, parts).items():
         summary.log_metric(key, value)
     summary.metadata["shards"] = shards
     return shards

@@ -25,7 +25,7 @@ def test_the_data_steps_build_the_shards_in_one_folder_named_by_their_content(tm
     assert gate["passed"] and gate["checks"] == 5
     parts = [kubeflow.download(PARAMS, str(tmp_path / "manifest"), f"{i}/2", shards) for i in (1, 0)]
     assert parts[0] == {"partition": "1/2", "rows": 500, "successes": 500, "shards_built": 1, "shards_resumed": 0}
-    assert kubeflow.merge_partitions(shards) == {"samples": 1000, "shards": 2, "failures": 0}
+    assert kubeflow.merge_partitions(shards, parts) == {"samples": 1000, "shards": 2, "failures": 0}
     assert json.loads((Path(shards) / "sizes.json").read_text()) == {"00000.tar": 500, "00001.tar": 500}
     assert kubeflow.validate(PARAMS, str(tmp_path / "gate2"), shards_dir=shards)["passed"]
 

@@ -88,11 +88,15 @@ def download(params: Params, manifest_dir: str, partition: str, shards: str) -> 
             "shards_built": result.shards_done, "shards_resumed": result.shards_skipped}
 
 
-def merge_partitions(shards: str) -> dict[str, Any]:
+def merge_partitions(shards: str, parts: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     """The whole folder's summary files (sizes.json, stats.json, failures.jsonl), rebuilt in place from the
-    partitions' shard records once all have finished; nothing is copied."""
+    partitions' shard records once all have finished (``parts``: what :func:`download` returned for each, logged);
+    nothing is copied."""
     from cloob_core.data.summary import format_summary, merge_stats
 
+    for part in sorted(parts, key=lambda part: str(part.get("partition"))):
+        log.info("partition %s: %s", part.get("partition"), ", ".join(f"{k} {v}" for k, v in part.items()
+                                                                     if k != "partition"))
     summary = merge_stats(shards)
     log.info("%s: %s", shards, format_summary(summary))
     return {"samples": sum(summary.sizes.values()), "shards": len(summary.sizes), "failures": len(summary.failures)}
