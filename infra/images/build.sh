@@ -7,6 +7,7 @@
 # registry can be reached). --network defaults to `host` when the engine has no default bridge (infra/images/engine.sh
 # starts it so), else to the engine's default.
 # Environment: CONTAINER_CLI (docker, podman, ...; default Debian's /usr/bin/docker where present, else docker),
+# CLOOB_BUILD_CACHE (the most BuildKit's cache keeps after a build; default 24GB),
 # TORCH_INDEX_URL (a CPU-only torch wheel index for the CPU image; unset: the CPU image carries torch's CUDA wheels
 # too, several GB larger but equivalent on CPU).
 set -euo pipefail
@@ -51,6 +52,15 @@ build() {  # variant tag [extra build args]
 }
 if [ "$variant" != cuda ]; then build cpu "$cpu" --build-arg TORCH_INDEX_URL="${TORCH_INDEX_URL:-}"; fi
 if [ "$variant" != cpu ]; then build cuda "$cuda"; fi
+# A rebuild leaves the image it replaced untagged, its layers held by BuildKit's cache: drop those images (ours
+# only, by label) and keep the cache under CLOOB_BUILD_CACHE (most recently used first, so the dependency layers
+# stay), or repeated CI runs on one machine fill its disk.
+if [ "$dry" -eq 0 ]; then
+  "$cli" image prune -f --filter "label=org.opencontainers.image.title=cloob-pipelines" >/dev/null
+  if [ "$DOCKER_BUILDKIT" = 1 ] && "$cli" builder prune --help 2>/dev/null | grep -q -- --keep-storage; then
+    "$cli" builder prune -f --keep-storage "${CLOOB_BUILD_CACHE:-24GB}" >/dev/null
+  fi
+fi
 if [ "$push" -eq 1 ]; then
   if [ "$variant" != cuda ]; then run "$cli" push "$cpu"; fi
   if [ "$variant" != cpu ]; then run "$cli" push "$cuda"; fi
