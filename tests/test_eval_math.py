@@ -124,11 +124,16 @@ def test_lambda_search_visits_clips_grid_and_breaks_ties_towards_more_regularisa
     assert math.log10(result.lam) * 8 == pytest.approx(round(math.log10(result.lam) * 8))
 
 
+def pairs(owners: list[int]) -> torch.Tensor:
+    """(caption, image) matches for one image per caption."""
+    return torch.tensor(list(enumerate(owners)))
+
+
 def test_retrieval_ranks_with_several_captions_per_image():
     images = torch.eye(3)  # image i points along axis i
     # captions 0,1 -> image 0; caption 2 -> image 1; caption 3 -> image 2
     texts = torch.tensor([[0.1, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.9, 0.5]])
-    metrics = retrieval_metrics(images, texts, torch.tensor([0, 0, 1, 2]))
+    metrics = retrieval_metrics(images, texts, pairs([0, 0, 1, 2]))
     # text -> image ranks: caption0 prefers image1 (rank 2), caption1 rank 1, caption2 rank 1, caption3 rank 2
     assert metrics["image_retrieval_recall@1"] == 0.5 and metrics["image_retrieval_recall@5"] == 1.0
     assert metrics["image_retrieval_mean_rank"] == 1.5 and metrics["image_retrieval_median_rank"] == 1.0
@@ -138,13 +143,37 @@ def test_retrieval_ranks_with_several_captions_per_image():
     assert metrics["text_retrieval_recall@1"] == 1.0 and metrics["text_retrieval_mean_rank"] == 1.0
 
 
+def test_a_caption_shared_by_several_images_has_them_all_as_correct_answers():
+    """One caption ("a red apple.") for images 0 and 1: retrieving either is correct, and neither counts against
+    the other; the same rule in both directions."""
+    images = torch.eye(3)
+    texts = torch.tensor([[0.2, 1.0, 0.0], [0.0, 0.0, 1.0]])  # the shared caption points at image 1
+    shared = torch.tensor([[0, 0], [0, 1], [1, 2]])
+    metrics = retrieval_metrics(images, texts, shared)
+    assert metrics["image_retrieval_recall@1"] == 1.0  # image 1 is top, and it is a correct image
+    assert metrics["text_retrieval_recall@1"] == 1.0  # image 0's best text is its own caption
+    # had the caption been matched to image 0 alone, image 1 (scored higher) would count as an error
+    alone = retrieval_metrics(images, torch.cat([texts, texts[:1]]), torch.tensor([[0, 0], [2, 1], [1, 2]]))
+    assert alone["image_retrieval_mean_rank"] == pytest.approx((2 + 1 + 1) / 3)
+
+
+def test_identical_captions_become_one_query():
+    from cloob_core.evaluation.tasks import distinct_captions
+
+    texts, matches, first = distinct_captions([["a red apple."], ["a red apple.", "fruit"], ["a pear."]])
+    assert texts == ["a red apple.", "fruit", "a pear."] and first == [0, 0, 2]
+    assert matches.tolist() == [[0, 0], [0, 1], [1, 1], [2, 2]]
+    with pytest.raises(ValueError, match="every image needs at least one caption"):
+        distinct_captions([["x"], []])
+
+
 def test_retrieval_worst_case_ranks():
     images = torch.eye(4)
     texts = torch.eye(4).flip(0)  # every caption points at the wrong image
-    metrics = retrieval_metrics(images, texts, torch.arange(4))
+    metrics = retrieval_metrics(images, texts, pairs(list(range(4))))
     assert metrics["image_retrieval_mean_rank"] == 2.0  # correct image scores 0, one image scores 1
-    with pytest.raises(ValueError, match="every image needs at least one caption"):
-        retrieval_metrics(images, texts[:3], torch.arange(3))
+    with pytest.raises(ValueError, match="every image needs at least one match"):
+        retrieval_metrics(images, texts[:3], pairs(list(range(3))))
 
 
 def test_effective_eigenvalues_isotropic_vs_rank_k():

@@ -1,8 +1,12 @@
-"""Image-text retrieval with any number of captions per image (COCO/Flickr style, as CLIP_benchmark scores it).
+"""Image-text retrieval with any number of captions per image (COCO/Flickr style, as CLIP_benchmark scores it),
+and identical captions merged into one query whose correct images are all the images that carry it.
 
-Text -> image ("image retrieval" in CLIP_benchmark's metric names): each caption has one correct image.
-Image -> text ("text retrieval"): an image is found at rank r when the best ranked of its captions is at r. A rank
-is 1 + the number of candidates scored strictly higher than the correct one, so ties do not penalise.
+The match between captions and images is a list of (caption, image) pairs. Text -> image ("image retrieval" in
+CLIP_benchmark's metric names): a caption is found at rank r when the best ranked of its images is at r. Image ->
+text ("text retrieval"): an image is found at rank r when the best ranked of its captions is at r. A rank is 1 + the
+number of non-matching candidates scored strictly higher than that best match, so ties do not penalise. With one
+image per caption this is CLIP_benchmark's recall@k; where one caption describes several images (a template, a
+stock phrase), any of them is a correct answer rather than all but one being counted as errors.
 """
 
 from __future__ import annotations
@@ -21,30 +25,34 @@ def _summary(ranks: Tensor, prefix: str) -> dict[str, float]:
     return out
 
 
+def _ranks(queries: Tensor, candidates: Tensor, matches: Tensor, block: int) -> Tensor:
+    """For each query row, 1 + the number of non-matching candidates scored above its best matching one;
+    ``matches`` [E, 2] holds (query, candidate) pairs."""
+    ranks = torch.empty(queries.shape[0], dtype=torch.long)
+    for start in range(0, queries.shape[0], block):
+        rows = queries[start : start + block]
+        scores = rows @ candidates.T  # [q, C]
+        inside = (matches[:, 0] >= start) & (matches[:, 0] < start + rows.shape[0])
+        match = torch.zeros_like(scores, dtype=torch.bool)
+        match[matches[inside, 0] - start, matches[inside, 1]] = True
+        best = scores.masked_fill(~match, float("-inf")).max(dim=1, keepdim=True).values
+        ranks[start : start + rows.shape[0]] = (1 + ((scores > best) & ~match).sum(dim=1)).cpu()
+    return ranks
+
+
 @torch.no_grad()
-def retrieval_metrics(image_features: Tensor, text_features: Tensor, text_to_image: Tensor,
+def retrieval_metrics(image_features: Tensor, text_features: Tensor, matches: Tensor,
                       block: int = 4096) -> dict[str, float]:
-    """``image_features`` [I, d], ``text_features`` [T, d], ``text_to_image`` [T] (the image of each caption)."""
-    num_images = image_features.shape[0]
-    if text_to_image.shape[0] != text_features.shape[0]:
-        raise ValueError("text_to_image needs one image index per caption")
-    if int(text_to_image.min()) < 0 or int(text_to_image.max()) >= num_images:
-        raise ValueError("text_to_image holds an index outside the images")
-    text_ranks = torch.empty(text_features.shape[0], dtype=torch.long)
-    best_image_rank = torch.full((num_images,), torch.iinfo(torch.long).max, dtype=torch.long)
-    for start in range(0, text_features.shape[0], block):
-        texts = text_features[start : start + block]
-        targets = text_to_image[start : start + block].to(texts.device)
-        scores = texts @ image_features.T  # [t, I]
-        correct = scores.gather(1, targets[:, None])
-        text_ranks[start : start + block] = (1 + (scores > correct).sum(dim=1)).cpu()
-    for start in range(0, num_images, block):
-        images = image_features[start : start + block]
-        scores = images @ text_features.T  # [i, T]
-        owner = text_to_image.to(scores.device)[None, :] == torch.arange(start, start + images.shape[0],
-                                                                          device=scores.device)[:, None]
-        if not owner.any(dim=1).all():
-            raise ValueError("every image needs at least one caption")
-        best_correct = scores.masked_fill(~owner, float("-inf")).max(dim=1, keepdim=True).values
-        best_image_rank[start : start + images.shape[0]] = (1 + (scores > best_correct).sum(dim=1)).cpu()
-    return {**_summary(text_ranks, "image_retrieval"), **_summary(best_image_rank, "text_retrieval")}
+    """``image_features`` [I, d], ``text_features`` [T, d], ``matches`` [E, 2]: the (caption, image) pairs, where
+    every caption and every image appears at least once."""
+    matches = matches.long().to(image_features.device)
+    if matches.ndim != 2 or matches.shape[1] != 2:
+        raise ValueError("matches needs one (caption, image) pair per row")
+    for column, count, what in ((0, text_features.shape[0], "caption"), (1, image_features.shape[0], "image")):
+        if len(matches) and (int(matches[:, column].min()) < 0 or int(matches[:, column].max()) >= count):
+            raise ValueError(f"matches holds a {what} index outside the {what}s")
+        if torch.bincount(matches[:, column], minlength=count).eq(0).any():
+            raise ValueError(f"every {what} needs at least one match")
+    text_ranks = _ranks(text_features, image_features, matches, block)
+    image_ranks = _ranks(image_features, text_features, matches.flip(1), block)
+    return {**_summary(text_ranks, "image_retrieval"), **_summary(image_ranks, "text_retrieval")}

@@ -123,16 +123,26 @@ def _pairs(model: EvalModel, images: ImageSet, encoding: Encoding):
         images.captions = [[images.templates[0].format(images.classnames[label])] for label in images.labels]
         log.info("%s has no captions: using '%s' with each image's class name", images.name, images.templates[0])
     _need(images, "captions")
+    texts, matches, first = distinct_captions(images.captions)
     image_x = image_features(model, images, encoding)
-    texts = [caption for captions in images.captions for caption in captions]
-    owner = torch.tensor([i for i, captions in enumerate(images.captions) for _ in captions])
     text_y = text_features(model, texts, encoding, f"captions|{images.identity}")
-    return image_x, text_y, owner
+    return image_x, text_y, matches, first
+
+
+def distinct_captions(captions: list[list[str]]) -> tuple[list[str], torch.Tensor, list[int]]:
+    """Each distinct caption once (the images that share it are its joint positives), the (caption, image)
+    matches, and the index of each image's first caption."""
+    if not all(captions):
+        raise ValueError("every image needs at least one caption")
+    texts: dict[str, int] = {}
+    pairs = {(texts.setdefault(caption, len(texts)), image) for image, own in enumerate(captions) for caption in own}
+    first = [texts[own[0]] for own in captions]
+    return list(texts), torch.tensor(sorted(pairs), dtype=torch.long).reshape(-1, 2), first
 
 
 def retrieval(model: EvalModel, images: ImageSet, output: Path, encoding: Encoding) -> dict[str, Any]:
-    image_x, text_y, owner = _pairs(model, images, encoding)
-    metrics = retrieval_metrics(image_x, text_y, owner)
+    image_x, text_y, matches, _ = _pairs(model, images, encoding)
+    metrics = retrieval_metrics(image_x, text_y, matches)
     metrics.update(images=len(image_x), captions=len(text_y))
     write_result(output, _record(model, images, "zeroshot_retrieval", metrics))
     return metrics
@@ -141,9 +151,8 @@ def retrieval(model: EvalModel, images: ImageSet, output: Path, encoding: Encodi
 def diagnostics(model: EvalModel, images: ImageSet, output: Path, encoding: Encoding,
                 top_k: int = 10) -> dict[str, Any]:
     """The paper's embedding analyses on matched image-caption pairs (the first caption of each image)."""
-    image_x, text_y, owner = _pairs(model, images, encoding)
-    first = torch.tensor([int(torch.nonzero(owner == i)[0]) for i in range(len(image_x))])
-    text_x = text_y[first]
+    image_x, text_y, _, first = _pairs(model, images, encoding)
+    text_x = text_y[torch.tensor(first)]
     spectra = {"image": diag.eigen_spectrum(image_x), "text": diag.eigen_spectrum(text_x)}
     effective = {name: diag.effective_eigenvalues(values) for name, values in spectra.items()}
     matched, unmatched = diag.matched_vs_unmatched(image_x, text_x, top_k)
