@@ -158,7 +158,7 @@ def test_a_caption_shared_by_several_images_has_them_all_as_correct_answers():
 
 
 def test_identical_captions_become_one_query():
-    from cloob_core.evaluation.tasks import distinct_captions
+    from cloob_core.evaluation.retrieval import distinct_captions
 
     texts, matches, first = distinct_captions([["a red apple."], ["a red apple.", "fruit"], ["a pear."]])
     assert texts == ["a red apple.", "fruit", "a pear."] and first == [0, 0, 2]

@@ -12,6 +12,8 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -77,3 +79,40 @@ def positive_probability(image_features: Tensor, text_features: Tensor, inv_tau:
     image_to_text = logits.softmax(dim=1).diagonal().mean()
     text_to_image = logits.softmax(dim=0).diagonal().mean()
     return float((image_to_text + text_to_image) / 2)
+
+
+@dataclass(frozen=True)
+class EmbeddingDiagnostics:
+    """All of the above for one set of matched pairs: the scalars (with the spectra as lists, for JSON), and the
+    tensors the plots draw."""
+
+    metrics: dict[str, Any]
+    spectra: dict[str, Tensor]
+    effective: dict[str, int]
+    matched: Tensor
+    unmatched: Tensor
+
+
+@torch.no_grad()
+def embedding_diagnostics(image_features: Tensor, text_features: Tensor, inv_tau: float,
+                          top_k: int = 10) -> EmbeddingDiagnostics:
+    """The paper's analyses of matched pairs (row i of each is one pair): what `cloob eval diagnostics` reports
+    for a model and the training trajectory reports at each checkpoint."""
+    spectra = {"image": eigen_spectrum(image_features), "text": eigen_spectrum(text_features)}
+    effective = {name: effective_eigenvalues(values) for name, values in spectra.items()}
+    matched, unmatched = matched_vs_unmatched(image_features, text_features, top_k)
+    metrics = {
+        "effective_eigenvalues_image": effective["image"],
+        "effective_eigenvalues_text": effective["text"],
+        "ajne_image": ajne_statistic(image_features),
+        "ajne_text": ajne_statistic(text_features),
+        **alignment(image_features, text_features),
+        "matched_similarity_mean": float(matched.mean()),
+        f"top{top_k}_unmatched_similarity_mean": float(unmatched.mean()),
+        "positive_probability_p1": positive_probability(image_features, text_features, inv_tau),
+        "inv_tau": inv_tau,
+        "pairs": len(image_features),
+        "spectrum_image": spectra["image"].tolist(),
+        "spectrum_text": spectra["text"].tolist(),
+    }
+    return EmbeddingDiagnostics(metrics, spectra, effective, matched, unmatched)

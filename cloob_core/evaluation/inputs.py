@@ -22,7 +22,7 @@ from torch import Tensor
 from cloob_core import storage
 from cloob_core.config import ConfigError
 from cloob_core.evaluation.class_sets import packaged_class_set, packaged_class_sets
-from cloob_core.io import file_digest, read_torch
+from cloob_core.io import UnreadableFile, file_digest, read_torch
 from cloob_core.model.dual_encoder import register_project_configs, without_random_init_warning
 from cloob_core.model.export import INFO_FILE, load_exported, load_weights
 
@@ -81,7 +81,28 @@ def load_model(model: str | None = None, architecture: str | None = None, weight
         inv_tau = float(net.logit_scale.detach().exp())
     else:
         raise ValueError("give --model (a `cloob train` export) or --architecture with --weights")
-    net = net.to(torch_device).eval()
+    return _eval_model(net, architecture, source, fingerprint, inv_tau, torch_device)
+
+
+def model_from_checkpoint(path: str, device: str = "cpu") -> tuple[EvalModel, int]:
+    """The model of a `cloob train` checkpoint (read with weights_only=True) and its step: how the training
+    trajectory evaluates a run as it was at each checkpoint."""
+    register_project_configs()
+    saved = read_torch(path, path)
+    try:
+        architecture, step, state = saved["config"]["model"]["architecture"], int(saved["step"]), saved["model"]
+    except (KeyError, TypeError, ValueError):
+        raise UnreadableFile(f"{path} is not a `cloob train` checkpoint (no config, step or model)") from None
+    with without_random_init_warning():  # the checkpoint's weights are loaded next
+        net = open_clip.create_model(architecture, pretrained=None)
+    load_weights(net, {key.removeprefix("encoder."): value for key, value in state.items()}, path)
+    inv_tau = float(net.logit_scale.detach().exp())
+    return _eval_model(net, architecture, path, file_digest(path)[:16], inv_tau, _device(device)), step
+
+
+def _eval_model(net: open_clip.CLIP, architecture: str, source: str, fingerprint: str, inv_tau: float,
+                device: torch.device) -> EvalModel:
+    net = net.to(device).eval()
     preprocess = getattr(net.visual, "preprocess_cfg", {}) or {}
     size = net.visual.image_size
     transform = open_clip.image_transform(size if isinstance(size, int) else size[0], is_train=False,

@@ -25,6 +25,17 @@ def _summary(ranks: Tensor, prefix: str) -> dict[str, float]:
     return out
 
 
+def distinct_captions(captions: list[list[str]]) -> tuple[list[str], torch.Tensor, list[int]]:
+    """Each distinct caption once (the images that share it are its joint positives), the (caption, image)
+    matches, and the index of each image's first caption."""
+    if not all(captions):
+        raise ValueError("every image needs at least one caption")
+    texts: dict[str, int] = {}
+    pairs = {(texts.setdefault(caption, len(texts)), image) for image, own in enumerate(captions) for caption in own}
+    first = [texts[own[0]] for own in captions]
+    return list(texts), torch.tensor(sorted(pairs), dtype=torch.long).reshape(-1, 2), first
+
+
 def _ranks(queries: Tensor, candidates: Tensor, matches: Tensor, block: int) -> Tensor:
     """For each query row, 1 + the number of non-matching candidates scored above its best matching one;
     ``matches`` [E, 2] holds (query, candidate) pairs."""

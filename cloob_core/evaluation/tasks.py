@@ -22,7 +22,7 @@ from cloob_core.evaluation.reports import (
     spectra_png,
     write_result,
 )
-from cloob_core.evaluation.retrieval import retrieval_metrics
+from cloob_core.evaluation.retrieval import distinct_captions, retrieval_metrics
 from cloob_core.evaluation.zeroshot import classification_metrics
 from cloob_core.io import read_json
 from cloob_core.objectives.losses import hopfield_retrieval
@@ -129,17 +129,6 @@ def _pairs(model: EvalModel, images: ImageSet, encoding: Encoding):
     return image_x, text_y, matches, first
 
 
-def distinct_captions(captions: list[list[str]]) -> tuple[list[str], torch.Tensor, list[int]]:
-    """Each distinct caption once (the images that share it are its joint positives), the (caption, image)
-    matches, and the index of each image's first caption."""
-    if not all(captions):
-        raise ValueError("every image needs at least one caption")
-    texts: dict[str, int] = {}
-    pairs = {(texts.setdefault(caption, len(texts)), image) for image, own in enumerate(captions) for caption in own}
-    first = [texts[own[0]] for own in captions]
-    return list(texts), torch.tensor(sorted(pairs), dtype=torch.long).reshape(-1, 2), first
-
-
 def retrieval(model: EvalModel, images: ImageSet, output: Path, encoding: Encoding) -> dict[str, Any]:
     image_x, text_y, matches, _ = _pairs(model, images, encoding)
     metrics = retrieval_metrics(image_x, text_y, matches)
@@ -152,30 +141,15 @@ def diagnostics(model: EvalModel, images: ImageSet, output: Path, encoding: Enco
                 top_k: int = 10) -> dict[str, Any]:
     """The paper's embedding analyses on matched image-caption pairs (the first caption of each image)."""
     image_x, text_y, _, first = _pairs(model, images, encoding)
-    text_x = text_y[torch.tensor(first)]
-    spectra = {"image": diag.eigen_spectrum(image_x), "text": diag.eigen_spectrum(text_x)}
-    effective = {name: diag.effective_eigenvalues(values) for name, values in spectra.items()}
-    matched, unmatched = diag.matched_vs_unmatched(image_x, text_x, top_k)
-    metrics = {
-        "effective_eigenvalues_image": effective["image"],
-        "effective_eigenvalues_text": effective["text"],
-        "ajne_image": diag.ajne_statistic(image_x),
-        "ajne_text": diag.ajne_statistic(text_x),
-        **diag.alignment(image_x, text_x),
-        "matched_similarity_mean": float(matched.mean()),
-        f"top{top_k}_unmatched_similarity_mean": float(unmatched.mean()),
-        "positive_probability_p1": diag.positive_probability(image_x, text_x, model.inv_tau),
-        "inv_tau": model.inv_tau,
-        "pairs": len(image_x),
-        "spectrum_image": spectra["image"].tolist(),
-        "spectrum_text": spectra["text"].tolist(),
-    }
+    found = diag.embedding_diagnostics(image_x, text_y[torch.tensor(first)], model.inv_tau, top_k)
+    metrics, spectra = found.metrics, found.spectra
     output.mkdir(parents=True, exist_ok=True)
     task = "diagnostics"
     plots = [
         spectra_png(output / f"{images.name}_{task}_eigen_spectra.png", {k: v.numpy() for k, v in spectra.items()},
-                    effective, f"{images.name}: covariance eigen-spectra"),
-        similarity_png(output / f"{images.name}_{task}_similarities.png", matched.numpy(), unmatched.numpy(), top_k,
+                    found.effective, f"{images.name}: covariance eigen-spectra"),
+        similarity_png(output / f"{images.name}_{task}_similarities.png", found.matched.numpy(),
+                       found.unmatched.numpy(), top_k,
                        f"{images.name}: matched vs top-{top_k} unmatched"),
     ]
     write_result(output, _record(model, images, task, metrics), plots)

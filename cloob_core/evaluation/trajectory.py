@@ -1,0 +1,62 @@
+"""The embedding spaces over training (CLOOB §3, Fig. 2; appendix A.2.7, Fig. A1): the paper's diagnostics at every
+checkpoint of a run, so that the effective eigenvalues, uniformity and InfoNCE saturation are followed as learning
+proceeds instead of read once at the end. The paper's claim is about the change: modern Hopfield networks raise the
+number of effective eigenvalues during learning, relative to a reference point."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cloob_core.evaluation.diagnostics import embedding_diagnostics
+from cloob_core.evaluation.features import Encoding, image_features, text_features
+from cloob_core.evaluation.inputs import ImageSet, model_from_checkpoint
+from cloob_core.evaluation.retrieval import distinct_captions
+
+_CHECKPOINT = re.compile(r"^step-(\d{8})\.pt$")
+
+
+@dataclass(frozen=True)
+class TrajectoryPoint:
+    step: int
+    metrics: dict[str, Any]  # what `cloob eval diagnostics` reports, spectra included
+
+
+def run_checkpoints(run: str | Path) -> list[Path]:
+    """A run's checkpoints (``checkpoints/step-NNNNNNNN.pt``), in step order."""
+    folder = Path(run) / "checkpoints"
+    found = sorted(path for path in folder.glob("step-*.pt") if _CHECKPOINT.match(path.name))
+    if not found:
+        raise FileNotFoundError(f"{folder} holds no checkpoints (step-NNNNNNNN.pt); train with "
+                                "train.keep_checkpoints large enough to keep them")
+    return found
+
+
+def diagnostics_over_training(checkpoints: list[Path], images: ImageSet, encoding: Encoding,
+                              device: str = "cpu") -> list[TrajectoryPoint]:
+    """The diagnostics of ``images``' matched pairs (each image with its first caption) under each checkpoint."""
+    if images.captions is None:
+        raise ValueError(f"{images.name} has no captions: the trajectory needs image-caption pairs")
+    texts, _, first = distinct_captions(images.captions)
+    points = []
+    for path in checkpoints:
+        model, step = model_from_checkpoint(str(path), device)
+        image_x = image_features(model, images, encoding)
+        text_x = text_features(model, texts, encoding, f"captions|{images.identity}")[torch.tensor(first)]
+        points.append(TrajectoryPoint(step, embedding_diagnostics(image_x, text_x, model.inv_tau).metrics))
+    return points
+
+
+def relative_change(points: list[TrajectoryPoint], key: str, reference_step: int) -> list[tuple[int, float]]:
+    """(step, value / value at ``reference_step`` - 1) for a scalar ``key``: the paper's Fig. 2 measure."""
+    by_step = {point.step: point.metrics[key] for point in points}
+    if reference_step not in by_step:
+        raise ValueError(f"no checkpoint at the reference step {reference_step}; steps: {sorted(by_step)}")
+    reference = by_step[reference_step]
+    if not reference:
+        raise ValueError(f"{key} is 0 at the reference step {reference_step}: no relative change")
+    return [(step, value / reference - 1.0) for step, value in sorted(by_step.items())]
