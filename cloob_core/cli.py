@@ -248,6 +248,17 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_eval_trajectory(args: argparse.Namespace) -> int:
+    from cloob_core.evaluation.trajectory import evaluate_trajectory
+
+    result = evaluate_trajectory(args.run, args.data, args.split, args.output, device=args.device,
+                                 progress=not args.no_progress)
+    for line in result.lines:
+        print(line)
+    print(f"wrote {result.file}")
+    return 0
+
+
 def _add_eval_commands(sub: argparse._SubParsersAction) -> None:
     evaluate = sub.add_parser("eval", help="evaluate a model: zeroshot, linear-probe, retrieval, diagnostics",
                               description="Evaluate a `cloob train` export (or an open_clip architecture with a "
@@ -312,6 +323,19 @@ def _add_eval_commands(sub: argparse._SubParsersAction) -> None:
         task.add_argument("--data", default="embedded", help=data_help + " (default: embedded)")
         task.add_argument("--split", default="test")
         common(task)
+
+    trajectory = eval_sub.add_parser(
+        "trajectory", help="the diagnostics at every checkpoint of a training run (the paper's Fig. 2, A1)",
+        description="Evaluate each checkpoint of a `cloob train` run (RUN/checkpoints/step-*.pt) as the model it "
+        "was: effective eigenvalues and spectra, Ajne uniformity and InfoNCE saturation p1 of the data's matched "
+        "pairs, into OUTPUT/trajectory.json. Keep the checkpoints with train.keep_checkpoints.")
+    trajectory.add_argument("--run", required=True, metavar="DIR", help="`cloob train` output folder")
+    trajectory.add_argument("--data", default="embedded", help=data_help + " (default: embedded)")
+    trajectory.add_argument("--split", default="test")
+    trajectory.add_argument("--output", default="runs/trajectory", help="results folder (default: runs/trajectory)")
+    trajectory.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    trajectory.add_argument("--no-progress", action="store_true", help="no progress bars")
+    trajectory.set_defaults(func=_cmd_eval_trajectory)
 
     suite = eval_sub.add_parser(
         "suite", help="the evaluation suite of the config (eval.datasets), each data set on its tasks",

@@ -58,3 +58,17 @@ def test_relative_change_is_against_the_reference_step():
 def test_a_run_without_checkpoints_is_one_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="holds no checkpoints"):
         run_checkpoints(tmp_path)
+
+
+def test_cloob_eval_trajectory_writes_every_checkpoint_and_prints_one_line_each(run, tmp_path, capsys):
+    import json
+
+    from cloob_core.cli import main
+
+    assert main(["eval", "trajectory", "--run", str(run), "--output", str(tmp_path), "--no-progress"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in printed[:3]] == ["step 2", "step 4", "step 6"]
+    written = json.loads((tmp_path / "trajectory.json").read_text())
+    assert written["data"] == "embedded-mnist-test" and [p["step"] for p in written["points"]] == [2, 4, 6]
+    assert main(["eval", "trajectory", "--run", str(tmp_path / "none"), "--output", str(tmp_path)]) == 2
+    assert "holds no checkpoints" in capsys.readouterr().err

@@ -14,8 +14,9 @@ import torch
 
 from cloob_core.evaluation.diagnostics import embedding_diagnostics
 from cloob_core.evaluation.features import Encoding, image_features, text_features
-from cloob_core.evaluation.inputs import ImageSet, model_from_checkpoint
+from cloob_core.evaluation.inputs import ImageSet, load_images, model_from_checkpoint
 from cloob_core.evaluation.retrieval import distinct_captions
+from cloob_core.io import write_json
 
 _CHECKPOINT = re.compile(r"^step-(\d{8})\.pt$")
 
@@ -60,3 +61,24 @@ def relative_change(points: list[TrajectoryPoint], key: str, reference_step: int
     if not reference:
         raise ValueError(f"{key} is 0 at the reference step {reference_step}: no relative change")
     return [(step, value / reference - 1.0) for step, value in sorted(by_step.items())]
+
+
+@dataclass(frozen=True)
+class TrajectoryResult:
+    points: list[TrajectoryPoint]
+    file: Path  # trajectory.json: the data set, the run and every point's metrics
+    lines: list[str]
+
+
+def evaluate_trajectory(run: str | Path, data: str, split: str, output: str | Path, *, device: str = "cpu",
+                        progress: bool = True) -> TrajectoryResult:
+    """`cloob eval trajectory`: the diagnostics of ``data``'s ``split`` at every checkpoint of ``run``, into
+    ``output/trajectory.json``."""
+    images = load_images(data, split)
+    points = diagnostics_over_training(run_checkpoints(run), images, Encoding(progress=progress), device)
+    file = write_json(Path(output) / "trajectory.json", {
+        "run": str(run), "data": images.name, "points": [{"step": p.step, **p.metrics} for p in points]})
+    lines = [f"step {p.step}: effective eigenvalues image {p.metrics['effective_eigenvalues_image']} text "
+             f"{p.metrics['effective_eigenvalues_text']}, Ajne A_n image {p.metrics['ajne_image']:.3f} text "
+             f"{p.metrics['ajne_text']:.3f}, InfoNCE p1 {p.metrics['positive_probability_p1']:.3f}" for p in points]
+    return TrajectoryResult(points, file, lines)
