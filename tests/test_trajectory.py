@@ -56,7 +56,7 @@ def test_relative_change_is_against_the_reference_step():
 
 
 def test_a_run_without_checkpoints_is_one_clear_error(tmp_path):
-    with pytest.raises(FileNotFoundError, match="holds no checkpoints"):
+    with pytest.raises(FileNotFoundError, match="holds no complete checkpoints"):
         run_checkpoints(tmp_path)
 
 
@@ -71,4 +71,4 @@ def test_cloob_eval_trajectory_writes_every_checkpoint_and_prints_one_line_each(
     written = json.loads((tmp_path / "trajectory.json").read_text())
     assert written["data"] == "embedded-mnist-test" and [p["step"] for p in written["points"]] == [2, 4, 6]
     assert main(["eval", "trajectory", "--run", str(tmp_path / "none"), "--output", str(tmp_path)]) == 2
-    assert "holds no checkpoints" in capsys.readouterr().err
+    assert "holds no complete checkpoints" in capsys.readouterr().err

@@ -84,20 +84,23 @@ def load_model(model: str | None = None, architecture: str | None = None, weight
     return _eval_model(net, architecture, source, fingerprint, inv_tau, torch_device)
 
 
-def model_from_checkpoint(path: str, device: str = "cpu") -> tuple[EvalModel, int]:
-    """The model of a `cloob train` checkpoint (read with weights_only=True) and its step: how the training
-    trajectory evaluates a run as it was at each checkpoint."""
+def model_from_checkpoint(location: str, device: str = "cpu") -> tuple[EvalModel, int]:
+    """The model of a `cloob train` checkpoint (local or s3://; its checksum verified, read with weights_only) and
+    its step: how the training trajectory evaluates a run as it was at each checkpoint."""
+    from cloob_core.training.checkpoint import CHECKSUM_SUFFIX, load
+
     register_project_configs()
-    saved = read_torch(path, path)
+    saved = load(location)
     try:
         architecture, step, state = saved["config"]["model"]["architecture"], int(saved["step"]), saved["model"]
     except (KeyError, TypeError, ValueError):
-        raise UnreadableFile(f"{path} is not a `cloob train` checkpoint (no config, step or model)") from None
+        raise UnreadableFile(f"{location} is not a `cloob train` checkpoint (no config, step or model)") from None
     with without_random_init_warning():  # the checkpoint's weights are loaded next
         net = open_clip.create_model(architecture, pretrained=None)
-    load_weights(net, {key.removeprefix("encoder."): value for key, value in state.items()}, path)
-    inv_tau = float(net.logit_scale.detach().exp())
-    return _eval_model(net, architecture, path, file_digest(path)[:16], inv_tau, _device(device)), step
+    load_weights(net, {key.removeprefix("encoder."): value for key, value in state.items()}, location)
+    fingerprint = storage.read_bytes(location + CHECKSUM_SUFFIX).decode().strip()[:16]
+    return _eval_model(net, architecture, location, fingerprint, float(net.logit_scale.detach().exp()),
+                       _device(device)), step
 
 
 def _eval_model(net: open_clip.CLIP, architecture: str, source: str, fingerprint: str, inv_tau: float,

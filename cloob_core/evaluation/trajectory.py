@@ -5,20 +5,18 @@ number of effective eigenvalues during learning, relative to a reference point."
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from cloob_core import storage
 from cloob_core.evaluation.diagnostics import embedding_diagnostics
 from cloob_core.evaluation.features import Encoding, image_features, text_features
 from cloob_core.evaluation.inputs import ImageSet, load_images, model_from_checkpoint
 from cloob_core.evaluation.retrieval import distinct_captions
 from cloob_core.io import write_json
-
-_CHECKPOINT = re.compile(r"^step-(\d{8})\.pt$")
 
 
 @dataclass(frozen=True)
@@ -27,17 +25,19 @@ class TrajectoryPoint:
     metrics: dict[str, Any]  # what `cloob eval diagnostics` reports, spectra included
 
 
-def run_checkpoints(run: str | Path) -> list[Path]:
-    """A run's checkpoints (``checkpoints/step-NNNNNNNN.pt``), in step order."""
-    folder = Path(run) / "checkpoints"
-    found = sorted(path for path in folder.glob("step-*.pt") if _CHECKPOINT.match(path.name))
+def run_checkpoints(run: str) -> list[str]:
+    """A run's complete checkpoints (``RUN/checkpoints``, local or s3://), in step order."""
+    from cloob_core.training.checkpoint import complete
+
+    folder = storage.join(run, "checkpoints")
+    found = [storage.join(folder, name) for name in complete(folder)]
     if not found:
-        raise FileNotFoundError(f"{folder} holds no checkpoints (step-NNNNNNNN.pt); train with "
-                                "train.keep_checkpoints large enough to keep them")
+        raise FileNotFoundError(f"{folder} holds no complete checkpoints; train with train.keep_checkpoints large "
+                                "enough to keep them")
     return found
 
 
-def diagnostics_over_training(checkpoints: list[Path], images: ImageSet, encoding: Encoding,
+def diagnostics_over_training(checkpoints: list[str], images: ImageSet, encoding: Encoding,
                               device: str = "cpu") -> list[TrajectoryPoint]:
     """The diagnostics of ``images``' matched pairs (each image with its first caption) under each checkpoint."""
     if images.captions is None:
@@ -45,7 +45,7 @@ def diagnostics_over_training(checkpoints: list[Path], images: ImageSet, encodin
     texts, _, first = distinct_captions(images.captions)
     points = []
     for path in checkpoints:
-        model, step = model_from_checkpoint(str(path), device)
+        model, step = model_from_checkpoint(path, device)
         image_x = image_features(model, images, encoding)
         text_x = text_features(model, texts, encoding, f"captions|{images.identity}")[torch.tensor(first)]
         points.append(TrajectoryPoint(step, embedding_diagnostics(image_x, text_x, model.inv_tau).metrics))
@@ -70,14 +70,14 @@ class TrajectoryResult:
     lines: list[str]
 
 
-def evaluate_trajectory(run: str | Path, data: str, split: str, output: str | Path, *, device: str = "cpu",
+def evaluate_trajectory(run: str, data: str, split: str, output: str | Path, *, device: str = "cpu",
                         progress: bool = True) -> TrajectoryResult:
     """`cloob eval trajectory`: the diagnostics of ``data``'s ``split`` at every checkpoint of ``run``, into
     ``output/trajectory.json``."""
     images = load_images(data, split)
     points = diagnostics_over_training(run_checkpoints(run), images, Encoding(progress=progress), device)
     file = write_json(Path(output) / "trajectory.json", {
-        "run": str(run), "data": images.name, "points": [{"step": p.step, **p.metrics} for p in points]})
+        "run": run, "data": images.name, "points": [{"step": p.step, **p.metrics} for p in points]})
     lines = [f"step {p.step}: effective eigenvalues image {p.metrics['effective_eigenvalues_image']} text "
              f"{p.metrics['effective_eigenvalues_text']}, Ajne A_n image {p.metrics['ajne_image']:.3f} text "
              f"{p.metrics['ajne_text']:.3f}, InfoNCE p1 {p.metrics['positive_probability_p1']:.3f}" for p in points]

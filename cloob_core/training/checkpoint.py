@@ -134,7 +134,7 @@ def save(state: dict[str, Any], folder: Path, step: int, keep: int, mirror: str 
     return path
 
 
-def _complete(location: str) -> list[str]:
+def complete(location: str) -> list[str]:
     """The checkpoints in ``location`` that have their checksum file, oldest first."""
     names = set(storage.list_names(location))
     return sorted(n for n in names if _NAME.match(n) and n + CHECKSUM_SUFFIX in names)
@@ -142,18 +142,18 @@ def _complete(location: str) -> list[str]:
 
 def _retain(location: str, keep: int) -> None:
     names = set(storage.list_names(location))
-    complete = _complete(location)
-    kept = set(complete[-keep:])
+    done = complete(location)
+    kept = set(done[-keep:])
     for name in sorted(names):
         checkpoint = name.removesuffix(CHECKSUM_SUFFIX)
-        if _NAME.match(checkpoint) and checkpoint not in kept and (checkpoint in complete or name != checkpoint):
+        if _NAME.match(checkpoint) and checkpoint not in kept and (checkpoint in done or name != checkpoint):
             storage.delete(storage.join(location, name))
 
 
 def latest(location: str) -> str | None:
     """The newest complete checkpoint (with its checksum) in a local folder or under an ``s3://`` prefix."""
-    complete = _complete(location)
-    return storage.join(location, complete[-1]) if complete else None
+    done = complete(location)
+    return storage.join(location, done[-1]) if done else None
 
 
 def load(location: str) -> dict[str, Any]:
