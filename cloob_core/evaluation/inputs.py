@@ -22,7 +22,7 @@ from torch import Tensor
 from cloob_core import storage
 from cloob_core.config import ConfigError
 from cloob_core.evaluation.class_sets import packaged_class_set, packaged_class_sets
-from cloob_core.io import UnreadableFile, file_digest, read_torch
+from cloob_core.io import file_digest, read_torch
 from cloob_core.model.dual_encoder import register_project_configs, without_random_init_warning
 from cloob_core.model.export import INFO_FILE, load_exported, load_weights
 
@@ -61,7 +61,7 @@ def load_model(model: str | None = None, architecture: str | None = None, weight
     """``model``: a `cloob train` export (local or s3://). Or ``architecture`` + ``weights``: an open_clip config
     name and a state-dict file (read with weights_only=True)."""
     register_project_configs()
-    torch_device = _device(device)
+    torch_device = device_named(device)
     if architecture and architecture not in open_clip.list_models():
         raise ConfigError(f"unknown architecture {architecture!r}: not one of open_clip's configurations or ours "
                           "(cloob_core/model/configs)")
@@ -81,30 +81,12 @@ def load_model(model: str | None = None, architecture: str | None = None, weight
         inv_tau = float(net.logit_scale.detach().exp())
     else:
         raise ValueError("give --model (a `cloob train` export) or --architecture with --weights")
-    return _eval_model(net, architecture, source, fingerprint, inv_tau, torch_device)
+    return eval_model(net, architecture, source, fingerprint, inv_tau, torch_device)
 
 
-def model_from_checkpoint(location: str, device: str = "cpu") -> tuple[EvalModel, int]:
-    """The model of a `cloob train` checkpoint (local or s3://; its checksum verified, read with weights_only) and
-    its step: how the training trajectory evaluates a run as it was at each checkpoint."""
-    from cloob_core.training.checkpoint import CHECKSUM_SUFFIX, load
-
-    register_project_configs()
-    saved = load(location)
-    try:
-        architecture, step, state = saved["config"]["model"]["architecture"], int(saved["step"]), saved["model"]
-    except (KeyError, TypeError, ValueError):
-        raise UnreadableFile(f"{location} is not a `cloob train` checkpoint (no config, step or model)") from None
-    with without_random_init_warning():  # the checkpoint's weights are loaded next
-        net = open_clip.create_model(architecture, pretrained=None)
-    load_weights(net, {key.removeprefix("encoder."): value for key, value in state.items()}, location)
-    fingerprint = storage.read_bytes(location + CHECKSUM_SUFFIX).decode().strip()[:16]
-    return _eval_model(net, architecture, location, fingerprint, float(net.logit_scale.detach().exp()),
-                       _device(device)), step
-
-
-def _eval_model(net: open_clip.CLIP, architecture: str, source: str, fingerprint: str, inv_tau: float,
-                device: torch.device) -> EvalModel:
+def eval_model(net: open_clip.CLIP, architecture: str, source: str, fingerprint: str, inv_tau: float,
+               device: torch.device) -> EvalModel:
+    """``net`` on ``device`` in eval mode, with its tokenizer and the preprocessing its config asks for."""
     net = net.to(device).eval()
     preprocess = getattr(net.visual, "preprocess_cfg", {}) or {}
     size = net.visual.image_size
@@ -114,7 +96,7 @@ def _eval_model(net: open_clip.CLIP, architecture: str, source: str, fingerprint
                      architecture=architecture, source=source, fingerprint=fingerprint, inv_tau=inv_tau)
 
 
-def _device(name: str) -> torch.device:
+def device_named(name: str) -> torch.device:
     try:
         device = torch.device(name)
     except RuntimeError:
