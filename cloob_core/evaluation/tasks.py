@@ -137,11 +137,16 @@ def retrieval(model: EvalModel, images: ImageSet, output: Path, encoding: Encodi
     return metrics
 
 
+def matched_features(model: EvalModel, images: ImageSet, encoding: Encoding) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each image's features and its first caption's: the matched pairs the diagnostics analyse."""
+    image_x, text_y, _, first = _pairs(model, images, encoding)
+    return image_x, text_y[torch.tensor(first)]
+
+
 def diagnostics(model: EvalModel, images: ImageSet, output: Path, encoding: Encoding,
                 top_k: int = 10) -> dict[str, Any]:
     """The paper's embedding analyses on matched image-caption pairs (the first caption of each image)."""
-    image_x, text_y, _, first = _pairs(model, images, encoding)
-    found = diag.embedding_diagnostics(image_x, text_y[torch.tensor(first)], model.inv_tau, top_k)
+    found = diag.embedding_diagnostics(*matched_features(model, images, encoding), model.inv_tau, top_k)
     metrics, spectra = found.metrics, found.spectra
     output.mkdir(parents=True, exist_ok=True)
     task = "diagnostics"

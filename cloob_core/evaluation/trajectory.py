@@ -10,13 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import open_clip
-import torch
 
 from cloob_core import storage
 from cloob_core.evaluation.diagnostics import embedding_diagnostics
-from cloob_core.evaluation.features import Encoding, image_features, text_features
+from cloob_core.evaluation.features import Encoding
 from cloob_core.evaluation.inputs import EvalModel, ImageSet, device_named, eval_model, load_images
-from cloob_core.evaluation.retrieval import distinct_captions
+from cloob_core.evaluation.tasks import matched_features
 from cloob_core.io import UnreadableFile, write_json
 from cloob_core.model.dual_encoder import register_project_configs, without_random_init_warning
 from cloob_core.model.export import load_weights
@@ -58,16 +57,13 @@ def run_checkpoints(run: str) -> list[str]:
 
 def diagnostics_over_training(checkpoints: list[str], images: ImageSet, encoding: Encoding,
                               device: str = "cpu") -> list[TrajectoryPoint]:
-    """The diagnostics of ``images``' matched pairs (each image with its first caption) under each checkpoint."""
-    if images.captions is None:
-        raise ValueError(f"{images.name} has no captions: the trajectory needs image-caption pairs")
-    texts, _, first = distinct_captions(images.captions)
+    """The diagnostics of ``images``' matched pairs (each image with its first caption) under each checkpoint:
+    the pairs `cloob eval diagnostics` analyses."""
     points = []
     for path in checkpoints:
         model, step = model_from_checkpoint(path, device)
-        image_x = image_features(model, images, encoding)
-        text_x = text_features(model, texts, encoding, f"captions|{images.identity}")[torch.tensor(first)]
-        points.append(TrajectoryPoint(step, embedding_diagnostics(image_x, text_x, model.inv_tau).metrics))
+        found = embedding_diagnostics(*matched_features(model, images, encoding), model.inv_tau)
+        points.append(TrajectoryPoint(step, found.metrics))
     return points
 
 
