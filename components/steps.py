@@ -16,8 +16,8 @@ from components.images import CPU_IMAGE, CUDA_IMAGE
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
 def acquire(params: str, store: str, manifest: Output[Dataset]) -> str:
-    """The run's image-text pairs as one manifest (the embedded default or acquire.source); returns the folder of
-    ``store`` their shards are built in."""
+    """The run's image-text pairs as one manifest (acquire.source: the packaged captioned default, or a
+    manifest); returns the folder of ``store`` their shards are built in."""
     from cloob_core.ops import kubeflow
 
     facts = kubeflow.acquire(params, manifest.path, store)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main command: set up (if needed), run the DVC pipeline (acquire -> validate -> download -> train -> eval ->
-# report -> promote) on the embedded default, and print the evaluation summary when this run produced one.
+# report -> promote) on the packaged captioned set, and print the evaluation summary when this run produced one.
 # Extra arguments go to `dvc repro` (e.g. `train` stops after training).
 set -euo pipefail
 cd "$(dirname "$0")/.."

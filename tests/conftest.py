@@ -49,15 +49,15 @@ def s3_bucket(s3_server, request):
 
 
 @pytest.fixture(scope="session")
-def embedded_train_shards(tmp_path_factory):
-    """The embedded training split as 16 shards of 250 pairs (28x28 digits, as `cloob data shards` writes them);
+def mnist_train_shards(tmp_path_factory):
+    """The packaged MNIST training split as 16 shards of 250 pairs (28x28 digits, as `cloob data shards` writes them);
     read-only for the tests that train on it."""
     from cloob_core.config import load_config
     from cloob_core.data.local import build_shards
 
     out = tmp_path_factory.mktemp("train") / "shards"
     config = load_config(overrides=["preprocess.resize_mode=no", "preprocess.shard_size=250"])
-    build_shards("embedded", str(out), config, split="train", progress=False)
+    build_shards("mnist", str(out), config, split="train", progress=False)
     return out
 
 

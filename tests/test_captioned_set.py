@@ -1,4 +1,4 @@
-"""The embedded captioned set as committed: real pairs from both sources, small, licensed, and a held-out split
+"""The packaged captioned set as committed: real pairs from both sources, small, licensed, and a held-out split
 that shares no caption with the training split."""
 
 from __future__ import annotations

@@ -23,9 +23,9 @@ OVERLAY = ROOT / ".venv-clip-benchmark"
 
 
 @pytest.fixture(scope="module")
-def export(tmp_path_factory, embedded_train_shards) -> Path:
+def export(tmp_path_factory, mnist_train_shards) -> Path:
     run = tmp_path_factory.mktemp("cb") / "run"
-    train(load_config(overrides=[f"train.shards={embedded_train_shards}", "train.steps=60", "train.batch_size=64",
+    train(load_config(overrides=[f"train.shards={mnist_train_shards}", "train.steps=60", "train.batch_size=64",
                                  "train.tensorboard=false", "train.workers=0"]), run, progress=False)
     return run / "model"
 
@@ -39,7 +39,7 @@ def clip_benchmark(*argv: str) -> subprocess.CompletedProcess:
 
 def test_clip_benchmark_scores_our_export_on_our_wds_set_as_cloob_eval_does(capsys, export, tmp_path):
     bench = tmp_path / "mnist"
-    assert main(["data", "eval-set", "--source", "embedded", "--output", str(bench)]) == 0
+    assert main(["data", "eval-set", "--source", "mnist", "--output", str(bench)]) == 0
     done = clip_benchmark("eval", "--model_type", "cloob", "--model", "cloob-tiny", "--pretrained", str(export),
                           "--dataset", "wds/mnist", "--dataset_root", str(bench), "--task", "zeroshot_classification",
                           "--no_amp", "--num_workers", "1", "--batch_size", "250", "--output",

@@ -15,7 +15,8 @@ def report(zeroshot: float, probe: float) -> dict[str, dict]:
     return {
         "digits_zeroshot_classification": {"acc1": zeroshot, "mean_per_class_recall": zeroshot},
         "digits_linear_probe": {"lp_acc1": probe, "lambda_": 0.01},
-        "digits_zeroshot_retrieval": {"text_retrieval_recall@1": 0.25, "image_retrieval_recall@1": 0.125},
+        "digits_zeroshot_retrieval": {"text_retrieval_recall@1": 0.25, "image_retrieval_recall@1": 0.125,
+                                      "text_retrieval_recall@5": 0.5},
         "digits_diagnostics": {"effective_eigenvalues_image": 34.0},
         "other-set_zeroshot_classification": {"acc1": 0.5},
         "suite": {"zeroshot_acc1": (zeroshot + 0.5) / 2, "linear_probe_acc1": probe},
@@ -25,8 +26,8 @@ def report(zeroshot: float, probe: float) -> dict[str, dict]:
 def test_rows_per_run_and_data_set_with_missing_cells_marked():
     header, rows, numbers = comparison_rows({"cloob": report(0.643, 0.887), "clip": report(0.612, 0.874)})
     assert header[:4] == ["run", "data set", "zero-shot acc1", "linear-probe acc1"]
-    assert rows[0] == ["cloob", "digits", "64.30%", "88.70%", "25.00%", "12.50%", "34"]
-    assert rows[1] == ["cloob", "other-set", "50.00%", "-", "-", "-", "-"]
+    assert rows[0] == ["cloob", "digits", "64.30%", "88.70%", "25.00%", "50.00%", "12.50%", "-", "34"]
+    assert rows[1] == ["cloob", "other-set", "50.00%", "-", "-", "-", "-", "-", "-"]
     assert [row[0] for row in rows] == ["cloob", "cloob", "clip", "clip"]
     assert numbers["zero-shot acc1"] == pytest.approx([64.3, 50.0, 61.2, 50.0])
 

@@ -59,3 +59,13 @@ def test_bad_files(tmp_path):
     scalar.write_text("42\n")
     with pytest.raises(ConfigError, match="mapping"):
         load_config(scalar)
+
+
+def test_the_paper_presets_apply_over_the_params_file_and_under_overrides():
+    cc3m = load_config(preset="cc3m")  # §5.1, App. A.2.2: RN50, batch 512, lr 1e-3, 20k warm-up, beta 8, 31 epochs
+    assert (cc3m.model.architecture, cc3m.train.batch_size, cc3m.optim.lr, cc3m.optim.warmup_steps,
+            cc3m.objective.beta, cc3m.train.epochs, cc3m.model.inv_tau) == ("RN50", 512, 1e-3, 20_000, 8.0, 31, 30.0)
+    yfcc = load_config(preset="yfcc", overrides=["train.epochs=2"])
+    assert (yfcc.train.batch_size, yfcc.optim.lr, yfcc.objective.beta, yfcc.train.epochs) == (1024, 5e-4, 14.3, 2)
+    with pytest.raises(ConfigError, match="unknown preset 'cc12m'"):
+        load_config(preset="cc12m")

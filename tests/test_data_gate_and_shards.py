@@ -1,4 +1,4 @@
-"""The validation gate (Great Expectations), local/embedded shards and the training reader."""
+"""The validation gate (Great Expectations), local and packaged shards and the training reader."""
 
 from __future__ import annotations
 
@@ -25,15 +25,15 @@ def to_array(image):
 
 
 @pytest.fixture(scope="module")
-def embedded_shards(tmp_path_factory):
-    out = tmp_path_factory.mktemp("embedded") / "shards"
+def mnist_shards(tmp_path_factory):
+    out = tmp_path_factory.mktemp("mnist") / "shards"
     config = load_config(overrides=["preprocess.resize_mode=no", "preprocess.shard_size=400"])
-    summary = build_shards("embedded", str(out), config, split="test", progress=False)
+    summary = build_shards("mnist", str(out), config, split="test", progress=False)
     return out, summary
 
 
-def test_embedded_set_becomes_shards_with_labels(embedded_shards, read_shards):
-    out, summary = embedded_shards
+def test_a_packaged_set_becomes_shards_with_labels(mnist_shards, read_shards):
+    out, summary = mnist_shards
     assert summary.stats["successes"] == 1000 and summary.sizes == {"00000.tar": 400, "00001.tar": 400,
                                                                     "00002.tar": 200}
     assert shard_list(str(out)) == ([str(out / f"0000{i}.tar") for i in range(3)], 1000)
@@ -42,16 +42,16 @@ def test_embedded_set_becomes_shards_with_labels(embedded_shards, read_shards):
     image, caption, meta = samples[0]
     label, classname = meta["label"], meta["classname"]
     assert image.shape == (28, 28, 3) and classname == str(label)
-    from cloob_core.data.embedded import load_embedded
+    from cloob_core.data.mnist import load_mnist
 
-    held_out = load_embedded("test")
+    held_out = load_mnist("test")
     assert caption == held_out.captions[0] and label == held_out.labels[0]
     difference = np.abs(image[..., 0].astype(int) - held_out.images[0].astype(int))
     assert difference.mean() < 2.0 and difference.max() < 64  # the same digit, through JPEG at quality 95
 
 
-def test_gate_passes_good_shards_and_fails_inconsistent_ones(embedded_shards, tmp_path, capsys):
-    out, _ = embedded_shards
+def test_gate_passes_good_shards_and_fails_inconsistent_ones(mnist_shards, tmp_path, capsys):
+    out, _ = mnist_shards
     assert main(["data", "validate", "--shards", str(out), "--report", str(tmp_path / "report")]) == 0
     assert "data gate PASSED" in capsys.readouterr().out
     results = json.loads((tmp_path / "report" / "gx_results.json").read_text())
@@ -128,8 +128,8 @@ def test_manifest_of_paths_cannot_escape_its_folder(tmp_path):
     assert summary.stats["failures_by_reason"] == {"blocked_path": 2, "missing_file": 1}
 
 
-def test_the_training_reader_skips_corrupt_samples_and_tars_with_a_count(embedded_shards, tmp_path, caplog):
-    out, _ = embedded_shards
+def test_the_training_reader_skips_corrupt_samples_and_tars_with_a_count(mnist_shards, tmp_path, caplog):
+    out, _ = mnist_shards
     good = out / "00002.tar"
     with tarfile.open(good) as tar:
         members = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]

@@ -52,7 +52,7 @@ def snapshot(output: Path) -> dict[str, bytes]:
 def reference(tmp_path_factory):
     """An uninterrupted run of the same manifest (the server is slowed down for the interrupting tests)."""
     tmp = tmp_path_factory.mktemp("reference")
-    server = ImageServer(delay=0.04)
+    server = ImageServer(delay=0.15)  # ~1.5 s a run: an interrupt after 2 shards lands mid-run
     with server:
         manifest = write_manifest(tmp / "manifest.csv", manifest_rows(server))
         process = start(manifest, tmp / "out")

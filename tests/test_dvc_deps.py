@@ -76,6 +76,7 @@ def test_the_closure_follows_lazy_imports_and_data_files():
     assert "cloob_core/cli.py" not in files and not any(f.startswith("cloob_core/evaluation/") for f in files)
     evaluation = {str(p.relative_to(ROOT)) for p in stage_closure(stage_commands()["eval"])}
     assert {"cloob_core/evaluation/zeroshot.py", "cloob_core/model/export.py",
-            "cloob_core/evaluation/classnames/cifar10.json", "cloob_core/data/embedded.py"} <= evaluation
+            "cloob_core/evaluation/classnames/cifar10.json", "cloob_core/data/mnist.py",
+            "cloob_core/data/packaged.py", "cloob_core/data/captioned/pairs.parquet"} <= evaluation
     trimmed = {**STAGES["train"], "deps": [d for d in STAGES["train"]["deps"] if d != "cloob_core/training"]}
     assert "cloob_core/training/optim.py" in missing_dependencies(trimmed, stage_closure(stage_commands()["train"]))

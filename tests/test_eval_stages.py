@@ -1,4 +1,4 @@
-"""`cloob eval` end to end: a trained tiny model, a random one, the embedded split and a user ImageFolder."""
+"""`cloob eval` end to end: a trained tiny model, a random one, the packaged MNIST split and a user ImageFolder."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from cloob_core.training.loop import train
 def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("eval")
     config = load_config(overrides=["preprocess.resize_mode=no", "preprocess.shard_size=250"])
-    build_shards("embedded", str(root / "shards"), config, split="train", progress=False)
+    build_shards("mnist", str(root / "shards"), config, split="train", progress=False)
     config = load_config(overrides=[f"train.shards={root / 'shards'}", "train.epochs=3", "train.tensorboard=false"])
     train(config, root / "run", progress=False)
     return root / "run" / "model"
@@ -38,16 +38,18 @@ def untrained(tmp_path_factory):
     return folder
 
 
-def run(*args: str) -> int:
-    return main(["eval", *args, "--no-progress"])
+def run(task: str, *args: str) -> int:
+    """`cloob eval TASK`, on the packaged MNIST split unless the arguments name other data."""
+    flag = "--train-data" if task == "linear-probe" else "--data"
+    return main(["eval", task, *args, *([] if flag in args else [flag, "mnist"]), "--no-progress"])
 
 
 def test_zero_shot_trained_beats_chance_random_does_not(trained, untrained, tmp_path, capsys):
     assert run("zeroshot", "--model", str(trained), "--output", str(tmp_path / "t")) == 0
-    trained_top1 = json.loads((tmp_path / "t" / "embedded-mnist-test_zeroshot_classification.json").read_text())
+    trained_top1 = json.loads((tmp_path / "t" / "mnist-test_zeroshot_classification.json").read_text())
     assert trained_top1["metrics"]["acc1"] > 0.3  # chance is 0.1; 3 epochs reach about 0.49
     assert run("zeroshot", "--model", str(untrained), "--output", str(tmp_path / "r")) == 0
-    random_top1 = json.loads((tmp_path / "r" / "embedded-mnist-test_zeroshot_classification.json").read_text())
+    random_top1 = json.loads((tmp_path / "r" / "mnist-test_zeroshot_classification.json").read_text())
     assert abs(random_top1["metrics"]["acc1"] - 0.1) < 0.08
     record = trained_top1
     assert {"dataset", "model", "pretrained", "task", "metrics"} <= set(record)  # CLIP_benchmark's layout
@@ -56,33 +58,33 @@ def test_zero_shot_trained_beats_chance_random_does_not(trained, untrained, tmp_
     assert len(metrics["confusion_matrix"]) == 10 and sum(map(sum, metrics["confusion_matrix"])) == 1000
     assert metrics["mean_per_class_recall"] == pytest.approx(sum(metrics["per_class_accuracy"]) / 10)
     for plot in ("per_class", "confusion"):
-        png = tmp_path / "t" / f"embedded-mnist-test_zeroshot_classification_{plot}.png"
+        png = tmp_path / "t" / f"mnist-test_zeroshot_classification_{plot}.png"
         assert png.read_bytes().startswith(b"\x89PNG")
-    assert "embedded-mnist-test_zeroshot_classification_confusion.png" in (tmp_path / "t" / "report.md").read_text()
+    assert "mnist-test_zeroshot_classification_confusion.png" in (tmp_path / "t" / "report.md").read_text()
     assert run("zeroshot", "--model", str(trained), "--output", str(tmp_path / "h"), "--hopfield-beta", "8") == 0
-    hopfield = json.loads((tmp_path / "h" / "embedded-mnist-test_zeroshot_classification.json").read_text())
+    hopfield = json.loads((tmp_path / "h" / "mnist-test_zeroshot_classification.json").read_text())
     assert hopfield["metrics"]["embeddings"] == "hopfield" and hopfield["metrics"]["acc1"] > 0.3
 
 
-def test_all_four_tasks_on_the_embedded_split_write_one_report(trained, tmp_path, caplog):
+def test_all_four_tasks_on_the_mnist_split_write_one_report(trained, tmp_path, caplog):
     out = tmp_path / "all"
     for task in ("zeroshot", "linear-probe", "retrieval", "diagnostics"):
         assert run(task, "--model", str(trained), "--output", str(out)) == 0
     combined = json.loads((out / "metrics.json").read_text())
-    assert set(combined) == {f"embedded-mnist-test_{t}" for t in ("zeroshot_classification", "linear_probe",
+    assert set(combined) == {f"mnist-test_{t}" for t in ("zeroshot_classification", "linear_probe",
                                                                     "zeroshot_retrieval", "diagnostics")}
-    assert combined["embedded-mnist-test_linear_probe"]["lp_acc1"] > 0.8
-    diagnostics = json.loads((out / "embedded-mnist-test_diagnostics.json").read_text())["metrics"]
+    assert combined["mnist-test_linear_probe"]["lp_acc1"] > 0.8
+    diagnostics = json.loads((out / "mnist-test_diagnostics.json").read_text())["metrics"]
     assert 1 <= diagnostics["effective_eigenvalues_image"] <= 64 and len(diagnostics["spectrum_image"]) == 64
     assert 0 < diagnostics["positive_probability_p1"] < 1
-    retrieval = combined["embedded-mnist-test_zeroshot_retrieval"]
+    retrieval = combined["mnist-test_zeroshot_retrieval"]
     assert 0 <= retrieval["image_retrieval_recall@1"] <= retrieval["image_retrieval_recall@10"] <= 1
     # features are cached: a second run reads them back and gives the same numbers
     with caplog.at_level(logging.DEBUG, logger="cloob_core.evaluation.features"):
         assert run("linear-probe", "--model", str(trained), "--output", str(out)) == 0
     assert "features from cache" in caplog.text
-    again = json.loads((out / "metrics.json").read_text())["embedded-mnist-test_linear_probe"]
-    assert again == combined["embedded-mnist-test_linear_probe"]
+    again = json.loads((out / "metrics.json").read_text())["mnist-test_linear_probe"]
+    assert again == combined["mnist-test_linear_probe"]
 
 
 def test_a_user_image_folder_with_a_class_name_file(trained, tmp_path, capsys):
@@ -134,8 +136,8 @@ def test_open_clip_weights_and_the_clip_benchmark_loader(trained, tmp_path, caps
     assert run("zeroshot", "--architecture", "cloob-tiny", "--weights", str(weights), "--output",
                str(tmp_path / "a")) == 0
     assert run("zeroshot", "--model", str(trained), "--output", str(tmp_path / "b")) == 0
-    a = json.loads((tmp_path / "a" / "embedded-mnist-test_zeroshot_classification.json").read_text())["metrics"]
-    b = json.loads((tmp_path / "b" / "embedded-mnist-test_zeroshot_classification.json").read_text())["metrics"]
+    a = json.loads((tmp_path / "a" / "mnist-test_zeroshot_classification.json").read_text())["metrics"]
+    b = json.loads((tmp_path / "b" / "mnist-test_zeroshot_classification.json").read_text())["metrics"]
     assert a["acc1"] == b["acc1"]
     _model, transform, tokenizer = load_cloob("cloob-tiny", str(trained))
     assert tokenizer(["a digit"]).shape == (1, 16) and transform.__class__.__name__ == "Compose"

@@ -71,7 +71,7 @@ def test_each_data_set_of_the_suite_is_evaluated_on_its_tasks_under_clip_benchma
 def test_the_suite_means_are_the_means_over_the_data_sets_that_ran_the_task(evaluated):
     _, _, metrics = evaluated
     suite = metrics["suite"]
-    assert set(suite) == {"zeroshot_acc1", "linear_probe_acc1", "retrieval_recall@5"}  # the defaults
+    assert set(suite) == {"zeroshot_acc1", "linear_probe_acc1", "retrieval_recall@1", "retrieval_recall@5"}
     assert suite["zeroshot_acc1"] == pytest.approx(statistics.fmean(
         [metrics["photos_zeroshot_classification"]["acc1"], metrics["digits_zeroshot_classification"]["acc1"]]))
     assert suite["linear_probe_acc1"] == pytest.approx(statistics.fmean(
@@ -102,7 +102,7 @@ def test_a_data_set_left_out_of_the_suite_is_left_out_of_the_report_and_a_missin
     metrics = json.loads((root / "photos-report" / "metrics.json").read_text())
     assert not any(name.startswith("digits") for name in metrics)
     assert metrics["suite"]["zeroshot_acc1"] == metrics["photos_zeroshot_classification"]["acc1"]
-    three = suite_params(root / "three.yaml", {**two_sets(photos), "mnist": {"source": "embedded"}})
+    three = suite_params(root / "three.yaml", {**two_sets(photos), "mnist": {"source": "mnist"}})
     assert main(["eval", "report", "--params", str(three), "--inputs", str(root / "eval"), "--output",
                  str(root / "three-report")]) == 2
     assert "no results for mnist_zeroshot_classification" in capsys.readouterr().err
@@ -134,18 +134,18 @@ def test_a_data_set_s_tasks_share_features_computed_ahead(evaluated, weights, mo
 
 @pytest.mark.parametrize(("entry", "message"), [
     ({"source": "/nonexistent/imagenet"}, "eval.datasets.broken: source /nonexistent/imagenet does not exist"),
-    ({"source": "embedded", "classnames": "imagenett"}, "eval.datasets.broken: classnames 'imagenett' is no file "
+    ({"source": "mnist", "classnames": "imagenett"}, "eval.datasets.broken: classnames 'imagenett' is no file "
                                                         "and no packaged class list"),
     ({"source": "PHOTOS", "tasks": ["linear-probe"], "splits": {"train": "training"}},
      "eval.datasets.broken: PHOTOS has no split 'training'"),
     ({"source": "PHOTOS/test", "tasks": ["linear-probe"]}, "the linear probe needs separate train and test images"),
-    ({"source": "embedded", "tasks": ["zeroshot", "linearprobe"]}, "eval.datasets.broken.tasks.1: Input should be"),
+    ({"source": "mnist", "tasks": ["zeroshot", "linearprobe"]}, "eval.datasets.broken.tasks.1: Input should be"),
     ({"source": "sklearn-digits", "splits": {"test": "val"}}, "sklearn-digits has the splits train and test, not val"),
 ])
 def test_a_broken_entry_fails_before_the_model_loads_and_names_the_entry(photos, tmp_path, capsys, entry, message):
     entry = json.loads(json.dumps(entry).replace("PHOTOS", str(photos)))
     message = message.replace("PHOTOS", str(photos))
-    params = suite_params(tmp_path / "p.yaml", {"fine": {"source": "embedded"}, "broken": entry})
+    params = suite_params(tmp_path / "p.yaml", {"fine": {"source": "mnist"}, "broken": entry})
     # the model does not exist: loading it first would fail with another message
     assert main(["eval", "suite", "--params", str(params), "--model", str(tmp_path / "no-model"), "--output",
                  str(tmp_path / "out")]) == 2
@@ -155,15 +155,15 @@ def test_a_broken_entry_fails_before_the_model_loads_and_names_the_entry(photos,
 
 
 @pytest.mark.parametrize(("text", "message"), [
-    ("eval:\n  datasets:\n    a: {source: embedded}\n    a: {source: sklearn-digits}\n", "key 'a' is given twice"),
-    ("eval:\n  datasets:\n    a.b: {source: embedded}\n", "data set name 'a.b' must be"),
-    ("eval:\n  datasets:\n    suite: {source: embedded}\n", "data set name 'suite' must be"),
+    ("eval:\n  datasets:\n    a: {source: mnist}\n    a: {source: sklearn-digits}\n", "key 'a' is given twice"),
+    ("eval:\n  datasets:\n    a.b: {source: mnist}\n", "data set name 'a.b' must be"),
+    ("eval:\n  datasets:\n    suite: {source: mnist}\n", "data set name 'suite' must be"),
     ("eval:\n  datasets:\n    a: {tasks: [zeroshot]}\n", "eval.datasets.a.source: Field required"),
-    ("eval:\n  datasets:\n    a: {source: embedded}\n  aggregates:\n    z: {of: zero_shot.acc1}\n",
+    ("eval:\n  datasets:\n    a: {source: mnist}\n  aggregates:\n    z: {of: zero_shot.acc1}\n",
      "aggregates.z: 'zero_shot.acc1' is not RESULT.KEY"),
-    ("eval:\n  datasets:\n    a: {source: embedded}\n  aggregates:\n    z: {of: linear_probe.lp_acc1}\n",
+    ("eval:\n  datasets:\n    a: {source: mnist}\n  aggregates:\n    z: {of: linear_probe.lp_acc1}\n",
      "aggregates.z: no data set of the suite runs 'linear-probe'"),
-    ("eval:\n  datasets:\n    a: {source: embedded}\n  aggregates:\n    z: {of: zeroshot_classification.acc1, "
+    ("eval:\n  datasets:\n    a: {source: mnist}\n  aggregates:\n    z: {of: zeroshot_classification.acc1, "
      "datasets: [b]}\n", "aggregates.z: no data set named ['b']"),
     ("promote: {metric: mnist_zeroshot_classification.top1, guards: {}}\n"
      "eval:\n  datasets:\n    digits: {source: sklearn-digits}\n",
@@ -179,16 +179,17 @@ def test_a_suite_that_cannot_be_meant_is_refused_with_the_entry_named(text, mess
 
 def test_the_default_aggregates_apply_where_a_user_suite_has_their_tasks():
     settings = config_from_text("eval:\n  datasets:\n    imagenet: {source: /data/imagenet}\n"
-                                "promote: {guards: {}}\n").eval
+                                "promote: {metric: suite.zeroshot_acc1, guards: {}}\n").eval
     assert list(settings.aggregates) == ["zeroshot_acc1"]  # no probe, no retrieval: their means would be empty
     assert settings.contributors("zeroshot_acc1", "zeroshot_classification") == ["imagenet"]
-    assert EvalConfig().metric_names() >= {"mnist_zeroshot_classification", "digits_linear_probe", "suite"}
+    assert EvalConfig().metric_names() >= {"mnist_zeroshot_classification", "emoji_linear_probe",
+                                           "captioned_zeroshot_retrieval", "captioned_diagnostics", "suite"}
 
 
 def test_an_aggregate_over_a_metric_a_data_set_lacks_is_named():
     from cloob_core.evaluation.suite_report import SuiteError, aggregate
 
-    settings = config_from_text("eval:\n  datasets:\n    a: {source: embedded}\n    b: {source: embedded}\n"
+    settings = config_from_text("eval:\n  datasets:\n    a: {source: mnist}\n    b: {source: mnist}\n"
                                 "  aggregates:\n    top5: {of: zeroshot_classification.acc5}\n"
                                 "promote: {metric: suite.top5, guards: {}}\n").eval
     with pytest.raises(SuiteError, match=r"eval.aggregates.top5: b_zeroshot_classification has no metric 'acc5'"):
@@ -207,7 +208,7 @@ def test_the_report_records_the_suite_fingerprint_that_promotion_compares(evalua
     recorded = json.loads((root / "report" / "suite.json").read_text())
     settings = config_from_text(params.read_text()).eval
     assert set(recorded["datasets"]) == {"photos", "digits"}
-    assert recorded["datasets"]["digits"]["content"]["kind"] == "arrays"
+    assert recorded["datasets"]["digits"]["content"]["kind"] == "packaged"
     assert recorded["datasets"]["photos"]["content"]["kind"] == "stat"
     assert recorded["datasets"]["photos"]["classnames"]["digest"]  # the class file's content counts too
     assert suite_fingerprint(settings, recorded["datasets"])["digest"] == recorded["digest"]
@@ -225,7 +226,7 @@ def test_the_report_records_the_suite_fingerprint_that_promotion_compares(evalua
 
 
 def test_a_task_that_no_chosen_data_set_runs_is_named(tmp_path, capsys):
-    assert main(["eval", "suite", "--dataset", "digits", "--task", "retrieval", "--model", str(tmp_path / "none"),
+    assert main(["eval", "suite", "--dataset", "mnist", "--task", "retrieval", "--model", str(tmp_path / "none"),
                  "--output", str(tmp_path / "out")]) == 2
-    assert capsys.readouterr().err.strip() == "cloob: no data set of digits runs retrieval in eval.datasets"
+    assert capsys.readouterr().err.strip() == "cloob: no data set of mnist runs retrieval in eval.datasets"
     assert not (tmp_path / "out").exists()

@@ -23,13 +23,13 @@ REPRO = ["dvc", "repro", "--single-item", "eval", "report", "promote"]
 
 
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory, embedded_train_shards, s3_server):
+def repo(tmp_path_factory, mnist_train_shards, s3_server):
     """A copy of the repository with a short-trained model in models/train/model, and a suite of an ImageFolder
     tree and its wds copy on S3. `dvc repro --single-item eval report promote` (REPRO) runs what follows training
     (and skips what has not changed), so the data stages and training need not run here."""
     root = copy_repository(tmp_path_factory.mktemp("suite-repo"))
     env = environment()
-    run(["cloob", "train", "--shards", str(embedded_train_shards), "--output", "models/train", "--steps", "40",
+    run(["cloob", "train", "--shards", str(mnist_train_shards), "--output", "models/train", "--steps", "40",
          "--batch-size", "64", "--no-progress", "--set", "train.tensorboard=false"], root, env)
     pets = root.parent / "pets"
     image_folder(pets, CLASSES, {"train": 6, "test": 4})
@@ -47,6 +47,7 @@ def repo(tmp_path_factory, embedded_train_shards, s3_server):
     }
     params["eval"]["aggregates"] = {"zeroshot_acc1": {"of": "zeroshot_classification.acc1"},
                                     "linear_probe_acc1": {"of": "linear_probe.lp_acc1"}}
+    params["promote"]["metric"] = "suite.zeroshot_acc1"  # the default, retrieval R@5, is not in this suite
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     run(["git", "add", "-A"], root, env)
     run(["git", "commit", "-qm", "a user suite"], root, env)

@@ -12,14 +12,14 @@ from cloob_core.data.validate import GateFailed
 from cloob_core.errors import StageError
 from cloob_core.ops import kubeflow
 
-PARAMS = {"acquire": {"source": "embedded", "split": "test"}, "preprocess": {"resize_mode": "no"}}
+PARAMS = {"acquire": {"source": "mnist", "split": "test"}, "preprocess": {"resize_mode": "no", "shard_size": 500}}
 
 
 def test_the_data_steps_build_the_shards_in_one_folder_named_by_their_content(tmp_path):
     store = str(tmp_path / "store")
     facts = kubeflow.acquire(PARAMS, str(tmp_path / "manifest"), store)
     shards = facts.pop("shards")
-    assert facts == {"rows": 1000, "source": "embedded (test split)"}
+    assert facts == {"rows": 1000, "source": "packaged mnist (test split)"}
     assert Path(shards).parent == Path(store) and Path(shards).name.startswith("shards-")
     gate = kubeflow.validate(PARAMS, str(tmp_path / "gate"), manifest_dir=str(tmp_path / "manifest"))
     assert gate["passed"] and gate["checks"] == 5
@@ -62,6 +62,6 @@ def test_a_failing_gate_raises_its_report_and_a_bad_configuration_its_key(tmp_pa
     with pytest.raises(StageError, match=r"unknown task \['zero-shot'\]"):
         kubeflow.evaluate(PARAMS, "mnist", "zero-shot", str(tmp_path / "model"), str(tmp_path / "eval"))
     missing = {**PARAMS, "eval": {"datasets": {"imagenet": {"source": str(tmp_path / "imagenet")}}},
-               "promote": {"guards": {}}}
+               "promote": {"metric": "suite.zeroshot_acc1", "guards": {}}}
     with pytest.raises(StageError, match=r"eval.datasets.imagenet: source .* does not exist"):
         kubeflow.plan_evaluation(json.dumps(missing))  # before any model is loaded

@@ -16,7 +16,7 @@ LAYERS = (
     ("cloob_core.config", "cloob_core.objectives.names", "cloob_core.objectives"),
     ("cloob_core.objectives.", "cloob_core.model", "cloob_core.data"),
     ("cloob_core.training", "cloob_core.evaluation"),
-    ("cloob_core.ops",),
+    ("cloob_core.ops", "cloob_core.experiments"),
     ("cloob_core.cli",),
 )
 

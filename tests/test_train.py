@@ -26,8 +26,8 @@ from cloob_core.training.loop import train
 
 
 @pytest.fixture
-def shards(embedded_train_shards):
-    return embedded_train_shards
+def shards(mnist_train_shards):
+    return mnist_train_shards
 
 
 def cli(shards: Path, output: Path, *extra: str) -> list[str]:

@@ -171,8 +171,8 @@ def test_a_job_past_its_time_limit_is_deleted_and_its_pods_stopped(tmp_path, mon
 
 
 @pytest.fixture
-def local_shards(embedded_train_shards):
-    return embedded_train_shards
+def local_shards(mnist_train_shards):
+    return mnist_train_shards
 
 
 @pytest.mark.slow  # ~1 minute: two "nodes" train under torchrun (gloo on CPU)

@@ -19,9 +19,9 @@ from cloob_core.training.loop import train
 
 
 @pytest.fixture(scope="module")
-def run(embedded_train_shards, tmp_path_factory):
+def run(mnist_train_shards, tmp_path_factory):
     folder = tmp_path_factory.mktemp("trajectory") / "run"
-    config = load_config(overrides=[f"train.shards={embedded_train_shards}", "train.steps=6", "train.batch_size=64",
+    config = load_config(overrides=[f"train.shards={mnist_train_shards}", "train.steps=6", "train.batch_size=64",
                                     "train.checkpoint_every=2", "train.keep_checkpoints=10",
                                     "train.tensorboard=false"])
     train(config, folder, progress=False)
@@ -30,7 +30,7 @@ def run(embedded_train_shards, tmp_path_factory):
 
 def test_each_checkpoint_is_evaluated_and_the_last_equals_the_exported_model(run, tmp_path):
     checkpoints = run_checkpoints(run)
-    images = load_images("embedded", "test")
+    images = load_images("mnist", "test")
     encoding = Encoding(progress=False)
     points = diagnostics_over_training(checkpoints, images, encoding)
     assert [point.step for point in points] == [2, 4, 6]
@@ -65,10 +65,11 @@ def test_cloob_eval_trajectory_writes_every_checkpoint_and_prints_one_line_each(
 
     from cloob_core.cli import main
 
-    assert main(["eval", "trajectory", "--run", str(run), "--output", str(tmp_path), "--no-progress"]) == 0
+    assert main(["eval", "trajectory", "--run", str(run), "--data", "mnist", "--output", str(tmp_path),
+                 "--no-progress"]) == 0
     printed = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0] for line in printed[:3]] == ["step 2", "step 4", "step 6"]
     written = json.loads((tmp_path / "trajectory.json").read_text())
-    assert written["data"] == "embedded-mnist-test" and [p["step"] for p in written["points"]] == [2, 4, 6]
+    assert written["data"] == "mnist-test" and [p["step"] for p in written["points"]] == [2, 4, 6]
     assert main(["eval", "trajectory", "--run", str(tmp_path / "none"), "--output", str(tmp_path)]) == 2
     assert "holds no complete checkpoints" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""The embedded captioned set: real image-caption pairs that ship with the package.
+"""The packaged captioned set, the default training data: real image-caption pairs that ship with the package.
 
 2,551 pairs from two sources the package registries carry (built by scripts/build_captioned_set.py, which says
 how; licences and attributions in ``captioned/LICENSES``):

@@ -40,7 +40,7 @@ from cloob_core.config import CloobConfig
 from cloob_core.data.fetch import FetchPolicy
 from cloob_core.data.manifest import Manifest, ManifestError, Partition, row_key
 from cloob_core.data.plan import check_settings, plan_round, retry_plan_name, retry_round, settings_of
-from cloob_core.data.sources import embedded_source_for
+from cloob_core.data.sources import packaged_source_for
 from cloob_core.data.summary import OutputSummary, merge_stats, summarize
 from cloob_core.data.worker import HttpSource, JobResult, ShardJob, init_worker, run_job
 from cloob_core.data.writer import (
@@ -229,7 +229,7 @@ def download(
     """Build (or finish building) the shards of ``manifest`` in ``output``; see the module docstring.
 
     ``source`` says how a row's URL becomes bytes (``open(threads)`` → an object with ``fetch(url)``); the
-    default fetches http(s) under ``config.download``. Local folders and the embedded set plug in here. The
+    default fetches http(s) under ``config.download``. Local folders and the packaged sets plug in here. The
     outcome is pushed to ``download.pushgateway`` (when set), per partition.
     """
     started = time.monotonic()
@@ -238,7 +238,7 @@ def download(
     if not isinstance(manifest, Manifest):
         manifest = Manifest.load(manifest, dl.url_col, dl.caption_col, dl.input_format)
     if source is None:
-        source = embedded_source_for(manifest.frame[manifest.url_col]) or HttpSource(FetchPolicy.from_config(dl))
+        source = packaged_source_for(manifest.frame[manifest.url_col]) or HttpSource(FetchPolicy.from_config(dl))
     storage.ensure_folder(output)
     with _owned_staging(output, partition) as owner:
         check_settings(output, settings_of(manifest, config))

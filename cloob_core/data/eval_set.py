@@ -8,7 +8,7 @@ one copy of a benchmark serves `cloob eval`, CLIP_benchmark and open_clip users 
 
 The source is an ImageFolder tree (``CLASS/IMAGE``, or ``SPLIT/CLASS/IMAGE`` for several splits), a labelled
 manifest (an image path relative to the manifest and a class name per row, optionally a split column), or
-``embedded`` (the packaged digits: both splits, their class names and held-out prompts). Labels follow
+a packaged set (``captioned``, ``mnist``, ...: both splits, their class names and held-out prompts). Labels follow
 torchvision's ImageFolder: classes in sorted order, images sorted within each class. Images already in
 a format CLIP_benchmark decodes are copied byte for byte; others become PNG. An image that does not decode is
 left out and counted.
@@ -24,9 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cloob_core import storage
-from cloob_core.config import ConfigError
+from cloob_core.config import PACKAGED_SETS, ConfigError
 from cloob_core.data.manifest import read_manifest
-from cloob_core.data.sources import EMBEDDED_PREFIX, IMAGE_SUFFIXES, EmbeddedSource
+from cloob_core.data.packaged import SPLITS, PackagedSplit, load_packaged
+from cloob_core.data.sources import IMAGE_SUFFIXES
 from cloob_core.data.wds_layout import CLASSNAMES_FILE, SHARD_COUNT_FILE, TEMPLATES_FILE
 from cloob_core.data.writer import ShardWriter
 from cloob_core.io import atomic_write
@@ -64,8 +65,8 @@ def build_eval_set(source: str, output: str, *, split: str = "test", manifest_im
     if shard_size < 1:
         raise ConfigError(f"--shard-size must be at least 1, got {shard_size}")
     root = Path(source)
-    if source == "embedded":
-        splits, classnames, templates = _embedded_splits(classnames, templates)
+    if source in PACKAGED_SETS:
+        splits, classnames, templates = _packaged_splits(source, classnames, templates)
     elif root.is_dir():
         splits = _folder_splits(root, split)
     elif root.is_file() or storage.is_s3(source):
@@ -91,23 +92,20 @@ def build_eval_set(source: str, output: str, *, split: str = "test", manifest_im
 SPLIT_NAMES = frozenset({"train", "test", "val", "validation"})
 
 
-def _embedded_splits(classnames: list[str] | None, templates: list[str] | None
+def _packaged_splits(name: str, classnames: list[str] | None, templates: list[str] | None
                      ) -> tuple[dict[str, list[tuple[_Image, str]]], list[str], list[str]]:
-    """Both splits of the packaged digits (PNG, as the download stage encodes them), labelled so that they sort
-    in label order, with their class names and held-out prompts unless others are given."""
-    from cloob_core.data.embedded import ZERO_SHOT_TEMPLATES, load_embedded
+    """Both splits of a packaged set (images as the download stage stores them), labelled so that they sort in
+    label order, with their class names and held-out prompts unless others are given."""
+    data = {split: load_packaged(name, split) for split in SPLITS}
 
-    data = {name: load_embedded(name) for name in ("train", "test")}
-    source = EmbeddedSource({name: split.images for name, split in data.items()})
+    def image(part: PackagedSplit, index: int) -> _Image:
+        return _Image(part.url(index), lambda: part.images[index])
 
-    def image(url: str) -> _Image:
-        return _Image(url, lambda: source.fetch(url).data)
-
-    splits = {name: sorted(((image(f"{EMBEDDED_PREFIX}{name}/{i}"), f"{int(label):02d}")
-                            for i, label in enumerate(split.labels)), key=lambda row: row[1])
-              for name, split in data.items()}
+    splits = {split: sorted(((image(part, i), f"{label:03d}") for i, label in enumerate(part.labels)),
+                            key=lambda row: row[1])
+              for split, part in data.items()}
     return (splits, classnames or list(data["test"].classnames),
-            templates or [t.replace("{}", "{c}") for t in ZERO_SHOT_TEMPLATES])
+            templates or [t.replace("{}", "{c}") for t in data["test"].templates])
 
 
 def _folder_splits(root: Path, split: str) -> dict[str, list[tuple[_Image, str]]]:

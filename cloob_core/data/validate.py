@@ -1,7 +1,7 @@
 """``cloob data validate``: the gate between data and GPU hours, as Great Expectations (1.x) suites.
 
 Two suites, thresholds from the ``validation`` config section:
-- manifest: URLs present and http(s) (or rows of the embedded set), unique; captions non-empty and within
+- manifest: URLs present and http(s) (or rows of a packaged set), unique; captions non-empty and within
   length; enough rows;
 - shards: every shard of the manifest is complete and has samples; its tar holds exactly the samples its record
   and ``sizes.json`` claim, each with jpg, txt and json; a sample of them decodes (the image in full, the caption
@@ -27,6 +27,7 @@ import pandas as pd
 from cloob_core import storage
 from cloob_core.config import CloobConfig, ConfigError
 from cloob_core.data.manifest import read_manifest
+from cloob_core.data.packaged import URL_PATTERN as PACKAGED_URL
 from cloob_core.data.summary import summarize
 from cloob_core.data.writer import read_records, tar_samples
 from cloob_core.errors import StageError
@@ -34,7 +35,7 @@ from cloob_core.io import json_bytes
 
 log = logging.getLogger(__name__)
 _SAMPLE_PARTS = {"jpg", "txt", "json"}
-URL_PATTERN = r"^(?:https?://[^\s/]+\S*|embedded:(?:train|test)/\d+)$"  # the embedded rows of `cloob data acquire`
+URL_PATTERN = rf"^(?:https?://[^\s/]+\S*|{PACKAGED_URL})$"  # packaged rows: `cloob data acquire`
 
 
 @dataclass

@@ -4,13 +4,14 @@ suite_fingerprint` puts the data sets' together).
 
 A data set's fingerprint holds the settings that change its figures (source, splits, tasks, class names and
 templates, label key, few-shot K; not the batch size) and what is known of its source's content without reading
-it: the packaged sets' arrays; on S3 each object's ETag and size; on local disk each file's path, size and
-modification time (what make and DVC's own state check use to tell a changed file).
+it: the packaged sets' images, captions and classes; on S3 each object's ETag and size; on local disk each file's
+path, size and modification time (what make and DVC's own state check use to tell a changed file).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -23,26 +24,28 @@ from cloob_core.evaluation.suite_report import digest
 def _packaged(source: str) -> str:
     import numpy as np
 
-    if source == "embedded":
-        from cloob_core.data.embedded import load_embedded
-
-        parts = [load_embedded(split) for split in ("train", "test")]
-        arrays = [a for part in parts for a in (part.images, part.labels)]
-    else:
+    digest = hashlib.sha256()
+    if source == "sklearn-digits":
         from sklearn.datasets import load_digits
 
         data = load_digits()
-        arrays = [data.images, data.target]
-    digest = hashlib.sha256()
-    for array in arrays:
-        digest.update(np.ascontiguousarray(array).tobytes())
+        for array in (data.images, data.target):
+            digest.update(np.ascontiguousarray(array).tobytes())
+        return digest.hexdigest()
+    from cloob_core.data.packaged import SPLITS, load_packaged
+
+    for split in SPLITS:
+        part = load_packaged(source, split)
+        for image in part.images:
+            digest.update(hashlib.sha256(image).digest())
+        digest.update(json.dumps([part.captions, part.labels, part.classnames, part.templates]).encode())
     return digest.hexdigest()
 
 
 def source_content(source: str) -> dict[str, str]:
     """The digest of a source's content where it can be known without reading it, and how it was taken."""
     if source in PACKAGED_SOURCES:
-        return {"kind": "arrays", "digest": _packaged(source)}
+        return {"kind": "packaged", "digest": _packaged(source)}
     if not storage.is_s3(source) and Path(source).is_file():  # an image,caption .csv
         return {"kind": "stat", "digest": digest([[Path(source).name, Path(source).stat().st_size,
                                                    str(Path(source).stat().st_mtime_ns)]])}

@@ -1,6 +1,6 @@
 """What an evaluation runs on: a model (our export, or any open_clip config with a local weights file) and
-labelled or captioned images (the embedded held-out split, an ImageFolder tree, WebDataset shards, or a CSV of
-image paths and captions)."""
+labelled or captioned images (a packaged set's held-out split, an ImageFolder tree, WebDataset shards, or a CSV
+of image paths and captions)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from PIL import Image
 from torch import Tensor
 
 from cloob_core import storage
-from cloob_core.config import ConfigError
+from cloob_core.config import PACKAGED_SETS, PACKAGED_SOURCES, ConfigError
 from cloob_core.evaluation.class_sets import packaged_class_set, packaged_class_sets
 from cloob_core.io import file_digest, read_torch
 from cloob_core.model.dual_encoder import register_project_configs, without_random_init_warning
@@ -155,16 +155,16 @@ def read_class_file(path: str | None) -> tuple[list[str] | None, list[str] | Non
     return names, templates
 
 
-def embedded_set(split: str) -> ImageSet:
-    from cloob_core.data.embedded import ZERO_SHOT_TEMPLATES, load_embedded
+def packaged_set(name: str, split: str) -> ImageSet:
+    """A packaged set (``cloob_core/data/packaged.py``): its classes, held-out prompts and each image's caption."""
+    from cloob_core.data.packaged import load_packaged
 
-    data = load_embedded(split)
+    data = load_packaged(name, split)
     return ImageSet(
-        name=f"embedded-mnist-{split}", identity=f"embedded:{split}",
-        opener=lambda i: Image.fromarray(data.images[i], mode="L").convert("RGB"), size=len(data),
-        labels=[int(v) for v in data.labels], classnames=list(data.classnames),
-        captions=[[c] for c in data.captions], templates=list(ZERO_SHOT_TEMPLATES),
-    )
+        name=f"{name}-{split}", identity=f"packaged:{name}:{split}",
+        opener=lambda i: Image.open(io.BytesIO(data.images[i])).convert("RGB"), size=len(data),
+        labels=list(data.labels), classnames=list(data.classnames), captions=[[c] for c in data.captions],
+        templates=list(data.templates))
 
 
 def sklearn_digits_set(split: str) -> ImageSet:
@@ -173,7 +173,7 @@ def sklearn_digits_set(split: str) -> ImageSet:
     scikit-learn's own digit-classification example splits them: the first half trains, the second half tests."""
     from sklearn.datasets import load_digits
 
-    from cloob_core.data.embedded import CLASSNAMES, ZERO_SHOT_TEMPLATES
+    from cloob_core.data.mnist import CLASSNAMES, ZERO_SHOT_TEMPLATES
 
     data = load_digits()
     half = len(data.target) // 2
@@ -317,11 +317,11 @@ def caption_csv_set(path: Path) -> ImageSet:
 
 
 def load_images(source: str, split: str = "test", label_key: str = "label", class_file: str | None = None) -> ImageSet:
-    """``embedded`` or ``sklearn-digits`` (split train/test), CLIP_benchmark's ``wds`` layout
+    """A packaged set or ``sklearn-digits`` (split train/test), CLIP_benchmark's ``wds`` layout
     (``SPLIT/nshards.txt``; local or s3://), a folder (ImageFolder; ``SPLIT/`` inside it if present), shards (a
     folder with sizes.json, .tar, brace pattern, s3://), or a .csv of image paths and captions."""
-    if source == "embedded":
-        images = embedded_set(split)
+    if source in PACKAGED_SETS:
+        images = packaged_set(source, split)
     elif source == "sklearn-digits":
         images = sklearn_digits_set(split)
     elif source.endswith(".csv"):
@@ -337,7 +337,8 @@ def load_images(source: str, split: str = "test", label_key: str = "label", clas
         else:
             images = image_folder_set(top, top.name)
     else:
-        raise FileNotFoundError(f"{source}: not 'embedded', an image folder, shards or a captions .csv")
+        raise FileNotFoundError(f"{source}: not a packaged set ({', '.join(PACKAGED_SOURCES)}), an image folder, "
+                                "shards or a captions .csv")
     names, templates = read_class_file(class_file)
     if names is not None:
         if images.labels is not None and max(images.labels) >= len(names):

@@ -106,7 +106,9 @@ def read_metrics(path: str | Path) -> dict[str, dict]:
 # (result kind, scalar, column title): each data set's headline, in summaries and comparisons of runs
 COLUMNS = (("zeroshot_classification", "acc1", "zero-shot acc1"), ("linear_probe", "lp_acc1", "linear-probe acc1"),
            ("zeroshot_retrieval", "text_retrieval_recall@1", "image->text R@1"),
+           ("zeroshot_retrieval", "text_retrieval_recall@5", "image->text R@5"),
            ("zeroshot_retrieval", "image_retrieval_recall@1", "text->image R@1"),
+           ("zeroshot_retrieval", "image_retrieval_recall@5", "text->image R@5"),
            ("diagnostics", "effective_eigenvalues_image", "effective eigenvalues (image)"))
 
 

@@ -66,7 +66,7 @@ class ZeroShotTask:
     """Prompt-ensemble zero-shot classification on each ``data`` set, and their mean when there are several."""
 
     name: ClassVar[str] = "zeroshot"
-    data: tuple[str, ...] = ("embedded",)
+    data: tuple[str, ...] = ("captioned",)
     split: str = "test"
     hopfield_beta: float | None = None
     mean_name: str | None = None
@@ -99,7 +99,7 @@ class LinearProbeTask:
     """L-BFGS logistic regression on frozen image features with CLIP's lambda search."""
 
     name: ClassVar[str] = "linear-probe"
-    train_data: str = "embedded"
+    train_data: str = "captioned"
     train_split: str = "train"
     test_data: str | None = None  # None: train_data
     test_split: str = "test"
@@ -132,7 +132,7 @@ class _OneSetTask:
     """A task on one image set: ``measure`` gives its metrics, ``line`` says them in one line."""
 
     name: ClassVar[str]
-    data: str = "embedded"
+    data: str = "captioned"
     split: str = "test"
 
     def run(self, model: EvalModel, options: EvalOptions, output: Path) -> EvalResult:

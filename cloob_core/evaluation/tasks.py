@@ -33,9 +33,9 @@ log = logging.getLogger(__name__)
 def _need(images: ImageSet, *fields: str) -> None:
     missing = [f for f in fields if getattr(images, f) is None]
     if missing:
-        hints = {"labels": "a class per image (ImageFolder, shards with a class field, embedded)",
+        hints = {"labels": "a class per image (ImageFolder, shards with a class field, a packaged set)",
                  "classnames": "class names (--classnames FILE)", "templates": "prompt templates (--classnames FILE "
-                 "with a 'templates' list)", "captions": "captions (shards, a captions .csv, embedded)"}
+                 "with a 'templates' list)", "captions": "captions (shards, a captions .csv, a packaged set)"}
         raise ValueError(f"{images.name}: this task needs " + "; ".join(hints[f] for f in missing))
 
 
@@ -117,7 +117,10 @@ def linear_probe_task(model: EvalModel, train: ImageSet, test: ImageSet, output:
     return metrics
 
 
-def _pairs(model: EvalModel, images: ImageSet, encoding: Encoding):
+def caption_pairs(model: EvalModel, images: ImageSet, encoding: Encoding
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
+    """Image features, each distinct caption's features, the (caption, image) matches and each image's first
+    caption: what retrieval scores and the diagnostics pair up."""
     if images.captions is None and None not in (images.labels, images.classnames, images.templates):
         # a labelled set without captions (an ImageFolder): its class prompt is every image's caption
         images.captions = [[images.templates[0].format(images.classnames[label])] for label in images.labels]
@@ -130,7 +133,7 @@ def _pairs(model: EvalModel, images: ImageSet, encoding: Encoding):
 
 
 def retrieval(model: EvalModel, images: ImageSet, output: Path, encoding: Encoding) -> dict[str, Any]:
-    image_x, text_y, matches, _ = _pairs(model, images, encoding)
+    image_x, text_y, matches, _ = caption_pairs(model, images, encoding)
     metrics = retrieval_metrics(image_x, text_y, matches)
     metrics.update(images=len(image_x), captions=len(text_y))
     write_result(output, _record(model, images, "zeroshot_retrieval", metrics))
@@ -139,7 +142,7 @@ def retrieval(model: EvalModel, images: ImageSet, output: Path, encoding: Encodi
 
 def matched_features(model: EvalModel, images: ImageSet, encoding: Encoding) -> tuple[torch.Tensor, torch.Tensor]:
     """Each image's features and its first caption's: the matched pairs the diagnostics analyse."""
-    image_x, text_y, _, first = _pairs(model, images, encoding)
+    image_x, text_y, _, first = caption_pairs(model, images, encoding)
     return image_x, text_y[torch.tensor(first)]
 
 

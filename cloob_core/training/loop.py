@@ -273,7 +273,7 @@ def _run_steps(config: CloobConfig, setup: _Setup, batches: Iterator[Batch], sta
         if logging_step:
             lr = parts.optimizer.param_groups[0]["lr"]
             snapshot = window.close(step=state.step, total=setup.steps, batch_size=cfg.batch_size, lr=lr,
-                                    inv_tau=float(parts.model.inv_tau), grad_norm=grad_norm)
+                                    inv_tau=float(parts.model.inv_tau.detach()), grad_norm=grad_norm)
             last_loss = snapshot.loss  # the one host sync, once per window
             if not math.isfinite(last_loss):
                 _check_finite(setup, state, window, output)

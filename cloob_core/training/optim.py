@@ -45,3 +45,11 @@ def build_scheduler(optimizer: torch.optim.Optimizer, config: OptimConfig, total
         warmup_prefix=True,
         t_in_epochs=False,
     )
+
+
+def first_restart(config: OptimConfig, total_steps: int) -> int | None:
+    """The step at which :func:`build_scheduler`'s first hard restart happens (None: a single cycle): the end of
+    the paper's reference epoch for Fig. 2."""
+    if config.lr_cycles <= 1:
+        return None
+    return config.warmup_steps + max((total_steps - config.warmup_steps) // config.lr_cycles, 1)

@@ -120,9 +120,9 @@ def _rewrite_tar(path: Path, change) -> None:
 
 
 @pytest.fixture
-def shards(embedded_train_shards, tmp_path) -> Path:
+def shards(mnist_train_shards, tmp_path) -> Path:
     copy = tmp_path / "shards"
-    shutil.copytree(embedded_train_shards, copy)
+    shutil.copytree(mnist_train_shards, copy)
     return copy
 
 
@@ -184,12 +184,12 @@ def test_training_on_shards_where_nothing_decodes_stops_instead_of_spinning(shar
     assert not (tmp_path / "run" / "model").exists()
 
 
-def test_an_output_that_is_a_file_is_refused_before_any_work(capsys, tmp_path, embedded_train_shards):
+def test_an_output_that_is_a_file_is_refused_before_any_work(capsys, tmp_path, mnist_train_shards):
     taken = tmp_path / "run"
     taken.write_text("a file the user keeps here")
     started = time.monotonic()
-    done = cli(capsys, "train", "--shards", embedded_train_shards, "--output", taken, "--steps", "1")
+    done = cli(capsys, "train", "--shards", mnist_train_shards, "--output", taken, "--steps", "1")
     assert done.code == 2 and "is a file, not a folder" in done.error_line()
     assert time.monotonic() - started < 10 and taken.read_text() == "a file the user keeps here"
-    done = cli(capsys, "data", "shards", "--source", "embedded", "--output", taken, "--no-progress")
+    done = cli(capsys, "data", "shards", "--source", "mnist", "--output", taken, "--no-progress")
     assert done.code == 2 and "is a file, not a folder" in done.error_line()

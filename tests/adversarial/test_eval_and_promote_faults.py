@@ -24,7 +24,7 @@ def test_shards(tmp_path_factory) -> Path:
     from cloob_core.data.local import build_shards
 
     out = tmp_path_factory.mktemp("eval") / "digits"
-    build_shards("embedded", str(out), load_config(overrides=["preprocess.resize_mode=no",
+    build_shards("mnist", str(out), load_config(overrides=["preprocess.resize_mode=no",
                                                                 "preprocess.shard_size=100"]),
                  split="test", progress=False)
     return out

