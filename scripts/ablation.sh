@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The paper's ablation at small scale: clip, infoloob, infonce_hopfield and cloob with the pipeline's recipe
-# (params.yaml), 3 seeds each, on the pipeline's captioned shards; 32 minutes on two CPU cores.
+# (params.yaml), 3 seeds each, on the pipeline's captioned shards; 32–51 minutes on two CPU cores.
 #   ./scripts/ablation.sh            reports/ablation/: table.md, summary.json, figures, runs/*/result.json
 #   ./scripts/ablation.sh --quick    a 24-step smoke test of the same into reports/ablation-quick/
 # Extra arguments go to `cloob experiment` (--seeds, --points, --set KEY=VALUE). A rerun resumes.
