@@ -402,6 +402,10 @@ class PromoteConfig(_Section):
     registry_stage: str | None = Field("prod", description="In a git repository whose dvc.yaml declares the model "
                                        "folder as an artifact, a promotion is also recorded as this GTO stage "
                                        "(DVC's model registry), once the commit holds the weights (null: no record).")
+    single_writer: bool = Field(False, description="The store ignores conditional writes (some older MinIO or Ceph "
+                                "releases, some proxies) and you guarantee that one gate writes at a time (one "
+                                "scheduled pipeline, no manual runs). Otherwise the gate probes the store and refuses "
+                                "one that would let concurrent gates overwrite each other.")
 
 
 # Named recipes of the paper (§5.1 CC3M, §5.2 YFCC; App. A.2.2). ``--preset`` applies them over the params file

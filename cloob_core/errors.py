@@ -7,6 +7,7 @@ the exception end the task, so the run shows the message rather than an exit sta
 
 from __future__ import annotations
 
+import errno
 import sys
 import traceback
 
@@ -31,6 +32,8 @@ def user_facing(err: BaseException) -> bool:
 def one_line(err: BaseException) -> str:
     """The message of ``err`` as one line: the last line of an exception a data-loader worker re-raised with its
     traceback inside, the lines joined otherwise; cut at a readable length."""
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):  # not named where it happened
+        return "no space left on device" + (f" writing {err.filename}" if err.filename else "")
     lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
     if not lines:
         return type(err).__name__

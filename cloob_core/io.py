@@ -3,6 +3,7 @@ the project's own formats (JSON, tensors) that name the file when it is not what
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -29,24 +30,53 @@ def file_digest(path: str | Path, algorithm: str = "sha256") -> str:
     return digest.hexdigest()
 
 
+class DiskFull(StageError):
+    """A write ran out of space (or quota): the user's to fix, so one line naming the file, never a traceback.
+    What was being written is not published; earlier outputs (the last good checkpoint) stay."""
+
+
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_full(err: BaseException, path: str | Path) -> DiskFull | None:
+    """The :class:`DiskFull` that ``err`` is (an ``OSError`` of ENOSPC/EDQUOT), else None."""
+    if isinstance(err, OSError) and err.errno in _FULL:
+        return DiskFull(f"no space left on device writing {path}")
+    return None
+
+
+@contextmanager
+def naming_full_disk(path: str | Path) -> Iterator[None]:
+    """Turn running out of space inside the block into :class:`DiskFull` naming ``path``."""
+    try:
+        yield
+    except OSError as err:
+        full = disk_full(err, path)
+        if full is None:
+            raise
+        raise full from None
+
+
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; on success it is fsynced and renamed over ``path``."""
+    """Yield a temporary path beside ``path``; on success it is fsynced and renamed over ``path``. Running out
+    of space is :class:`DiskFull` naming ``path``, and leaves ``path`` as it was."""
     path = Path(path)
     if path.is_dir():
         raise IsADirectoryError(f"{path} is a folder: give a file name to write")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
-        yield tmp
-        with open(tmp, "rb+") as handle:
-            os.fsync(handle.fileno())
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp creates 0600; give the file the mode a plain open() would
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with naming_full_disk(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        os.close(fd)
+        tmp = Path(tmp_name)
+        try:
+            yield tmp
+            with open(tmp, "rb+") as handle:
+                os.fsync(handle.fileno())
+            os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp creates 0600; give the file the mode a plain open() would
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
 
 
 def atomic_write(path: str | Path, write: Callable[[Path], Any]) -> Path:
@@ -63,11 +93,36 @@ def write_torch(path: str | Path, data: Any, before_publish: Callable[[Path], An
 
     def write(tmp: Path) -> None:
         with open(tmp, "wb") as handle:
-            torch.save(data, handle)
+            recording = _RecordingWriter(handle)
+            try:
+                torch.save(data, recording)
+            except RuntimeError:
+                # torch's zip writer reports a failed write as "unexpected pos …"; the OSError behind it says why
+                if recording.error is not None:
+                    raise recording.error from None
+                raise
         if before_publish is not None:
             before_publish(tmp)
 
     return atomic_write(path, write)
+
+
+class _RecordingWriter:
+    """A binary file handle that keeps the ``OSError`` of a failed write, which torch.save would swallow."""
+
+    def __init__(self, handle: IO[bytes]) -> None:
+        self._handle = handle
+        self.error: OSError | None = None
+
+    def write(self, data: bytes) -> int:
+        try:
+            return self._handle.write(data)
+        except OSError as err:
+            self.error = err
+            raise
+
+    def flush(self) -> None:
+        self._handle.flush()
 
 
 def write_text(path: str | Path, text: str) -> Path:

@@ -47,6 +47,11 @@ def s3_client() -> Any:
     return _client_for_process(os.getpid())
 
 
+def endpoint() -> str:
+    """The S3 endpoint this process talks to (an S3-compatible server's URL, or AWS's regional one)."""
+    return s3_client().meta.endpoint_url
+
+
 def join(base: str | os.PathLike, *parts: str) -> str:
     if is_s3(base):
         return "/".join([str(base).rstrip("/"), *parts])
@@ -218,6 +223,44 @@ def write_if_unchanged(location: str | os.PathLike, data: bytes, version: str | 
             raise WriteConflict(f"{location} changed since it was read")
         with atomic_path(path) as tmp:
             tmp.write_bytes(data)
+
+
+def outcome_unknown(err: BaseException) -> bool:
+    """Whether a failed request may still have been applied: the server answered 5xx (after its retries) or the
+    connection broke after the request was sent. A conditional write that ends so must be checked by reading."""
+    from botocore import exceptions
+
+    if isinstance(err, exceptions.ClientError):
+        return int(err.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0) >= 500
+    return isinstance(err, (exceptions.ConnectionError, exceptions.HTTPClientError))
+
+
+def honours_conditional_writes(folder: str) -> bool:
+    """Probe whether the store under ``folder`` applies conditional writes: a second create of one object
+    (``If-None-Match: *``) and a write against a wrong version (``If-Match``) must both be refused. Some
+    S3-compatible servers and proxies ignore the headers and overwrite. Local folders use a lock: always True.
+    The probe object has a unique name and is removed; a reply lost on the way is recognised by reading it."""
+    if not is_s3(folder):
+        return True
+    import uuid
+
+    probe = join(folder, ".cas-probe", uuid.uuid4().hex)
+    token = uuid.uuid4().hex.encode()
+    try:
+        try:
+            write_if_unchanged(probe, token, None)
+        except WriteConflict:
+            if read_bytes(probe) != token:  # the name is unique: only a lost reply of our own create explains it
+                return False
+        refused = 0
+        for version in (None, '"0123456789abcdef0123456789abcdef"'):
+            try:
+                write_if_unchanged(probe, b"overwritten", version)
+            except WriteConflict:
+                refused += 1
+        return refused == 2 and read_bytes(probe) == token
+    finally:
+        delete(probe)
 
 
 LOCK_WAIT_S = 60.0  # a writer holds the lock for one read and one rename: a minute means it is stuck

@@ -120,3 +120,47 @@ def weights(tmp_path_factory):
     path = tmp_path_factory.mktemp("model") / "weights.pt"
     torch.save(build_model(ModelConfig()).encoder.state_dict(), path)
     return path
+
+
+@pytest.fixture
+def fault_proxy(s3_bucket, s3_server, monkeypatch):
+    """The loopback S3 server behind a fault-injecting proxy (tests/s3_fault_proxy.py): boto3 in this process and
+    in the processes the test starts talk to the proxy; the bucket ``s3_bucket`` exists."""
+    from s3_fault_proxy import FaultProxy
+
+    from cloob_core import storage
+
+    proxy = FaultProxy(s3_server)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.start())
+    storage._client_for_process.cache_clear()
+    try:
+        yield proxy
+    finally:
+        proxy.stop()
+        monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server)
+        storage._client_for_process.cache_clear()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """``small_disk(bytes)``: a folder on a tmpfs of that size, for writes that run out of space for real (a
+    mount needs root, which this project's machines and CI have). Unmounted at the end."""
+    import shutil
+    import subprocess
+
+    if shutil.which("mount") is None or os.geteuid() != 0:
+        pytest.fail("a small disk needs root and mount(8) (CI and the developers' machines have both)")
+    mounted = []
+
+    def make(size: int):
+        folder = tmp_path / f"disk{len(mounted)}"
+        folder.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], check=True)
+        mounted.append(folder)
+        return folder
+
+    try:
+        yield make
+    finally:
+        for folder in mounted:
+            subprocess.run(["umount", "-l", str(folder)], check=False)

@@ -78,7 +78,7 @@ def test_metrics_missing_on_one_side_stop_the_promotion_with_advice(tmp_path):
                       settings(store, guards={}))
     decision = promotion.promote(model(tmp_path / "b", 2), metrics(0.9, 0.9), settings(store))
     assert not decision.promoted and "re-evaluate production" in decision.reason
-    promotion.record_production_metrics(store, metrics(0.5, 0.8))  # the evaluation pipeline's step
+    promotion.record_production_metrics(settings(store), metrics(0.5, 0.8))  # the evaluation pipeline's step
     assert promotion.promote(model(tmp_path / "c", 3), metrics(0.9, 0.9), settings(store)).promoted
     with pytest.raises(promotion.PromotionError, match="not in the candidate's metrics"):
         promotion.promote(model(tmp_path / "d", 4), {"other": {"top1": 1.0}}, settings(store))
@@ -104,7 +104,7 @@ def test_production_metrics_from_another_suite_are_not_compared(tmp_path):
     unfingerprinted = promotion.promote(model(tmp_path / "c", 3), metrics(0.9, 0.9), settings(store))
     assert not unfingerprinted.promoted and "no suite fingerprint" in unfingerprinted.reason
     # the evaluation pipeline re-evaluates production on suite b: its metrics replace the earlier ones
-    pointer = promotion.record_production_metrics(store, {"mnist_zeroshot_classification": {"acc1": 0.45},
+    pointer = promotion.record_production_metrics(settings(store), {"mnist_zeroshot_classification": {"acc1": 0.45},
                                                           "mnist_linear_probe": {"lp_acc1": 0.8}}, suite_b)
     assert pointer["suite"] == "b" * 64 and pointer["metrics"] == {METRIC: 0.45, GUARD: 0.8}
     again = promotion.promote(candidate, metrics(0.9, 0.9), settings(store), suite_b)
@@ -152,8 +152,8 @@ def test_a_non_finite_metric_is_never_promotable_on_either_side(tmp_path, bad):
     blocked = promotion.promote(model(tmp_path / "b", 4), metrics(0.99, 0.99), settings(store))
     assert not blocked.promoted and "production's recorded" in blocked.reason
     with pytest.raises(promotion.PromotionError, match="non-finite metrics"):
-        promotion.record_production_metrics(store, metrics(bad, 0.8))
-    promotion.record_production_metrics(store, metrics(0.5, 0.8))
+        promotion.record_production_metrics(settings(store), metrics(bad, 0.8))
+    promotion.record_production_metrics(settings(store), metrics(0.5, 0.8))
     assert promotion.promote(model(tmp_path / "c", 5), metrics(0.99, 0.99), settings(store)).promoted
 
 

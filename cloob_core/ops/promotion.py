@@ -21,6 +21,8 @@ from __future__ import annotations
 import json
 import logging
 import math
+import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -54,6 +56,7 @@ class Decision:
     improvement: float | None = None
     guards: dict[str, dict[str, float | bool]] = field(default_factory=dict)
     decided_at: str = ""
+    decision_id: str = ""  # time-ordered and unique: names its history entry, marks the pointer it wrote
     registry: str | None = None  # the GTO record of a promotion (or why there is none yet)
 
     def summary(self) -> str:
@@ -174,8 +177,82 @@ def _read_pointer(store: str) -> tuple[dict[str, Any] | None, str | None]:
 
 
 # Concurrent gates each retry against the production they lost to; more rounds than this means something keeps
-# rewriting the pointer.
+# rewriting the pointer (or the store keeps failing).
 CAS_ATTEMPTS = 20
+
+
+def _swap_pointer(store: str, pointer: dict[str, Any], version: str | None,
+                  recorded: Callable[[], bool] = lambda: False) -> bool:
+    """Replace the pointer if it is still at ``version``: True when this write took effect. A conflict may be our
+    own write whose reply was lost (the server applied it, the client saw a 500 or a reset, and its retry met its
+    own write: 412), and another gate may already have replaced it since. So the pointer carries ``write_id`` and
+    ``replaced`` (the write it replaced), and ``recorded`` tells whether the write's decision is in the history:
+    whoever replaces a pointer records its decision first (:func:`_complete_interrupted`)."""
+    location = storage.join(store, POINTER)
+    try:
+        storage.write_if_unchanged(location, json_bytes(pointer), version)
+        return True
+    except storage.WriteConflict:
+        pass
+    except Exception as err:
+        if not storage.outcome_unknown(err):
+            raise
+        log.warning("writing %s failed (%s); reading it back to see whether the write was applied", location,
+                    type(err).__name__)
+    current, _ = _read_pointer(store)
+    landed = bool(current) and pointer["write_id"] in (current.get("write_id"), current.get("replaced"))
+    if landed or recorded():
+        log.warning("%s: the write was applied although its reply was lost", location)
+        return True
+    return False
+
+
+def check_store(settings: PromoteConfig) -> None:
+    """Refuse a store on which concurrent gates could overwrite each other: one that ignores conditional writes,
+    unless ``promote.single_writer`` says only one gate ever writes. Probed on every run (three small requests),
+    so a proxy put in front of a store that passed once is caught too."""
+    storage.ensure_folder(settings.store)
+    if settings.single_writer or storage.honours_conditional_writes(settings.store):
+        return
+    raise PromotionError(
+        f"the store {settings.store} (endpoint {storage.endpoint()}) ignores conditional writes (If-None-Match / "
+        "If-Match): concurrent gates would overwrite each other's promotions; use a store that honours them, or "
+        "set promote.single_writer: true if only one gate ever runs at a time")
+
+
+def _history_name(decision: Decision) -> str:
+    return f"{decision.decision_id[:28]}-{decision.candidate}.json"
+
+
+def _record(store: str, decision: Decision) -> None:
+    """The decision's entry in ``history/``; its name and bytes follow from the decision, so writing it again
+    (a rerun completing an interrupted decision) changes nothing."""
+    history = storage.join(store, "history")
+    storage.ensure_folder(history)
+    storage.write_bytes(storage.join(history, _history_name(decision)), json_bytes(asdict(decision)))
+
+
+def _is_recorded(store: str, decision: Decision) -> bool:
+    return storage.exists(storage.join(store, "history", _history_name(decision)))
+
+
+def _complete_interrupted(store: str, production: dict[str, Any] | None) -> Decision | None:
+    """The promotion in the pointer, recorded in ``history/`` if the gate that made it stopped before that (a
+    crash or a full disk between the switch and the record); None when there is nothing to complete."""
+    if not production or "decision" not in production:
+        return None
+    decision = Decision(**production["decision"])
+    if _is_recorded(store, decision):
+        return None
+    log.warning("production's promotion of model %s (%s) is not in %s/history (its gate stopped, or has not got "
+                "there yet): recording it", decision.candidate, decision.decided_at, store)
+    _record(store, decision)
+    return decision
+
+
+def _new_decision_id(now: datetime) -> str:
+    """Sorts by time (the history's order), unique across gates: ``20261124T010203123456Z-<12 hex>``."""
+    return f"{now.strftime('%Y%m%dT%H%M%S%fZ')}-{uuid.uuid4().hex[:12]}"
 
 
 def promote(model_dir: str | Path, metrics: dict[str, dict[str, Any]], settings: PromoteConfig,
@@ -183,19 +260,29 @@ def promote(model_dir: str | Path, metrics: dict[str, dict[str, Any]], settings:
     """Decide against the current production, and on success publish the model and move the pointer with a
     compare-and-swap: if another gate moved production meanwhile, decide again against the new one. So however
     many gates run at once, production ends at the best candidate that passed, and every decision is recorded.
-    ``suite``: the fingerprint of the suite the metrics were computed on (a suite report's ``suite.json``)."""
+    ``suite``: the fingerprint of the suite the metrics were computed on (a suite report's ``suite.json``).
+
+    The writes are ordered so that a crash anywhere leaves no decision or a complete one: the model's files,
+    then the pointer, which carries the whole decision (the switch), then its ``history/`` entry. A gate that
+    finds a promotion in the pointer without its entry records it first; a rerun of that candidate reports it."""
     store = settings.store
     _check_candidate(Path(model_dir))
-    storage.ensure_folder(store)
+    check_store(settings)
     candidate_id = model_id(model_dir)
     candidate = flatten(metrics)
     suite_digest = suite["digest"] if suite else None
     for _attempt in range(CAS_ATTEMPTS):
         production, version = _read_pointer(store)
+        interrupted = _complete_interrupted(store, production)
+        if interrupted is not None and interrupted.candidate == candidate_id:
+            interrupted.reason += f" (decided at {interrupted.decided_at}; recorded now, that gate stopped before)"
+            return interrupted
+        now = datetime.now(timezone.utc)
         decision = decide(candidate, production and production["metrics"], settings, candidate_id,
                           production and production["model_id"], suite_digest, production and production.get("suite"))
-        now = datetime.now(timezone.utc)
-        decision.decided_at = now.isoformat(timespec="seconds")
+        decision.decided_at, decision.decision_id = now.isoformat(timespec="seconds"), _new_decision_id(now)
+        if production and production["model_id"] == candidate_id and decision.improvement == 0:
+            decision.reason = f"model {candidate_id} is already in production (since {production['promoted_at']})"
         if not decision.promoted:
             break
         target = storage.join(store, "models", candidate_id)  # content-addressed: a lost race leaves a copy only
@@ -205,18 +292,15 @@ def promote(model_dir: str | Path, metrics: dict[str, dict[str, Any]], settings:
         if suite:
             storage.write_bytes(storage.join(target, SUITE_FILE), json_bytes(suite))
         pointer = {"model_id": candidate_id, "model": target, "metrics": candidate, "suite": suite_digest,
-                   "promoted_at": decision.decided_at, "previous": decision.production_before}
-        try:
-            storage.write_if_unchanged(storage.join(store, POINTER), json_bytes(pointer), version)  # the switch
+                   "promoted_at": decision.decided_at, "previous": decision.production_before,
+                   "write_id": decision.decision_id, "replaced": production and production.get("write_id"),
+                   "decision": asdict(decision)}
+        if _swap_pointer(store, pointer, version, lambda d=decision: _is_recorded(store, d)):
             break
-        except storage.WriteConflict:
-            log.info("production moved while model %s was decided on; deciding again", candidate_id)
+        log.info("production moved while model %s was decided on; deciding again", candidate_id)
     else:
         raise PromotionError(f"{store}/{POINTER} changed {CAS_ATTEMPTS} times while deciding; nothing promoted")
-    history = storage.join(store, "history")
-    storage.ensure_folder(history)
-    storage.write_bytes(storage.join(history, f"{now.strftime('%Y%m%dT%H%M%S%fZ')}-{candidate_id}.json"),
-                        json_bytes(asdict(decision)))
+    _record(store, decision)
     log.debug(decision.summary())
     return decision
 
@@ -259,10 +343,10 @@ def read_suite(metrics_file: str | Path) -> dict[str, Any] | None:
 
 def refresh_production_metrics(settings: PromoteConfig, *, metrics_file: str | Path) -> dict[str, Any]:
     """``cloob promote --record-production-metrics``: :func:`record_production_metrics` from a report's file."""
-    return record_production_metrics(settings.store, read_metrics(metrics_file), read_suite(metrics_file))
+    return record_production_metrics(settings, read_metrics(metrics_file), read_suite(metrics_file))
 
 
-def record_production_metrics(store: str, metrics: dict[str, dict[str, Any]],
+def record_production_metrics(settings: PromoteConfig, metrics: dict[str, dict[str, Any]],
                               suite: dict[str, Any] | None = None) -> dict[str, Any]:
     """After re-evaluating production (the scheduled evaluation pipeline): its metrics on today's suite (they
     replace the earlier ones, with the suite's fingerprint), so the next gate compares like with like. The pointer
@@ -272,14 +356,16 @@ def record_production_metrics(store: str, metrics: dict[str, dict[str, Any]],
     broken = sorted(key for key, value in measured.items() if not math.isfinite(value))
     if broken:
         raise PromotionError(f"non-finite metrics {broken[:5]}: not recorded for production")
+    store = settings.store
+    check_store(settings)
     production, version = _read_pointer(store)
     if production is None:
         raise PromotionError(f"{store} has no {POINTER}: nothing is in production yet")
+    _complete_interrupted(store, production)  # whoever replaces a pointer records its decision first
     production = {**production, "metrics": measured, "suite": suite["digest"] if suite else None,
-                  "evaluated_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    try:
-        storage.write_if_unchanged(storage.join(store, POINTER), json_bytes(production), version)
-    except storage.WriteConflict:
+                  "evaluated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                  "write_id": uuid.uuid4().hex, "replaced": production.get("write_id")}
+    if not _swap_pointer(store, production, version):
         raise PromotionError(f"production in {store} changed while its metrics were recorded (a promotion); "
-                             "re-evaluate the new production model") from None
+                             "re-evaluate the new production model")
     return production

@@ -33,5 +33,5 @@ def reevaluate_production(config: CloobConfig, output: str | Path, *, device: st
     evaluate_suite(config.eval, ModelSource(model=str(output / "model"), device=device), output / "datasets",
                    progress=progress)
     report = suite_report(config.eval, [output / "datasets"], output / "report")
-    pointer = record_production_metrics(config.promote.store, report.metrics, read_json(output / "report" / SUITE_FILE))
+    pointer = record_production_metrics(config.promote, report.metrics, read_json(output / "report" / SUITE_FILE))
     return ProductionEvaluation(fetched["model_id"], report, pointer)
