@@ -129,6 +129,14 @@ class PreprocessConfig(_Section):
     dedup_content: bool = Field(True, description="Keep identical image bytes (sha256) once; later copies are dropped.")
 
 
+# Query parameters that carry credentials in the URLs of common stores and CDNs: bearer tokens, API keys, S3 / GCS /
+# Azure / CloudFront signatures and session credentials.
+SECRET_QUERY_PARAMS = ("token", "access_token", "id_token", "refresh_token", "auth", "authorization", "sig",
+                       "signature", "x-amz-signature", "x-amz-credential", "x-amz-security-token",
+                       "x-goog-signature", "x-goog-credential", "key", "api_key", "apikey", "api-key", "password",
+                       "passwd", "secret", "client_secret", "policy", "key-pair-id", "session", "sessionid", "jwt")
+
+
 class DownloadConfig(_Section):
     """How manifests are read and URLs fetched. Per-run choices (paths, partition) are command-line options."""
 
@@ -158,6 +166,11 @@ class DownloadConfig(_Section):
         "needed for servers on 127.0.0.1). Cloud-metadata endpoints stay refused.",
     )
     dedup_urls: bool = Field(True, description="Fetch a URL repeated in the manifest once; later rows are dropped.")
+    redact_query_params: list[str] = Field(
+        default_factory=lambda: list(SECRET_QUERY_PARAMS),
+        description="Query parameters whose values are replaced by REDACTED wherever a URL is recorded (failure "
+        "files, the samples' json, the gate's report, logs); user info is always removed. The fetch uses the full "
+        "URL. Case-insensitive.")
     pushgateway: str | None = Field(None, description="Prometheus Pushgateway address; each download (partition) "
                                     "pushes its rows, successes and failures by reason (null: no push).")
 

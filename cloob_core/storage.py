@@ -18,6 +18,8 @@ from typing import IO, Any
 
 from cloob_core.io import atomic_path, parse_json
 
+LEASE_PREFIX = ".cloob-lease"  # the files of cloob_core.lease: bookkeeping while a stage writes, never content
+
 
 def is_s3(location: str | os.PathLike) -> bool:
     return str(location).startswith("s3://")
@@ -110,13 +112,14 @@ def list_names(folder: str | os.PathLike, suffix: str = "") -> list[str]:
         for page in paginator.paginate(Bucket=bucket, Prefix=prefix, Delimiter="/"):
             for item in page.get("Contents", []):
                 name = item["Key"][len(prefix) :]
-                if name.endswith(suffix):
+                if name.endswith(suffix) and not name.startswith(LEASE_PREFIX):
                     names.append(name)
         return sorted(names)
     path = Path(folder)
     if not path.is_dir():
         return []
-    return sorted(p.name for p in path.iterdir() if p.is_file() and p.name.endswith(suffix))
+    return sorted(p.name for p in path.iterdir()
+                  if p.is_file() and p.name.endswith(suffix) and not p.name.startswith(LEASE_PREFIX))
 
 
 def delete(location: str | os.PathLike) -> None:
@@ -308,10 +311,12 @@ def tree_entries(location: str) -> list[tuple[str, int, str]]:
         entries = []
         for page in s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
             entries += [(item["Key"][len(prefix):], item["Size"], item["ETag"]) for item in page.get("Contents", [])
-                        if not item["Key"].endswith("/")]
+                        if not item["Key"].endswith("/") and not item["Key"].rpartition("/")[2].startswith(
+                            LEASE_PREFIX)]
         return sorted(entries)
     root = Path(location)
-    files = (p for p in root.rglob("*") if p.is_file()) if root.is_dir() else ()
+    files = (p for p in root.rglob("*") if p.is_file() and not p.name.startswith(LEASE_PREFIX)) if root.is_dir() \
+        else ()
     return sorted((p.relative_to(root).as_posix(), p.stat().st_size, str(p.stat().st_mtime_ns)) for p in files)
 
 

@@ -12,7 +12,7 @@ import io
 import logging
 from dataclasses import dataclass
 
-from cloob_core import storage
+from cloob_core import lease, storage
 from cloob_core.config import PACKAGED_SETS, CloobConfig
 from cloob_core.data.manifest import read_manifest
 from cloob_core.data.sources import packaged_frame
@@ -28,6 +28,7 @@ class AcquireResult:
     source: str
 
 
+@lease.holding("output")
 def acquire(config: CloobConfig, output: str) -> AcquireResult:
     """Write ``OUTPUT/manifest.parquet`` for ``config.acquire.source``."""
     settings, dl = config.acquire, config.download

@@ -35,11 +35,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cloob_core import storage
+from cloob_core import lease, storage
 from cloob_core.config import CloobConfig
 from cloob_core.data.fetch import FetchPolicy
 from cloob_core.data.manifest import Manifest, ManifestError, Partition, row_key
 from cloob_core.data.plan import check_settings, plan_round, retry_plan_name, retry_round, settings_of
+from cloob_core.data.redact import Redactor
 from cloob_core.data.sources import packaged_source_for
 from cloob_core.data.summary import OutputSummary, merge_stats, summarize
 from cloob_core.data.worker import HttpSource, JobResult, ShardJob, init_worker, run_job
@@ -64,10 +65,6 @@ class DownloadInterrupted(StageError):
     exit_code = 130
 
 
-class DownloadBusy(StageError):
-    """Another run of the same partition is writing to the same folder."""
-
-
 class WorkerDied(StageError):
     """A worker process ended without a result (killed for memory, a crashing codec)."""
 
@@ -84,26 +81,16 @@ class DownloadResult:
 
 @contextlib.contextmanager
 def _owned_staging(output: str, partition: Partition) -> Iterator[str]:
-    """The owner token for this run's staging names, held exclusively while the run lasts; staging an earlier
-    run of the same partition left behind is removed. (On S3 the staging lies in a private temporary folder.)"""
+    """The owner token for this run's staging names, held exclusively (the partition's lease on the folder,
+    :mod:`cloob_core.lease`) while the run lasts; staging an earlier run of the same partition left behind is
+    removed. (On S3 the staging lies in a private temporary folder.)"""
     token = f"p{partition.index}of{partition.count}"
-    if storage.is_s3(output):
+    with lease.writing(output, token, f"partition {partition.index}/{partition.count} of {output}"):
+        if not storage.is_s3(output):
+            for path in Path(output).glob(f".*.tar.{token}.*.tmp"):
+                log.info("removing %s left by an interrupted run", path.name)
+                path.unlink(missing_ok=True)
         yield token
-        return
-    lock_path = Path(output) / f".cloob-download.{token}.lock"
-    try:
-        handle = storage.hold_lock(lock_path, wait_s=0)
-    except TimeoutError:
-        raise DownloadBusy(f"another download of partition {partition.index}/{partition.count} is writing to "
-                           f"{output}; wait for it to end (or give this one another --partition)") from None
-    try:
-        for path in Path(output).glob(f".*.tar.{token}.*.tmp"):
-            log.info("removing %s left by an interrupted run", path.name)
-            path.unlink(missing_ok=True)
-        yield token
-    finally:
-        lock_path.unlink(missing_ok=True)
-        handle.close()
 
 
 class _Progress:
@@ -304,7 +291,8 @@ def _build_planned(manifest: Manifest, output: str, config: CloobConfig, records
     done = 0
     try:
         with _interrupts_raise():
-            for result in _run_in_workers(jobs(), processes, (source, dl.threads, pre, bar.queue)):
+            worker_args = (source, dl.threads, pre, bar.queue, Redactor.of(dl.redact_query_params))
+            for result in _run_in_workers(jobs(), processes, worker_args):
                 finaliser.publish(result)
                 done += 1
     except (KeyboardInterrupt, DownloadInterrupted) as err:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cloob_core import storage
+from cloob_core import lease, storage
 from cloob_core.config import PACKAGED_SETS, ConfigError
 from cloob_core.data.manifest import read_manifest
 from cloob_core.data.packaged import SPLITS, PackagedSplit, load_packaged
@@ -55,6 +55,7 @@ class EvalSetResult:
     skipped: dict[str, int] = field(default_factory=dict)  # undecodable images left out, per split
 
 
+@lease.holding("output")
 def build_eval_set(source: str, output: str, *, split: str = "test", manifest_image_col: str = "image",
                    manifest_label_col: str = "label", manifest_split_col: str = "split",
                    classnames: list[str] | None = None, templates: list[str] | None = None,

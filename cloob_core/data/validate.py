@@ -24,10 +24,11 @@ from typing import Any
 
 import pandas as pd
 
-from cloob_core import storage
+from cloob_core import lease, storage
 from cloob_core.config import CloobConfig, ConfigError
 from cloob_core.data.manifest import read_manifest
 from cloob_core.data.packaged import URL_PATTERN as PACKAGED_URL
+from cloob_core.data.redact import Redactor
 from cloob_core.data.summary import summarize
 from cloob_core.data.writer import read_records, tar_samples
 from cloob_core.errors import StageError
@@ -95,8 +96,9 @@ def _gx() -> tuple[Any, Any, Any]:
 
 
 def _validate(
-    context: Any, gx: Any, name: str, frame: pd.DataFrame, expectations: list[Any]
+    context: Any, gx: Any, name: str, frame: pd.DataFrame, expectations: list[Any], redactor: Redactor
 ) -> tuple[list[Check], dict]:
+    """GX's verdict on the full values; what it reports (the examples of failing rows) redacted."""
     source = context.data_sources.add_pandas(f"cloob-{name}")
     batch_definition = source.add_dataframe_asset(name).add_batch_definition_whole_dataframe("all")
     suite = context.suites.add(gx.ExpectationSuite(name=f"cloob-{name}"))
@@ -110,10 +112,10 @@ def _validate(
         checks.append(Check(
             suite=name, expectation=config.type, column=config.kwargs.get("column"), success=bool(item.success),
             unexpected=details.get("unexpected_count"), observed=details.get("observed_value"),
-            examples=list(details.get("partial_unexpected_list") or [])[:5],
+            examples=redactor.value(list(details.get("partial_unexpected_list") or [])[:5]),
             kwargs={k: v for k, v in config.kwargs.items() if v is not None},
         ))
-    return checks, _reproducible(result.to_json_dict())
+    return checks, redactor.value(_reproducible(result.to_json_dict()))
 
 
 def _reproducible(raw: dict[str, Any]) -> dict[str, Any]:
@@ -247,6 +249,7 @@ class GateFailed(StageError):
         self.report, self.details = report, report.text()
 
 
+@lease.holding("report_dir")
 def run_gate(config: CloobConfig, *, manifest: str | None = None, shards: str | None = None,
              report_dir: str | None = None) -> GateReport:
     """The manifest suite and/or the shard suite; the report is written (when ``report_dir``) before a failing
@@ -257,19 +260,20 @@ def run_gate(config: CloobConfig, *, manifest: str | None = None, shards: str | 
         storage.ensure_folder(report_dir)
     gx, gxe, context = _gx()
     report = GateReport()
+    redactor = Redactor.of(config.download.redact_query_params)
     if manifest:
         dl = config.download
         frame = read_manifest(manifest, dl.url_col, dl.caption_col, dl.input_format)
-        checks, raw = _validate(context, gx, "manifest", frame, manifest_expectations(gxe, config))
+        checks, raw = _validate(context, gx, "manifest", frame, manifest_expectations(gxe, config), redactor)
         report.checks += checks
         report.raw["manifest"] = raw
     if shards:
         per_shard, totals = shard_table(shards, config)
         shard_checks, total_checks = shard_expectations(gxe, config)
-        checks, raw = _validate(context, gx, "shards", per_shard, shard_checks)
+        checks, raw = _validate(context, gx, "shards", per_shard, shard_checks, redactor)
         report.checks += checks
         report.raw["shards"] = raw
-        checks, raw = _validate(context, gx, "shard_totals", totals, total_checks)
+        checks, raw = _validate(context, gx, "shard_totals", totals, total_checks, redactor)
         report.checks += checks
         report.raw["shard_totals"] = raw
     if report_dir:

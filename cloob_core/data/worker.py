@@ -20,6 +20,7 @@ from cloob_core.config import PreprocessConfig
 from cloob_core.data.fetch import Fetcher, FetchPolicy
 from cloob_core.data.imaging import caption_refusal, process_image
 from cloob_core.data.manifest import ManifestRow
+from cloob_core.data.redact import Redactor
 from cloob_core.data.writer import ShardWriter
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,7 @@ class ShardJob:
 class RowOutcome:
     row: int
     key: str
-    url: str
+    url: str  # as recorded: redacted (cloob_core.data.redact)
     reason: str | None = None
     detail: str = ""
     sha256: str | None = None
@@ -73,34 +74,39 @@ class HttpSource:
         return Fetcher(self.policy, pool_size=threads)
 
 
-def init_worker(source: Any, threads: int, preprocess: PreprocessConfig, progress: Any) -> None:
+def init_worker(source: Any, threads: int, preprocess: PreprocessConfig, progress: Any, redactor: Redactor) -> None:
     from PIL import Image
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; it terminates workers on interrupt
     Image.MAX_IMAGE_PIXELS = preprocess.max_image_pixels
-    _worker.update(fetcher=source.open(threads), threads=threads, preprocess=preprocess, progress=progress)
+    _worker.update(fetcher=source.open(threads), threads=threads, preprocess=preprocess, progress=progress,
+                   redactor=redactor)
 
 
 def _sample_meta(row: ManifestRow, outcome: RowOutcome, original: tuple[int, int]) -> dict[str, Any]:
     meta = {f"extra_{k}" if k in _RESERVED_META else k: v for k, v in row.extra.items()}
-    meta.update(key=row.key, url=row.url, caption=row.caption, status="success", row=row.row,
+    meta.update(key=row.key, url=outcome.url, caption=row.caption, status="success", row=row.row,
                 sha256=outcome.sha256, original_width=original[0], original_height=original[1],
                 width=outcome.width, height=outcome.height)
     return meta
 
 
 def _process_row(row: ManifestRow, duplicate_of: str | None) -> tuple[RowOutcome, bytes | None, dict | None]:
+    redactor: Redactor = _worker["redactor"]
     try:
-        return _process_row_unguarded(row, duplicate_of)
+        outcome, jpeg, meta = _process_row_unguarded(row, duplicate_of, redactor.url(row.url))
     except Exception as err:  # one bad row (a codec bug, say) must not cost the shard
-        log.warning("row %s (%s) failed unexpectedly: %s: %s", row.key, row.url, type(err).__name__, err)
-        log.debug("its traceback", exc_info=True)  # with --verbose
-        outcome = RowOutcome(row.row, row.key, row.url, "processing_error", f"{type(err).__name__}: {err}")
-        return outcome, None, None
+        message = redactor.text(f"{type(err).__name__}: {err}")
+        log.warning("row %s (%s) failed unexpectedly: %s", row.key, redactor.url(row.url), message)
+        return RowOutcome(row.row, row.key, redactor.url(row.url), "processing_error", message), None, None
+    outcome.detail = redactor.text(outcome.detail)  # an error message may quote the URL
+    return outcome, jpeg, meta
 
 
-def _process_row_unguarded(row: ManifestRow, duplicate_of: str | None) -> tuple[RowOutcome, bytes | None, dict | None]:
-    outcome = RowOutcome(row.row, row.key, row.url)
+def _process_row_unguarded(row: ManifestRow, duplicate_of: str | None,
+                           recorded_url: str) -> tuple[RowOutcome, bytes | None, dict | None]:
+    """The row fetched by its full URL; ``recorded_url`` (redacted) is what its outcome and sample record."""
+    outcome = RowOutcome(row.row, row.key, recorded_url)
     preprocess: PreprocessConfig = _worker["preprocess"]
     if duplicate_of is not None:
         outcome.reason, outcome.detail = "duplicate_url", f"same URL as row key {duplicate_of}"

@@ -15,7 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from cloob_core import storage
+from cloob_core import lease, storage
 from cloob_core.config import SUITE_RESULT, TASK_RESULTS, ConfigError
 from cloob_core.io import atomic_write, read_json, read_json_or, write_json, write_text
 from cloob_core.plots import save_png
@@ -58,6 +58,7 @@ class Report:
     entries: dict[str, dict]  # the index: each result's record, plots, model and what the suite annotated
 
 
+@lease.holding("output")
 def combine_reports(inputs: Sequence[Path], output: Path, *, keep: set[str] | None = None,
                     suite: dict[str, dict[str, float]] | None = None) -> Report:
     """One report over several evaluation folders (the DVC pipeline evaluates each data set into its own, since

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from cloob_core import storage
+from cloob_core import lease, storage
 from cloob_core.config import ConfigError
 from cloob_core.evaluation import tasks
 from cloob_core.evaluation.features import Encoding
@@ -181,6 +181,7 @@ TASKS: dict[str, type[EvalTask]] = {task.name: task for task in (ZeroShotTask, L
                                                                   DiagnosticsTask)}
 
 
+@lease.holding("output")
 def evaluate(task: EvalTask, source: ModelSource, output: str | Path,
              options: EvalOptions | None = None) -> EvalResult:
     """Load the model, run ``task``, write its results (CLIP_benchmark JSON, metrics.json, plots, report.md)."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cloob_core import storage
+from cloob_core import lease, storage
 from cloob_core.config import PACKAGED_SOURCES, TASK_RESULTS, DatasetConfig, EvalConfig, result_name
 from cloob_core.evaluation.class_sets import packaged_class_sets
 from cloob_core.evaluation.fingerprint import dataset_fingerprint
@@ -137,20 +137,20 @@ def evaluate_suite(settings: EvalConfig, model: ModelSource, output: str | Path,
 
     plan = plan_suite(settings, datasets, tasks)
     fingerprints = {name: dataset_fingerprint(settings.datasets[name]) for name in plan}  # the data as evaluated
-    storage.ensure_folder(output)
-    loaded = load_model(model.model, model.architecture, model.weights, model.device)
-    results = []
-    with tempfile.TemporaryDirectory(prefix="cloob-features-") as scratch:
-        for name, chosen in plan.items():
-            entry, folder = settings.datasets[name], Path(output) / name
-            options = _options(settings, name, cache or Path(scratch), progress, shared_features)
-            result = DatasetResult(name, folder)
-            for task in chosen:
-                done = _task(entry, task).run(loaded, options, folder)
-                result.metrics.update({result_name(name, task): m for m in done.metrics.values()})
-                result.lines += done.lines
-            annotate(folder, list(result.metrics), fingerprint=fingerprints[name])
-            results.append(result)
+    with lease.writing(output):  # after the checks: a refused suite creates no folder
+        loaded = load_model(model.model, model.architecture, model.weights, model.device)
+        results = []
+        with tempfile.TemporaryDirectory(prefix="cloob-features-") as scratch:
+            for name, chosen in plan.items():
+                entry, folder = settings.datasets[name], Path(output) / name
+                options = _options(settings, name, cache or Path(scratch), progress, shared_features)
+                result = DatasetResult(name, folder)
+                for task in chosen:
+                    done = _task(entry, task).run(loaded, options, folder)
+                    result.metrics.update({result_name(name, task): m for m in done.metrics.values()})
+                    result.lines += done.lines
+                annotate(folder, list(result.metrics), fingerprint=fingerprints[name])
+                results.append(result)
     return results
 
 

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from cloob_core import lease
 from cloob_core.config import SUITE_RESULT, ConfigError, EvalConfig, result_name
 from cloob_core.evaluation.reports import Report, combine_reports, read_metrics
 from cloob_core.io import write_json
@@ -53,6 +54,7 @@ def aggregate(settings: EvalConfig, metrics: dict[str, dict[str, Any]]) -> dict[
     return values
 
 
+@lease.holding("output")
 def suite_report(settings: EvalConfig, inputs: Sequence[str | Path], output: str | Path) -> Report:
     """``cloob eval report --params``: the suite's results in one report, plus its aggregates as the ``suite``
     result. Each input is a results folder (it has ``.report.json``) or a folder of them, one per data set (what

@@ -11,7 +11,7 @@ from typing import Any
 
 import open_clip
 
-from cloob_core import storage
+from cloob_core import lease, storage
 from cloob_core.evaluation.diagnostics import embedding_diagnostics
 from cloob_core.evaluation.features import Encoding
 from cloob_core.evaluation.inputs import EvalModel, ImageSet, device_named, eval_model, load_images
@@ -85,6 +85,7 @@ class TrajectoryResult:
     lines: list[str]
 
 
+@lease.holding("output")
 def evaluate_trajectory(run: str, data: str, split: str, output: str | Path, *, device: str = "cpu",
                         progress: bool = True) -> TrajectoryResult:
     """`cloob eval trajectory`: the diagnostics of ``data``'s ``split`` at every checkpoint of ``run``, into

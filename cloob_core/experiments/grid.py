@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import yaml
 
+from cloob_core import lease
 from cloob_core.config import CloobConfig, ConfigError, config_from_text
 from cloob_core.data.shard_files import shard_list
 from cloob_core.evaluation.diagnostics import embedding_diagnostics
@@ -183,6 +184,7 @@ class ExperimentResult:
     report: GridReport
 
 
+@lease.holding("output")
 def experiment(config: CloobConfig, grid_name: str, output: str | Path, *, seeds: int, points: int = 8,
                quick: bool = False,
                on_result: Callable[[dict[str, Any]], None] | None = None) -> ExperimentResult:

@@ -6,6 +6,7 @@ The step itself holds no host synchronisation: the loss is accumulated on the de
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import random
@@ -22,7 +23,7 @@ import open_clip
 import torch
 import torch.distributed as dist
 
-from cloob_core import storage
+from cloob_core import lease, storage
 from cloob_core.config import CloobConfig, ConfigError
 from cloob_core.data.shard_files import shard_list
 from cloob_core.errors import StageError
@@ -322,8 +323,13 @@ def train(config: CloobConfig, output: str | Path, *, resume: str | None = None,
           publish: str | None = None) -> TrainResult:
     """Train to ``config.train``'s length; ``resume``: 'latest' or a checkpoint. With ``publish`` (a folder or
     s3:// prefix), rank 0 copies the outputs but checkpoints/ there: how the pods of a multi-node job hand their
-    result back."""
-    output, cfg = Path(output), config.train
+    result back. Rank 0, the one that writes ``output``, holds its lease (:mod:`cloob_core.lease`)."""
+    with lease.writing(output) if detect().is_main else contextlib.nullcontext():
+        return _train(config, Path(output), resume, progress, publish)
+
+
+def _train(config: CloobConfig, output: Path, resume: str | None, progress: bool, publish: str | None) -> TrainResult:
+    cfg = config.train
     storage.ensure_folder(output)
     urls, total_samples = shard_list(cfg.shards)
     setup = _build(config, plan_steps(config, total_samples))

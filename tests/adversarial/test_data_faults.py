@@ -83,14 +83,17 @@ def test_a_second_run_of_the_same_partition_is_refused_and_touches_nothing(capsy
     out.mkdir()
     staging = out / ".00000.tar.p0of1.4242.tmp"
     staging.write_bytes(b"being written by the running download")
-    with open(out / ".cloob-download.p0of1.lock", "a") as running:  # a live run holds its partition's lock
+    with open(out / ".cloob-lease.p0of1.json", "a") as running:  # a live run holds its partition's lease
         fcntl.flock(running, fcntl.LOCK_EX)
+        running.write('{"host": "node-7", "pid": 4242, "started": "2026-11-24T01:02:03+00:00", "token": "t"}')
+        running.flush()
         before = snapshot(out)
         done = cli(capsys, "data", "download", "--manifest", manifest(tmp_path / "m.csv", ["http://127.0.0.1:9/x.jpg"]),
                    "--output", out, *FAST)
         assert snapshot(out) == before
     assert done.code == 2
-    assert "another download of partition 0/1 is writing to" in done.error_line()
+    assert (f"partition 0/1 of {out} is being written by another run (host node-7, pid 4242, started "
+            "2026-11-24T01:02:03+00:00)") in done.error_line()
 
 
 def test_two_partitions_write_into_one_folder_at_the_same_time(tmp_path):
