@@ -203,9 +203,8 @@ def test_an_s3_lease_is_renewed_while_held_and_a_holder_that_lost_it_fails(tmp_p
     assert held.wait(30)
     start = time.monotonic()
     while time.monotonic() - start < 2.5 * lease.TTL_S:  # several lifetimes: the renewals keep it
-        with pytest.raises(lease.OutputBusy, match=f"pid {os.getpid()}"):
-            with lease.writing(output):  # this thread is another writer
-                pass
+        with pytest.raises(lease.OutputBusy, match=f"pid {os.getpid()}"), lease.writing(output):
+            pass  # this thread is another writer
         time.sleep(0.1)
     release.set()
     holder.join(30)
