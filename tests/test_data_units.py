@@ -207,14 +207,14 @@ def test_a_stuck_dns_lookup_is_bounded_by_the_connect_timeout(monkeypatch):
     from cloob_core.data.fetch import Fetcher, FetchPolicy
 
     def stuck(*args, **kwargs):
-        time.sleep(3)
+        time.sleep(30)
         raise socket.gaierror("too late")
 
     monkeypatch.setattr(socket, "getaddrinfo", stuck)
     started = time.monotonic()
     result = Fetcher(FetchPolicy(connect_timeout=0.3, retries=0)).fetch("http://images.example/x.jpg")
     assert result.reason == "dns_error" and "longer than 0.3 s" in result.detail
-    assert time.monotonic() - started < 1.5
+    assert time.monotonic() - started < 15  # far below the 30 s the lookup hangs, with room for a loaded machine
 
 
 @pytest.mark.parametrize("fmt", ["csv", "jsonl", "parquet"])

@@ -172,8 +172,9 @@ def test_prometheus_metrics_rise_during_a_run(shards, tmp_path):
                                "--workers", "1", "--metrics-port", str(port)),
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        def scrape() -> dict[str, float]:
-            deadline = time.monotonic() + 60
+        def scrape(after: float = 0.0) -> dict[str, float]:
+            """The metrics once the step counter is past ``after`` (waiting for the event, bounded)."""
+            deadline = time.monotonic() + 120
             while True:
                 try:
                     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
@@ -182,13 +183,13 @@ def test_prometheus_metrics_rise_during_a_run(shards, tmp_path):
                     time.sleep(0.2)
                     continue
                 values = dict(line.rsplit(" ", 1) for line in text.splitlines() if line.startswith("cloob_train_"))
-                if float(values.get("cloob_train_steps_total", 0)) > 0:
+                if float(values.get("cloob_train_steps_total", 0)) > after:
                     return {k: float(v) for k, v in values.items()}
+                assert time.monotonic() < deadline and run.poll() is None, "no step within the bound"
                 time.sleep(0.2)
 
         first = scrape()
-        time.sleep(2.0)
-        second = scrape()
+        second = scrape(after=first["cloob_train_steps_total"])
     finally:
         run.terminate()
         run.wait(timeout=30)

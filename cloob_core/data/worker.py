@@ -22,6 +22,7 @@ from cloob_core.data.imaging import caption_refusal, process_image
 from cloob_core.data.manifest import ManifestRow
 from cloob_core.data.redact import Redactor
 from cloob_core.data.writer import ShardWriter
+from cloob_core.io import naming_full_disk
 
 log = logging.getLogger(__name__)
 
@@ -136,15 +137,21 @@ def run_job(job: ShardJob) -> JobResult:
     progress = _worker["progress"]
     outcomes = []
     Path(job.staging).parent.mkdir(parents=True, exist_ok=True)
-    with open(job.staging, "wb") as stream, ThreadPoolExecutor(_worker["threads"]) as pool:
+    # a full disk names the shard being built (its staging file is removed by the main process)
+    with (naming_full_disk(Path(job.staging).parent / f"{job.name}.tar"), open(job.staging, "wb") as stream,
+          ThreadPoolExecutor(_worker["threads"]) as pool):
         writer = ShardWriter(stream)
-        results = pool.map(lambda row: _process_row(row, job.duplicate_of.get(row.row)), job.rows)
-        for outcome, jpeg, meta in results:  # in row order: the tar's order does not depend on timing
-            if jpeg is not None:
-                writer.write(outcome.key, jpeg, meta["caption"], meta)
-            outcomes.append(outcome)
-            if progress is not None:
-                progress.put(outcome.reason is None)
-        writer.close()
+        try:
+            results = pool.map(lambda row: _process_row(row, job.duplicate_of.get(row.row)), job.rows)
+            for outcome, jpeg, meta in results:  # in row order: the tar's order does not depend on timing
+                if jpeg is not None:
+                    writer.write(outcome.key, jpeg, meta["caption"], meta)
+                outcomes.append(outcome)
+                if progress is not None:
+                    progress.put(outcome.reason is None)
+            writer.close()
+        except BaseException:
+            writer.abandon()
+            raise
     return JobResult(job, outcomes, time.monotonic() - start)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from cloob_core import storage
-from cloob_core.io import parse_json
+from cloob_core.io import naming_full_disk, parse_json
 
 STATS_SUFFIX = "_stats.json"
 FAILURES_SUFFIX = "_failures.jsonl"
@@ -62,6 +62,9 @@ class ShardWriter:
     def write(self, key: str, jpeg: bytes, caption: str, meta: dict[str, Any]) -> None:
         self.write_sample(sample_record(key, jpeg, caption, meta))
 
+    def copy_member(self, member: tarfile.TarInfo, data: IO[bytes] | None) -> None:
+        self._tar.addfile(member, data)
+
     def write_sample(self, record: dict[str, Any]) -> None:
         """``{"__key__": key, suffix: bytes, …}``, members in suffix order."""
         key = record["__key__"]
@@ -76,21 +79,29 @@ class ShardWriter:
     def close(self) -> None:
         self._tar.close()
 
+    def abandon(self) -> None:
+        """Give up a tar whose stream failed (a full disk): no closing blocks are written, and the stream does not
+        try again when it is collected (tarfile's ``_Stream.__del__`` would, into a closed file)."""
+        self._tar.closed = True
+        self._tar.fileobj.closed = True
+
 
 def copy_without(source: Path, target: Path, drop_keys: set[str]) -> int:
     """Rewrite a tar we wrote ourselves, leaving out the samples in ``drop_keys``; returns samples kept."""
     kept = set()
-    with (
-        tarfile.open(source, "r|") as reader,
-        open(target, "wb") as out,
-        tarfile.open(fileobj=out, mode="w|", format=tarfile.USTAR_FORMAT) as writer,
-    ):
-        for member in reader:
-            key = member.name.split(".", 1)[0]
-            if key in drop_keys:
-                continue
-            kept.add(key)
-            writer.addfile(member, reader.extractfile(member))
+    with naming_full_disk(target), tarfile.open(source, "r|") as reader, open(target, "wb") as out:
+        writer = ShardWriter(out)
+        try:
+            for member in reader:
+                key = member.name.split(".", 1)[0]
+                if key in drop_keys:
+                    continue
+                kept.add(key)
+                writer.copy_member(member, reader.extractfile(member))
+            writer.close()
+        except BaseException:
+            writer.abandon()
+            raise
     return len(kept)
 
 

@@ -34,9 +34,13 @@ def accuracy(fit: ProbeFit, features: Tensor, labels: Tensor) -> float:
 @dataclass
 class SearchResult:
     lam: float
-    validation_accuracy: float
+    validation_accuracy: float | None  # None: no search (see linear_probe)
     fit: ProbeFit  # the chosen lambda's model on the search's training split
     tried: dict[float, float] = field(default_factory=dict)  # lambda -> validation accuracy
+    warnings: list[str] = field(default_factory=list)
+
+
+UNSEARCHED_LAMBDA = 1.0  # scikit-learn's LogisticRegression default, C = 1
 
 
 def search_lambda(train_x: Tensor, train_y: Tensor, val_x: Tensor, val_y: Tensor, num_classes: int,
@@ -89,7 +93,26 @@ def few_shot_indices(labels: Tensor, k: int, generator: torch.Generator) -> Tens
 def linear_probe(train_x: Tensor, train_y: Tensor, num_classes: int, *, val_x: Tensor | None = None,
                  val_y: Tensor | None = None, seed: int = 0, max_iter: int = 1000) -> tuple[ProbeFit, SearchResult]:
     """Search lambda on the validation split (or a random half of train), refit on train (+ val), return the
-    final fit; the test split is never seen here (score it with :func:`accuracy`)."""
+    final fit; the test split is never seen here (score it with :func:`accuracy`).
+
+    Every fit is bounded (``max_iter`` L-BFGS iterations of at most 21 loss evaluations, at most 16 fits), however
+    degenerate the data. With one training image per class and no validation split, no half of train holds a
+    class of the other, so no lambda can be judged: the probe is fitted once at ``UNSEARCHED_LAMBDA``, with a
+    warning; fewer than two classes is an error."""
+    counts = torch.bincount(train_y, minlength=num_classes)
+    present = int((counts > 0).sum())
+    if present < 2:
+        raise ValueError(f"the linear probe's training images hold {present} class(es): a classifier needs two")
+    warnings = []
+    if val_x is None and int(counts.max()) < 2:
+        warnings.append(f"one training image per class ({present} classes) and no validation split: no lambda "
+                        f"can be judged, so the probe was fitted once at lambda {UNSEARCHED_LAMBDA:g} (scikit-learn's "
+                        "default C=1); a rough figure")
+        fit = fit_logistic(train_x, train_y, num_classes, UNSEARCHED_LAMBDA, max_iter=max_iter)
+        return fit, SearchResult(UNSEARCHED_LAMBDA, None, fit, {}, warnings)
+    if val_x is None and int(counts[counts > 0].min()) < 2:
+        warnings.append(f"{int(((counts > 0) & (counts < 2)).sum())} of {present} classes have one training image: "
+                        "the lambda search's validation half cannot hold them on both sides")
     if val_x is None:
         generator = torch.Generator().manual_seed(seed)
         order = torch.randperm(len(train_y), generator=generator)
@@ -101,4 +124,5 @@ def linear_probe(train_x: Tensor, train_y: Tensor, num_classes: int, *, val_x: T
         search = search_lambda(train_x, train_y, val_x, val_y, num_classes, max_iter)
         final_x, final_y = torch.cat([train_x, val_x]), torch.cat([train_y, val_y])
     fit = fit_logistic(final_x, final_y, num_classes, search.lam, max_iter=max_iter, start=search.fit)
+    search.warnings += warnings
     return fit, search

@@ -36,11 +36,14 @@ def write_result(output: Path, record: dict, plots: Sequence[str] = ()) -> Path:
     write_json(output / "metrics.json", combined)
     entries = read_json_or(output / ".report.json", {})
     entries[name] = {"record": f"{name}.json", "plots": list(plots), "model": record["model"],
-                     "pretrained": record["pretrained"],
+                     "pretrained": record["pretrained"], "warnings": list(record.get("warnings", [])),
                      "scalars": combined[name]}
     write_json(output / ".report.json", entries)
     write_text(output / "report.md", _markdown(entries, {}))
     return output / f"{name}.json"
+
+
+COMPLETE = "complete"  # the mark annotate() writes last into a suite result's index entry
 
 
 def annotate(output: Path, names: Sequence[str], **fields: Any) -> None:
@@ -231,6 +234,7 @@ def _markdown(entries: dict[str, dict], suite: dict[str, dict[str, float]]) -> s
         lines += [f"| {k} | {v:.4f} |" if isinstance(v, float) else f"| {k} | {v} |"
                   for k, v in entry["scalars"].items()]
         lines.append("")
+        lines += [f"> **warning:** {warning}" for warning in entry.get("warnings", [])]
         lines += [f"![{plot}]({plot})" for plot in entry["plots"]]
         lines.append("")
     return "\n".join(lines)

@@ -121,9 +121,11 @@ class LinearProbeTask:
         validation = options.images(self.val_data, self.val_split) if self.val_data else None
         metrics = tasks.linear_probe_task(model, train, test, output, options.encoding, validation=validation,
                                            few_shot=self.few_shot, seed=self.seed)
+        searched = metrics["validation_accuracy"]
         line = (f"{test.name} linear probe: top-1 {100 * metrics['lp_acc1']:.2f}% with lambda "
-                f"{metrics['lambda_']:.3g} "
-                f"(validation {100 * metrics['validation_accuracy']:.2f}%, {metrics['train_size']} training images)")
+                f"{metrics['lambda_']:.3g} ("
+                + (f"validation {100 * searched:.2f}%" if searched is not None else "not searched: see the report")
+                + f", {metrics['train_size']} training images)")
         return EvalResult(self.name, output, {test.name: metrics}, [line])
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import re
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
@@ -13,9 +15,10 @@ from typing import Any
 
 from cloob_core import lease
 from cloob_core.config import SUITE_RESULT, ConfigError, EvalConfig, result_name
-from cloob_core.evaluation.reports import Report, combine_reports, read_metrics
+from cloob_core.evaluation.reports import COMPLETE, Report, combine_reports, read_metrics
 from cloob_core.io import write_json
 
+log = logging.getLogger(__name__)
 SUITE_FILE = "suite.json"  # beside a suite report's metrics.json: the suite's fingerprint
 
 
@@ -37,11 +40,28 @@ def suite_fingerprint(settings: EvalConfig, datasets: dict[str, Any]) -> dict[st
             "aggregates": aggregates}
 
 
+_TOP_K = re.compile(r"^(?:lp_)?acc(\d+)$")
+_RECALL = re.compile(r"^(image|text)_retrieval_recall@(\d+)$")
+
+
+def ranks_nothing(key: str, scalars: dict[str, Any]) -> bool:
+    """Whether metric ``key`` is 100% by construction: top-k accuracy over k classes or fewer (chance 1), recall
+    at k over k candidates or fewer. Such a figure measures nothing and never enters a suite mean."""
+    if found := _TOP_K.match(key):
+        chance = scalars.get("chance")
+        return bool(chance) and round(1 / float(chance)) <= int(found.group(1))
+    if found := _RECALL.match(key):
+        candidates = scalars.get("images" if found.group(1) == "image" else "captions")
+        return candidates is not None and int(candidates) <= int(found.group(2))
+    return False
+
+
 def aggregate(settings: EvalConfig, metrics: dict[str, dict[str, Any]]) -> dict[str, float]:
-    """Each aggregate of the suite: the mean of its metrics over its data sets (CLIP_benchmark's table means)."""
+    """Each aggregate of the suite: the mean of its metrics over its data sets (CLIP_benchmark's table means),
+    leaving out figures that rank nothing (:func:`ranks_nothing`)."""
     values: dict[str, float] = {}
     for name, spec in settings.aggregates.items():
-        collected = []
+        collected, left_out = [], []
         for metric in spec.of:
             result, _, key = metric.partition(".")
             for dataset in settings.contributors(name, result):
@@ -49,7 +69,16 @@ def aggregate(settings: EvalConfig, metrics: dict[str, dict[str, Any]]) -> dict[
                 if key not in scalars:
                     raise SuiteError(f"eval.aggregates.{name}: {dataset}_{result} has no metric {key!r} (it has "
                                      f"{', '.join(sorted(scalars)) or 'no results'})")
-                collected.append(float(scalars[key]))
+                if ranks_nothing(key, scalars):
+                    left_out.append(f"{dataset}_{result}.{key}")
+                else:
+                    collected.append(float(scalars[key]))
+        if left_out:
+            log.warning("eval.aggregates.%s leaves out %s: 100%% by construction (as few candidates as k)", name,
+                        ", ".join(left_out))
+        if not collected:
+            raise SuiteError(f"eval.aggregates.{name}: every figure it averages ranks nothing ({', '.join(left_out)}"
+                             "): give its data sets more classes or candidates than k")
         values[name] = statistics.fmean(collected)
     return values
 
@@ -83,6 +112,11 @@ def _dataset_fingerprints(settings: EvalConfig, report: Report) -> dict[str, Any
     """Each data set's fingerprint as its evaluations recorded it; its tasks (separate Kubeflow steps) agree."""
     found: dict[str, Any] = {}
     for name, entry in settings.datasets.items():
+        incomplete = [result_name(name, task) for task in entry.tasks
+                      if not report.entries[result_name(name, task)].get(COMPLETE)]
+        if incomplete:
+            raise SuiteError(f"eval.datasets.{name}: {', '.join(incomplete)} is incomplete (its evaluation stopped "
+                             "part-way); evaluate the data set again")
         recorded = [report.entries[result_name(name, task)].get("fingerprint") for task in entry.tasks]
         if any(value != recorded[0] for value in recorded):
             raise SuiteError(f"eval.datasets.{name}: its tasks were evaluated on different data or settings (their "

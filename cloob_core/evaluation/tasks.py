@@ -39,10 +39,16 @@ def _need(images: ImageSet, *fields: str) -> None:
         raise ValueError(f"{images.name}: this task needs " + "; ".join(hints[f] for f in missing))
 
 
-def _record(model: EvalModel, images: ImageSet, task: str, metrics: dict[str, Any]) -> dict[str, Any]:
+def _record(model: EvalModel, images: ImageSet, task: str, metrics: dict[str, Any],
+            warnings: list[str] | None = None) -> dict[str, Any]:
+    """The result as CLIP_benchmark writes it; ``warnings`` (what makes a figure less than it seems) beside it,
+    shown in the report."""
     if images.skipped:  # the figures cover fewer images than the set holds: say so beside them
         metrics["skipped_unreadable"] = images.skipped
-    return benchmark_record(images.name, model.architecture, model.source, task, metrics)
+    record = benchmark_record(images.name, model.architecture, model.source, task, metrics)
+    if warnings:
+        record["warnings"] = list(warnings)
+    return record
 
 
 def zeroshot(model: EvalModel, images: ImageSet, output: Path, encoding: Encoding,
@@ -50,6 +56,9 @@ def zeroshot(model: EvalModel, images: ImageSet, output: Path, encoding: Encodin
     """Prompt-ensemble zero-shot classification. With ``hopfield_beta``, image and class embeddings are first
     retrieved from the memory of the evaluated images' embeddings (U_x against U_y, as in Eq. 5)."""
     _need(images, "labels", "classnames", "templates")
+    if len(images.classnames) < 2:
+        raise ValueError(f"{images.name} has {len(images.classnames)} class name(s): zero-shot classification ranks "
+                         "at least two (with one, every answer is right by construction)")
     features = image_features(model, images, encoding)
     classes = class_embeddings(model, images.classnames, images.templates, encoding)
     if hopfield_beta is not None:
@@ -108,12 +117,14 @@ def linear_probe_task(model: EvalModel, train: ImageSet, test: ImageSet, output:
                    lambda_search={f"{k:.3g}": v for k, v in search.tried.items()}, train_size=len(train_y),
                    few_shot=few_shot or 0)
     metrics["lp_acc1_check"] = accuracy(fit, test_x, test_y)
+    for warning in search.warnings:
+        log.warning("%s linear probe: %s", test.name, warning)
     output.mkdir(parents=True, exist_ok=True)
     names = test.classnames or [str(c) for c in range(num_classes)]
     task = "linear_probe"
     plots = [per_class_png(output / f"{test.name}_{task}_per_class.png", names, metrics["per_class_accuracy"],
                            metrics["chance"], f"{test.name}: linear probe per class (lambda {search.lam:.3g})")]
-    write_result(output, _record(model, test, task, metrics), plots)
+    write_result(output, _record(model, test, task, metrics, search.warnings), plots)
     return metrics
 
 

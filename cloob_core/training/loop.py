@@ -173,8 +173,17 @@ def _batches(config: CloobConfig, setup: _Setup, urls: list[str], state: Trainin
     loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=cfg.workers,
                                          pin_memory=setup.device.type == "cuda",
                                          prefetch_factor=4 if cfg.workers else None,
-                                         timeout=cfg.data_timeout_s if cfg.workers else 0)
+                                         timeout=cfg.data_timeout_s if cfg.workers else 0,
+                                         worker_init_fn=_signals_to_the_main_process)
     return assemble(_bounded(iter(loader), cfg.data_timeout_s), owned)  # workers fork here, before any thread
+
+
+def _signals_to_the_main_process(_worker_id: int) -> None:
+    """SIGTERM and SIGINT sent to the whole process group (a container runtime, ``timeout``, a shell's Ctrl-C) must
+    not kill the data-loader workers before the main process can stop at a step and save: it ends them itself
+    (and a worker whose main process died exits on its own)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _bounded(chunks: Iterator[Chunk], seconds: float) -> Iterator[Chunk]:

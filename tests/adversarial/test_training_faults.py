@@ -4,6 +4,7 @@ problem, never a traceback, and never a broken model presented as a result."""
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -63,14 +64,17 @@ def test_sigterm_stops_at_a_step_and_saves_where_it_stood(mnist_train_shards, tm
     command = [sys.executable, "-m", "cloob_core.cli", "train", "--shards", str(mnist_train_shards), "--output",
                str(output), "--batch-size", "32", "--workers", "0", "--no-progress", "--steps", "400",
                "--checkpoint-every", "1000"]
-    run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while not (output / "tensorboard").exists():  # the monitor starts right before the first step
-        assert run.poll() is None and time.monotonic() < deadline
-        time.sleep(0.1)
-    time.sleep(3)  # a few steps in
+    run = subprocess.Popen([*command, "--log-every", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           text=True)
+    lines, deadline = [], time.monotonic() + 300
+    for line in run.stderr:  # wait for the event, a few steps logged, not for a time
+        lines.append(line)
+        if (found := re.search(r"step (\d+)/400", line)) and int(found.group(1)) >= 3:
+            break
+        assert time.monotonic() < deadline, "".join(lines)
     run.send_signal(signal.SIGTERM)
-    _, stderr = run.communicate(timeout=120)
+    stderr = "".join(lines) + run.stderr.read()
+    run.wait(timeout=120)
     assert run.returncode == 130, stderr
     line = one_error_line(subprocess.CompletedProcess(command, run.returncode, "", stderr))
     assert "received SIGTERM at step" in line and "--resume latest" in line
