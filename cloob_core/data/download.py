@@ -7,10 +7,10 @@ upload), then the failures, then the stats file that marks the shard complete. B
 and every publish is atomic, the completed shards always form a prefix of the plan, and a re-run after
 ``kill -9`` or SIGTERM skips them and produces exactly what an uninterrupted run would have.
 
-Staging files carry their partition's token in the name, and a run holds an exclusive lock on its partition
-for as long as it runs. So a run removes only what an earlier, dead run of its own partition left: never a
-user's file, never another partition's staging tar. Different partitions write to one folder side by side;
-a second run of the same partition is refused at once.
+A run holds its partition's lease on the folder (:mod:`cloob_core.lease`) for as long as it runs, and every
+temporary file names its shard. So a run removes only what an earlier, dead run of its own partition left: never a
+user's file, never another partition's staging tar or record. Different partitions write to one folder side by
+side; a second run of the same partition is refused at once.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ from cloob_core.data.writer import (
     ShardRecord,
     copy_without,
     jsonl_bytes,
+    parse_shard_name,
     read_records,
 )
 from cloob_core.errors import StageError
@@ -82,14 +83,18 @@ class DownloadResult:
 @contextlib.contextmanager
 def _owned_staging(output: str, partition: Partition) -> Iterator[str]:
     """The owner token for this run's staging names, held exclusively (the partition's lease on the folder,
-    :mod:`cloob_core.lease`) while the run lasts; staging an earlier run of the same partition left behind is
-    removed. (On S3 the staging lies in a private temporary folder.)"""
+    :mod:`cloob_core.lease`) while the run lasts; what an earlier, killed run of the same partition left half
+    written (staging tars, temporaries of its shards' records) is removed. (On S3 the staging lies in a private
+    temporary folder, and an S3 object appears only whole.)"""
     token = f"p{partition.index}of{partition.count}"
     with lease.writing(output, token, f"partition {partition.index}/{partition.count} of {output}"):
         if not storage.is_s3(output):
-            for path in Path(output).glob(f".*.tar.{token}.*.tmp"):
-                log.info("removing %s left by an interrupted run", path.name)
-                path.unlink(missing_ok=True)
+            for path in Path(output).glob(".*.tmp"):  # staging tars and half-written records of its shards
+                shard = parse_shard_name(path.name[1:].split(".", 1)[0].removesuffix(STATS_SUFFIX.split(".")[0])
+                                         .removesuffix(FAILURES_SUFFIX.split(".")[0]))
+                if shard is not None and partition.owns(shard[0]):
+                    log.info("removing %s left by an interrupted run", path.name)
+                    path.unlink(missing_ok=True)
         yield token
 
 

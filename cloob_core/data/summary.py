@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from cloob_core import storage
+from cloob_core import lease, storage
 from cloob_core.data.writer import SETTINGS_FILE, ShardRecord, jsonl_bytes, read_failures, read_records
 from cloob_core.io import json_bytes
 
@@ -94,6 +94,7 @@ def write_summary(folder: str, summary: OutputSummary) -> None:
     storage.write_bytes(storage.join(folder, failures), jsonl_bytes(summary.failures))
 
 
+@lease.holding("folder", "merge")
 def merge_stats(folder: str) -> OutputSummary:
     """Recompute and write the whole-output files of ``folder`` from its per-shard records."""
     summary = summarize(folder)

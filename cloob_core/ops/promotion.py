@@ -221,7 +221,7 @@ def check_store(settings: PromoteConfig) -> None:
 
 
 def _history_name(decision: Decision) -> str:
-    return f"{decision.decision_id[:28]}-{decision.candidate}.json"
+    return f"{decision.decision_id}-{decision.candidate}.json"
 
 
 def _record(store: str, decision: Decision) -> None:
@@ -236,18 +236,26 @@ def _is_recorded(store: str, decision: Decision) -> bool:
     return storage.exists(storage.join(store, "history", _history_name(decision)))
 
 
-def _complete_interrupted(store: str, production: dict[str, Any] | None) -> Decision | None:
-    """The promotion in the pointer, recorded in ``history/`` if the gate that made it stopped before that (a
-    crash or a full disk between the switch and the record); None when there is nothing to complete."""
+def _decision_in(store: str, production: dict[str, Any] | None) -> Decision | None:
+    """The decision the pointer carries (None for a pointer of an earlier version, which had none)."""
     if not production or "decision" not in production:
         return None
-    decision = Decision(**production["decision"])
-    if _is_recorded(store, decision):
-        return None
+    try:
+        return Decision(**production["decision"])
+    except TypeError as err:
+        raise PromotionError(f"{store}/{POINTER} holds a decision this version cannot read ({err}); restore the "
+                             f"pointer from {store}/history") from None
+
+
+def _complete_interrupted(store: str, decision: Decision | None) -> bool:
+    """Record the pointer's decision in ``history/`` if the gate that made it stopped before that (a crash or a
+    full disk between the switch and the record); whether it had to."""
+    if decision is None or _is_recorded(store, decision):
+        return False
     log.warning("production's promotion of model %s (%s) is not in %s/history (its gate stopped, or has not got "
                 "there yet): recording it", decision.candidate, decision.decided_at, store)
     _record(store, decision)
-    return decision
+    return True
 
 
 def _new_decision_id(now: datetime) -> str:
@@ -264,7 +272,8 @@ def promote(model_dir: str | Path, metrics: dict[str, dict[str, Any]], settings:
 
     The writes are ordered so that a crash anywhere leaves no decision or a complete one: the model's files,
     then the pointer, which carries the whole decision (the switch), then its ``history/`` entry. A gate that
-    finds a promotion in the pointer without its entry records it first; a rerun of that candidate reports it."""
+    finds a promotion in the pointer without its entry records it first. A rerun of the production model's gate
+    decides nothing new: it reports the decision in force (recording it, if it was interrupted)."""
     store = settings.store
     _check_candidate(Path(model_dir))
     check_store(settings)
@@ -273,16 +282,16 @@ def promote(model_dir: str | Path, metrics: dict[str, dict[str, Any]], settings:
     suite_digest = suite["digest"] if suite else None
     for _attempt in range(CAS_ATTEMPTS):
         production, version = _read_pointer(store)
-        interrupted = _complete_interrupted(store, production)
-        if interrupted is not None and interrupted.candidate == candidate_id:
-            interrupted.reason += f" (decided at {interrupted.decided_at}; recorded now, that gate stopped before)"
-            return interrupted
+        earlier = _decision_in(store, production)
+        interrupted = _complete_interrupted(store, earlier)
+        if earlier is not None and earlier.candidate == candidate_id:  # a rerun: report the decision in force
+            earlier.reason += (f" (decided at {earlier.decided_at}; recorded now, that gate stopped before)"
+                               if interrupted else f" (decided at {earlier.decided_at}; already in production)")
+            return earlier
         now = datetime.now(timezone.utc)
         decision = decide(candidate, production and production["metrics"], settings, candidate_id,
                           production and production["model_id"], suite_digest, production and production.get("suite"))
         decision.decided_at, decision.decision_id = now.isoformat(timespec="seconds"), _new_decision_id(now)
-        if production and production["model_id"] == candidate_id and decision.improvement == 0:
-            decision.reason = f"model {candidate_id} is already in production (since {production['promoted_at']})"
         if not decision.promoted:
             break
         target = storage.join(store, "models", candidate_id)  # content-addressed: a lost race leaves a copy only
@@ -361,7 +370,7 @@ def record_production_metrics(settings: PromoteConfig, metrics: dict[str, dict[s
     production, version = _read_pointer(store)
     if production is None:
         raise PromotionError(f"{store} has no {POINTER}: nothing is in production yet")
-    _complete_interrupted(store, production)  # whoever replaces a pointer records its decision first
+    _complete_interrupted(store, _decision_in(store, production))  # who replaces a pointer records its decision
     production = {**production, "metrics": measured, "suite": suite["digest"] if suite else None,
                   "evaluated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                   "write_id": uuid.uuid4().hex, "replaced": production.get("write_id")}

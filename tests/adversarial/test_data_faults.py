@@ -68,13 +68,18 @@ def test_a_download_deletes_neither_a_users_files_nor_another_partitions_staging
     theirs.write_bytes(b"half a tar")
     left_by_a_killed_run = out / ".00000.tar.p0of2.77.tmp"
     left_by_a_killed_run.write_bytes(b"stale")
+    half_written_record = out / ".00002_stats.json.k1ll3d.tmp"  # killed mid-way through its atomic write
+    half_written_record.write_bytes(b'{"name": "00002", "sha')
+    their_record = out / ".00003_failures.jsonl.wr1t1ng.tmp"  # partition 1/2's, being written
+    their_record.write_bytes(b"{}")
     with ImageServer() as server:
         urls = [server.url(f"/img/{i}.jpg") for i in range(8)]
         done = cli(capsys, "data", "download", "--manifest", manifest(tmp_path / "m.csv", urls), "--output", out,
                    "--partition", "0/2", *FAST)
     assert done.code == 0, done.err
     assert mine.read_text() == "the user's own notes" and theirs.read_bytes() == b"half a tar"
-    assert not left_by_a_killed_run.exists()  # its own partition's leftovers go
+    assert not left_by_a_killed_run.exists() and not half_written_record.exists()  # its partition's leftovers go
+    assert their_record.exists()
     assert (out / "00000.tar").exists() and not (out / "00001.tar").exists()
 
 

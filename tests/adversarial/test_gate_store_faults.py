@@ -147,3 +147,12 @@ def test_a_store_on_a_full_disk_is_one_line_and_promotes_nothing(capsys, tmp_pat
     assert promotion.read_production(str(store)) is None and history(str(store)) == []
     assert not list(store.rglob("*.tmp"))
     assert json.loads(json.dumps(done.out)) == ""  # nothing printed as a decision
+
+
+def test_a_rerun_of_the_production_models_gate_reports_the_decision_in_force(capsys, tmp_path):
+    store = str(tmp_path / "store")
+    first = gate(capsys, store, tmp_path / "first", 0.5)
+    model = first.model
+    again = cli(capsys, "promote", "--model", model, "--metrics", model / "metrics.json", "--store", store, *SETTINGS)
+    assert again.code == 0 and again.out.startswith("promotion gate: PROMOTED") and "already in production" in again.out
+    check_agreement(store, [Gate(model, 0.5, again.code, again.out, again.err)])  # one decision, recorded once
