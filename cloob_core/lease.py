@@ -208,9 +208,10 @@ def _read_holder(location: str) -> tuple[Holder | None, str | None, float | None
 def _server_time(reply: dict[str, Any]) -> datetime:
     date = reply.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
     try:
-        return parsedate_to_datetime(date) if date else datetime.now(timezone.utc)
-    except (TypeError, ValueError):
+        when = parsedate_to_datetime(date)
+    except (TypeError, ValueError, IndexError):  # no Date header (or one this client cannot read): our clock
         return datetime.now(timezone.utc)
+    return when if when.tzinfo else when.replace(tzinfo=timezone.utc)  # HTTP dates are GMT
 
 
 def _stale(holder: Holder | None, age: float | None) -> str | None:

@@ -134,8 +134,8 @@ class FaultProxy:
                     return
                 proxy.log.append((self.command, self.path, str(status)))
                 self.send_response(status)
-                for name, value in reply_headers:
-                    if name.lower() not in _HOP_BY_HOP and name.lower() != "content-length":
+                for name, value in reply_headers:  # (send_response wrote Date and Server already)
+                    if name.lower() not in (*_HOP_BY_HOP, "content-length", "date", "server"):
                         self.send_header(name, value)
                 self.send_header("Content-Length", str(len(reply_body)))
                 self.end_headers()

@@ -222,3 +222,35 @@ def test_an_s3_lease_is_renewed_while_held_and_a_holder_that_lost_it_fails(tmp_p
     release.set()
     holder.join(30)
     assert isinstance(outcome[0], lease.LeaseLost) and "was lost while this run wrote it" in str(outcome[0])
+
+
+@pytest.mark.parametrize("fault", ["error-after", "reset-after"])
+def test_an_s3_lease_whose_create_reply_is_lost_is_still_its_holders(s3_bucket, fault_proxy, fault):
+    output = f"s3://{s3_bucket}/flaky-{fault}"
+    location = storage.join(output, lease.lease_name())
+    injected = fault_proxy.add(fault, key=f"/flaky-{fault}/.cloob-lease.json")  # the create applied, its reply lost
+    fault_proxy.add("slowdown", method=None, key=f"/flaky-{fault}/", times=2)
+    with lease.writing(output):
+        holder = lease.Holder.parse(storage.read_bytes(location))
+        assert injected.hits == 1 and holder.pid == os.getpid()
+        with pytest.raises(lease.OutputBusy, match=f"pid {os.getpid()}"):  # and it excludes others
+            threading_writer(output)
+    assert not storage.exists(location)
+
+
+def threading_writer(output: str) -> None:
+    """Take the lease on ``output`` from another thread (another writer in this process); its error re-raised."""
+    errors: list[BaseException] = []
+
+    def take() -> None:
+        try:
+            with lease.writing(output):
+                pass
+        except BaseException as err:
+            errors.append(err)
+
+    thread = threading.Thread(target=take)
+    thread.start()
+    thread.join(60)
+    if errors:
+        raise errors[0]
