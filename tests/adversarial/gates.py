@@ -101,6 +101,6 @@ def check_agreement(store: str, gates: list[Gate]) -> dict | None:
         return None
     assert promoted, "production moved without a promoted decision in the history"
     assert production["model_id"] == promoted[-1]["candidate"], (production, promoted)
-    assert production["write_id"] == promoted[-1]["decision_id"]
+    assert production["decision"]["decision_id"] == promoted[-1]["decision_id"]  # (its metrics may be re-recorded)
     assert production["decision"] == {**promoted[-1], "registry": production["decision"]["registry"]}
     return production

@@ -120,7 +120,7 @@ def test_another_gate_completes_an_interrupted_decision_before_its_own(capsys, t
     assert "NOT PROMOTED" in worse.printed
     decisions = history(store)
     assert sorted(d["promoted"] for d in decisions) == [False, True]
-    assert promotion.read_production(store)["write_id"] == next(d for d in decisions if d["promoted"])["decision_id"]
+    assert promotion.read_production(store)["decision"] == next(d for d in decisions if d["promoted"])
 
 
 def test_a_record_the_store_keeps_refusing_is_completed_by_the_rerun_on_s3(capsys, tmp_path, s3_bucket,
@@ -156,3 +156,17 @@ def test_a_rerun_of_the_production_models_gate_reports_the_decision_in_force(cap
     again = cli(capsys, "promote", "--model", model, "--metrics", model / "metrics.json", "--store", store, *SETTINGS)
     assert again.code == 0 and again.out.startswith("promotion gate: PROMOTED") and "already in production" in again.out
     check_agreement(store, [Gate(model, 0.5, again.code, again.out, again.err)])  # one decision, recorded once
+
+
+def test_recording_productions_metrics_survives_a_lost_reply(capsys, tmp_path, s3_bucket, fault_proxy):
+    from cloob_core.config import PromoteConfig
+
+    store = f"s3://{s3_bucket}/reeval"
+    first = gate(capsys, store, tmp_path / "first", 0.5)
+    fault_proxy.add("error-after", key="/reeval/production.json")
+    settings = PromoteConfig(store=store, metric=SETTINGS[1], guards={})
+    pointer = promotion.record_production_metrics(settings, {"mnist_zeroshot_classification": {"acc1": 0.45},
+                                                             "mnist_linear_probe": {"lp_acc1": 0.8}})
+    stored = promotion.read_production(store)
+    assert stored["write_id"] == pointer["write_id"] and stored["metrics"][SETTINGS[1]] == 0.45
+    check_agreement(store, [first])  # the promotion's decision is still the one in force
