@@ -29,10 +29,15 @@ def user_facing(err: BaseException) -> bool:
         from_libraries)
 
 
+def no_space(err: BaseException) -> bool:
+    """Whether ``err`` is a write that ran out of space or quota."""
+    return isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
 def one_line(err: BaseException) -> str:
     """The message of ``err`` as one line: the last line of an exception a data-loader worker re-raised with its
     traceback inside, the lines joined otherwise; cut at a readable length."""
-    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):  # not named where it happened
+    if no_space(err):  # one that io.naming_full_disk did not name
         return "no space left on device" + (f" writing {err.filename}" if err.filename else "")
     lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
     if not lines:

@@ -3,7 +3,6 @@ the project's own formats (JSON, tensors) that name the file when it is not what
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
@@ -15,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-from cloob_core.errors import StageError
+from cloob_core.errors import StageError, no_space
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -35,26 +34,15 @@ class DiskFull(StageError):
     What was being written is not published; earlier outputs (the last good checkpoint) stay."""
 
 
-_FULL = (errno.ENOSPC, errno.EDQUOT)
-
-
-def disk_full(err: BaseException, path: str | Path) -> DiskFull | None:
-    """The :class:`DiskFull` that ``err`` is (an ``OSError`` of ENOSPC/EDQUOT), else None."""
-    if isinstance(err, OSError) and err.errno in _FULL:
-        return DiskFull(f"no space left on device writing {path}")
-    return None
-
-
 @contextmanager
 def naming_full_disk(path: str | Path) -> Iterator[None]:
     """Turn running out of space inside the block into :class:`DiskFull` naming ``path``."""
     try:
         yield
     except OSError as err:
-        full = disk_full(err, path)
-        if full is None:
+        if not no_space(err):
             raise
-        raise full from None
+        raise DiskFull(f"no space left on device writing {path}") from None
 
 
 @contextmanager

@@ -174,14 +174,14 @@ class _Renewal(threading.Thread):
     def run(self) -> None:
         while not self._stop_event.wait(self.holder.ttl_s / 3):
             try:
-                storage.write_if_unchanged(self.location, self.holder.encode(), self.version)
-                _, self.version = storage.read_versioned(self.location)
+                self.version = storage.write_if_unchanged(self.location, self.holder.encode(), self.version)
                 self._last_renewed = time.monotonic()
             except storage.WriteConflict:
-                current = _read_holder(self.location)[0]
+                current, version, _ = _read_holder(self.location)
                 if current is None or current.token != self.holder.token:
                     self.lost = f"taken over by {current.describe() if current else 'another run'}"
                     return
+                self.version = version  # still ours (a renewal whose reply was lost): renew that version
             except Exception as err:  # a flaky store: try again at the next beat, until the lease would lapse
                 if time.monotonic() - self._last_renewed > self.holder.ttl_s:
                     self.lost = f"not renewed for {self.holder.ttl_s:g} s ({type(err).__name__}: {err})"
@@ -250,27 +250,28 @@ def _s3_lease(location: str, label: str) -> Iterator[None]:
 
 
 def _acquire_s3(location: str, label: str, me: Holder) -> str:
+    """Create the lease, or take over a stale one; the version held. A conflict is read back: our own write whose
+    reply was lost, a live holder (busy), a stale one, or a lease released in between."""
     for _attempt in range(5):
         try:
-            storage.write_if_unchanged(location, me.encode(), None)
+            return storage.write_if_unchanged(location, me.encode(), None)
         except storage.WriteConflict:
-            holder, version, age = _read_holder(location)
-            if holder is not None and holder.token == me.token:  # our own create; its reply was lost
-                return version
-            if version is None:  # released in between: try again
-                continue
-            why = _stale(holder, age)
-            if why is None:
-                raise _busy(label, holder) from None
-            try:
-                storage.write_if_unchanged(location, me.encode(), version)
-            except storage.WriteConflict:
-                continue  # another contender took it first: look again
-            log.warning("taking over the lease on %s from %s (%s)", label,
-                        holder.describe() if holder else "an unreadable holder", why)
-        current, version, _ = _read_holder(location)
-        if current is not None and current.token == me.token:
+            pass
+        holder, version, age = _read_holder(location)
+        if holder is not None and holder.token == me.token:  # our own create or takeover; its reply was lost
             return version
+        if version is None:  # released in between: try again
+            continue
+        why = _stale(holder, age)
+        if why is None:
+            raise _busy(label, holder)
+        try:
+            taken = storage.write_if_unchanged(location, me.encode(), version)
+        except storage.WriteConflict:
+            continue  # another contender took it first (or our takeover's reply was lost): look again
+        log.warning("taking over the lease on %s from %s (%s)", label,
+                    holder.describe() if holder else "an unreadable holder", why)
+        return taken
     raise _busy(label, _read_holder(location)[0])
 
 

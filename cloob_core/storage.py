@@ -196,10 +196,11 @@ def read_versioned(location: str | os.PathLike) -> tuple[bytes | None, str | Non
     return data, hashlib.sha256(data).hexdigest()
 
 
-def write_if_unchanged(location: str | os.PathLike, data: bytes, version: str | None) -> None:
+def write_if_unchanged(location: str | os.PathLike, data: bytes, version: str | None) -> str:
     """Write ``data`` only if the object is still at ``version`` (``None``: only if there is none yet); else
-    raise :class:`WriteConflict`. On S3 a conditional PUT (``If-Match`` / ``If-None-Match: *``, which AWS S3 and
-    MinIO honour), checked and applied by the server in one step. Locally the check and the atomic rename happen
+    raise :class:`WriteConflict`; the version written otherwise (for the next conditional write). On S3 a
+    conditional PUT (``If-Match`` / ``If-None-Match: *``, which AWS S3 and MinIO honour), checked and applied by the
+    server in one step. Locally the check and the atomic rename happen
     under an exclusive ``flock`` on ``<location>.lock``, which every writer through here takes."""
     if is_s3(location):
         from botocore.exceptions import ClientError
@@ -207,13 +208,12 @@ def write_if_unchanged(location: str | os.PathLike, data: bytes, version: str | 
         bucket, key = split_s3(str(location))
         condition = {"IfNoneMatch": "*"} if version is None else {"IfMatch": version}
         try:
-            s3_client().put_object(Bucket=bucket, Key=key, Body=data, **condition)
+            return s3_client().put_object(Bucket=bucket, Key=key, Body=data, **condition)["ETag"]
         except ClientError as err:
             if err.response.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict",
                                                              "412", "409"):
                 raise WriteConflict(f"{location} changed since it was read") from None
             raise
-        return
 
     path = Path(location)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -226,6 +226,7 @@ def write_if_unchanged(location: str | os.PathLike, data: bytes, version: str | 
             raise WriteConflict(f"{location} changed since it was read")
         with atomic_path(path) as tmp:
             tmp.write_bytes(data)
+    return hashlib.sha256(data).hexdigest()  # the version read_versioned gives
 
 
 def outcome_unknown(err: BaseException) -> bool:

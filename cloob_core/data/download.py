@@ -20,6 +20,7 @@ import logging
 import multiprocessing
 import os
 import queue
+import re
 import shutil
 import signal
 import sys
@@ -90,8 +91,7 @@ def _owned_staging(output: str, partition: Partition) -> Iterator[str]:
     with lease.writing(output, token, f"partition {partition.index}/{partition.count} of {output}"):
         if not storage.is_s3(output):
             for path in Path(output).glob(".*.tmp"):  # staging tars and half-written records of its shards
-                shard = parse_shard_name(path.name[1:].split(".", 1)[0].removesuffix(STATS_SUFFIX.split(".")[0])
-                                         .removesuffix(FAILURES_SUFFIX.split(".")[0]))
+                shard = parse_shard_name(re.split(r"[._]", path.name[1:], maxsplit=1)[0])  # .NAME.tar…, .NAME_stats…
                 if shard is not None and partition.owns(shard[0]):
                     log.info("removing %s left by an interrupted run", path.name)
                     path.unlink(missing_ok=True)

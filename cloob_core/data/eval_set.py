@@ -223,12 +223,10 @@ def _write_tar(location: str, samples: list[tuple[str, bytes, int]], first: int)
     """One tar of samples keyed ``s%07d`` by their index in the split (as CLIP_benchmark's exporter keys them)."""
 
     def write(target: Path) -> None:
-        with open(target, "wb") as stream:
-            writer = ShardWriter(stream)
+        with open(target, "wb") as stream, ShardWriter(stream) as writer:
             for offset, (extension, data, label) in enumerate(samples):
                 writer.write_sample({"__key__": f"s{first + offset:07d}", extension: data,
                                      "cls": str(label).encode()})
-            writer.close()
 
     if storage.is_s3(location):
         with tempfile.TemporaryDirectory() as scratch:

@@ -94,12 +94,13 @@ def _sample_meta(row: ManifestRow, outcome: RowOutcome, original: tuple[int, int
 
 def _process_row(row: ManifestRow, duplicate_of: str | None) -> tuple[RowOutcome, bytes | None, dict | None]:
     redactor: Redactor = _worker["redactor"]
+    recorded_url = redactor.url(row.url)
     try:
-        outcome, jpeg, meta = _process_row_unguarded(row, duplicate_of, redactor.url(row.url))
+        outcome, jpeg, meta = _process_row_unguarded(row, duplicate_of, recorded_url)
     except Exception as err:  # one bad row (a codec bug, say) must not cost the shard
         message = redactor.text(f"{type(err).__name__}: {err}")
-        log.warning("row %s (%s) failed unexpectedly: %s", row.key, redactor.url(row.url), message)
-        return RowOutcome(row.row, row.key, redactor.url(row.url), "processing_error", message), None, None
+        log.warning("row %s (%s) failed unexpectedly: %s", row.key, recorded_url, message)
+        return RowOutcome(row.row, row.key, recorded_url, "processing_error", message), None, None
     outcome.detail = redactor.text(outcome.detail)  # an error message may quote the URL
     return outcome, jpeg, meta
 
@@ -139,19 +140,13 @@ def run_job(job: ShardJob) -> JobResult:
     Path(job.staging).parent.mkdir(parents=True, exist_ok=True)
     # a full disk names the shard being built (its staging file is removed by the main process)
     with (naming_full_disk(Path(job.staging).parent / f"{job.name}.tar"), open(job.staging, "wb") as stream,
-          ThreadPoolExecutor(_worker["threads"]) as pool):
-        writer = ShardWriter(stream)
-        try:
-            results = pool.map(lambda row: _process_row(row, job.duplicate_of.get(row.row)), job.rows)
-            for outcome, jpeg, meta in results:  # in row order: the tar's order does not depend on timing
-                if jpeg is not None:
-                    writer.write(outcome.key, jpeg, meta["caption"], meta)
-                outcomes.append(outcome)
-                if progress is not None:
-                    progress.put(outcome.reason is None)
-            writer.close()
-        except BaseException:
-            writer.abandon()
-            raise
+          ThreadPoolExecutor(_worker["threads"]) as pool, ShardWriter(stream) as writer):
+        results = pool.map(lambda row: _process_row(row, job.duplicate_of.get(row.row)), job.rows)
+        for outcome, jpeg, meta in results:  # in row order: the tar's order does not depend on timing
+            if jpeg is not None:
+                writer.write(outcome.key, jpeg, meta["caption"], meta)
+            outcomes.append(outcome)
+            if progress is not None:
+                progress.put(outcome.reason is None)
     return JobResult(job, outcomes, time.monotonic() - start)
 

@@ -76,8 +76,15 @@ class ShardWriter:
             self._tar.addfile(info, io.BytesIO(data))
         self.count += 1
 
-    def close(self) -> None:
-        self._tar.close()
+    def __enter__(self) -> ShardWriter:
+        return self
+
+    def __exit__(self, failed: type[BaseException] | None, *_: object) -> None:
+        """The tar's closing blocks after a complete write; after a failed one, nothing (:meth:`abandon`)."""
+        if failed is None:
+            self._tar.close()
+        else:
+            self.abandon()
 
     def abandon(self) -> None:
         """Give up a tar whose stream failed (a full disk): no closing blocks are written, and the stream does not
@@ -89,19 +96,14 @@ class ShardWriter:
 def copy_without(source: Path, target: Path, drop_keys: set[str]) -> int:
     """Rewrite a tar we wrote ourselves, leaving out the samples in ``drop_keys``; returns samples kept."""
     kept = set()
-    with naming_full_disk(target), tarfile.open(source, "r|") as reader, open(target, "wb") as out:
-        writer = ShardWriter(out)
-        try:
-            for member in reader:
-                key = member.name.split(".", 1)[0]
-                if key in drop_keys:
-                    continue
-                kept.add(key)
-                writer.copy_member(member, reader.extractfile(member))
-            writer.close()
-        except BaseException:
-            writer.abandon()
-            raise
+    with (naming_full_disk(target), tarfile.open(source, "r|") as reader, open(target, "wb") as out,
+          ShardWriter(out) as writer):
+        for member in reader:
+            key = member.name.split(".", 1)[0]
+            if key in drop_keys:
+                continue
+            kept.add(key)
+            writer.copy_member(member, reader.extractfile(member))
     return len(kept)
 
 

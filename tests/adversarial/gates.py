@@ -5,30 +5,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-import textwrap
-import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from hostile import poised, wait_for
 
 METRIC = "mnist_zeroshot_classification.acc1"
 GUARD = "mnist_linear_probe.lp_acc1"
 SETTINGS = ["--metric", METRIC, "--min-improvement", "0.005", "--guards", f"{GUARD}=0.01"]
-
-# Each process imports everything first, says it is ready, then waits for the start signal, so the gates'
-# read-decide-write sections overlap as closely as processes allow.
-GATE = textwrap.dedent("""
-    import pathlib, sys, time
-    from cloob_core.cli import main
-    import cloob_core.ops.promotion  # noqa: F401  (the imports happen before the start)
-    ready, go = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
-    ready.touch()
-    while not go.exists():
-        time.sleep(0.002)
-    sys.exit(main(sys.argv[3:]))
-""")
-
 
 def candidate(folder: Path, top1: float) -> tuple[Path, Path]:
     """A model folder with its own weights, and a report whose metric is ``top1``."""
@@ -60,15 +44,12 @@ def run_gates(store: str, root: Path, values: list[float], *extra: str) -> list[
     """One ``cloob promote`` process per value, released together; their outcomes."""
     models = [candidate(root / f"c{i}", value) for i, value in enumerate(values)]
     go = root / "go"
-    processes = [subprocess.Popen([sys.executable, "-c", GATE, str(root / f"ready{i}"), str(go), "promote",
-                                   "--model", str(folder), "--metrics", str(report), "--store", store, *SETTINGS,
-                                   *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    processes = [poised(root / f"ready{i}", go, ["promote", "--model", folder, "--metrics", report, "--store", store,
+                                                 *SETTINGS, *extra], preload=("cloob_core.ops.promotion",))
                  for i, (folder, report) in enumerate(models)]
-    deadline = time.monotonic() + 120
-    while not all((root / f"ready{i}").exists() for i in range(len(values))):
-        assert time.monotonic() < deadline and all(p.poll() is None for p in processes), "a gate did not start"
-        time.sleep(0.01)
-    go.touch()
+    wait_for(lambda: all((root / f"ready{i}").exists() for i in range(len(values))), "every gate ready",
+             processes=tuple(processes))
+    go.touch()  # the gates' read-decide-write sections overlap as closely as processes allow
     outputs = [process.communicate(timeout=300) for process in processes]
     return [Gate(folder, value, process.returncode, out, err)
             for (folder, _), value, process, (out, err) in zip(models, values, processes, outputs, strict=True)]

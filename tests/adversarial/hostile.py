@@ -7,6 +7,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,3 +55,33 @@ def snapshot(*roots: Path) -> dict[str, str]:
             if path.is_file():
                 files[str(path)] = hashlib.sha256(path.read_bytes()).hexdigest()
     return files
+
+
+# `cloob ARGV[4:]` that imports cloob and the modules named in argv[3] first, creates argv[1], and starts when argv[2]
+# exists: so several start within milliseconds of the moment the test chooses.
+POISED = """
+import importlib, pathlib, sys, time
+from cloob_core.cli import main
+for module in filter(None, sys.argv[3].split(",")):
+    importlib.import_module(module)
+pathlib.Path(sys.argv[1]).touch()
+while not pathlib.Path(sys.argv[2]).exists():
+    time.sleep(0.002)
+sys.exit(main(sys.argv[4:]))
+"""
+
+
+def poised(ready: Path, go: Path, argv: list[str], preload: tuple[str, ...]) -> subprocess.Popen:
+    """A ``cloob`` process that has imported ``preload``, says so by creating ``ready`` and starts once ``go``
+    exists (wait for ``ready`` with :func:`wait_for`)."""
+    return subprocess.Popen([sys.executable, "-c", POISED, str(ready), str(go), ",".join(preload), *map(str, argv)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(condition, what: str, timeout: float = 120.0, processes: tuple[subprocess.Popen, ...] = ()) -> None:
+    """Until ``condition()`` holds; fails after ``timeout`` seconds, or when one of ``processes`` ends first."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert all(process.poll() is None for process in processes), f"a process ended before {what}"
+        assert time.monotonic() < deadline, f"no {what} within {timeout:g} s"
+        time.sleep(0.02)

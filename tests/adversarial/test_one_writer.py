@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from hostile import cli, snapshot
+from hostile import Outcome, cli, poised, snapshot, wait_for
 
 from cloob_core import lease, storage
 
@@ -30,49 +30,11 @@ HOLDER = textwrap.dedent("""
 """)
 
 
-# `cloob ARGV[3:]` that imports everything first, creates argv[1], and starts when argv[2] exists: so it starts
-# within milliseconds of the moment the test chooses.
-POISED = textwrap.dedent("""
-    import pathlib, sys, time
-    from cloob_core.cli import main
-    import cloob_core.evaluation.suite, cloob_core.training.loop  # noqa: F401
-    pathlib.Path(sys.argv[1]).touch()
-    while not pathlib.Path(sys.argv[2]).exists():
-        time.sleep(0.002)
-    sys.exit(main(sys.argv[3:]))
-""")
-
-
-def poised(tmp_path: Path, argv: list[str]) -> tuple[subprocess.Popen, Path]:
-    """A ``cloob`` process ready to start; touch the returned path to start it."""
-    ready, go = tmp_path / f"ready-{time.monotonic_ns()}", tmp_path / f"go-{time.monotonic_ns()}"
-    process = subprocess.Popen([sys.executable, "-c", POISED, str(ready), str(go), *argv], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
-    wait_for(ready.exists, "the poised process", process=process)
-    return process, go
-
-
-def wait_for(condition, what: str, timeout: float = 120.0, process: subprocess.Popen | None = None) -> None:
-    """Until ``condition()`` holds; fails after ``timeout`` seconds or when ``process`` ends first."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert process is None or process.poll() is None, f"the process ended before {what}"
-        assert time.monotonic() < deadline, f"no {what} within {timeout:g} s"
-        time.sleep(0.05)
-
-
 def start_holder(tmp_path: Path, location: str, name: str = "") -> subprocess.Popen:
     ready = tmp_path / f"holding-{time.monotonic_ns()}"
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, location, name, str(ready)])
-    wait_for(ready.exists, "lease held", process=holder)
+    wait_for(ready.exists, "lease held", processes=(holder,))
     return holder
-
-
-def one_line(stderr: str) -> str:
-    assert "Traceback" not in stderr, stderr
-    lines = [line for line in stderr.splitlines() if line.startswith("cloob: ")]
-    assert len(lines) == 1, stderr
-    return lines[0]
 
 
 def test_a_second_training_into_the_same_output_is_refused_naming_the_first(mnist_train_shards, tmp_path):
@@ -81,10 +43,10 @@ def test_a_second_training_into_the_same_output_is_refused_naming_the_first(mnis
                str(output), "--batch-size", "32", "--workers", "0", "--no-progress", "--no-tensorboard",
                "--checkpoint-every", "2", "--keep-checkpoints", "1"]
     first = subprocess.Popen([*command, "--steps", "16"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_for(lambda: any(output.glob("checkpoints/step-*.pt")), "first checkpoint", process=first)
+    wait_for(lambda: any(output.glob("checkpoints/step-*.pt")), "first checkpoint", processes=(first,))
     second = subprocess.run([*command, "--steps", "4"], capture_output=True, text=True, timeout=300)
     assert second.returncode == 2
-    line = one_line(second.stderr)
+    line = Outcome(second.returncode, second.stdout, second.stderr).error_line()
     assert f"{output} is being written by another run (host " in line and f"pid {first.pid}, started " in line
     _, stderr = first.communicate(timeout=600)
     assert first.returncode == 0, stderr
@@ -106,13 +68,15 @@ def test_a_second_evaluation_into_the_same_output_is_refused_and_the_first_resul
     output = tmp_path / "eval"
     suite = ["eval", "suite", "--dataset", "mnist", "--task", "zeroshot", "--task", "linear-probe",
              "--architecture", "cloob-tiny", "--output", str(output), "--no-progress"]
-    second, go = poised(tmp_path, [*suite, "--weights", str(other)])
+    ready, go = tmp_path / "ready", tmp_path / "go"
+    second = poised(ready, go, [*suite, "--weights", other], preload=("cloob_core.evaluation.suite",))
+    wait_for(ready.exists, "the second evaluation ready", processes=(second,))
     first = subprocess.Popen([sys.executable, "-m", "cloob_core.cli", *suite, "--weights", str(weights)],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_for(lambda: any(output.glob(".cloob-lease*")), "the first evaluation's lease", process=first)
+    wait_for(lambda: any(output.glob(".cloob-lease*")), "the first evaluation's lease", processes=(first,))
     go.touch()  # the first is loading its model and encoding 5,000 images: tens of seconds
     _, second_err = second.communicate(timeout=300)
-    assert second.returncode == 2 and f"pid {first.pid}" in one_line(second_err)
+    assert second.returncode == 2 and f"pid {first.pid}" in Outcome(2, "", second_err).error_line()
     _, err = first.communicate(timeout=600)
     assert first.returncode == 0, err
     results = (output / "mnist" / "mnist_zeroshot_classification.json").read_text()
