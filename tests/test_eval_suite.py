@@ -77,8 +77,12 @@ def test_the_suite_means_are_the_means_over_the_data_sets_that_ran_the_task(eval
     assert suite["linear_probe_acc1"] == pytest.approx(statistics.fmean(
         [metrics["photos_linear_probe"]["lp_acc1"], metrics["digits_linear_probe"]["lp_acc1"]]))
     retrieval = metrics["photos_zeroshot_retrieval"]  # only photos runs retrieval
-    assert suite["retrieval_recall@5"] == pytest.approx(
-        (retrieval["image_retrieval_recall@5"] + retrieval["text_retrieval_recall@5"]) / 2)
+    assert (retrieval["images"], retrieval["captions"]) == (9, 3)
+    assert suite["retrieval_recall@1"] == pytest.approx(
+        (retrieval["image_retrieval_recall@1"] + retrieval["text_retrieval_recall@1"]) / 2)
+    # image -> text recall@5 over 3 captions is 100% by construction, so only text -> image (9 images) enters R@5
+    assert retrieval["text_retrieval_recall@5"] == 1.0
+    assert suite["retrieval_recall@5"] == pytest.approx(retrieval["image_retrieval_recall@5"])
 
 
 def test_the_report_prints_a_row_per_data_set_and_the_suite_means(evaluated, capsys):
