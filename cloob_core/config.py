@@ -185,6 +185,16 @@ class AcquireConfig(_Section):
                                                    "evaluation keeps the held-out 'test' split.")
 
 
+class EngineConfig(_Section):
+    """The out-of-core engine (DuckDB) of the manifest-wide steps: URL duplicates, the gate's aggregates."""
+
+    memory_limit: str = Field("1GB", description="Most memory the engine holds (DuckDB's memory_limit); beyond it "
+                              "it spills to spill_dir. Manifest-wide steps stay within this whatever the rows.")
+    threads: int = Field(0, ge=0, description="Engine threads (0: DuckDB's default, one per core it may use).")
+    spill_dir: str | None = Field(None, description="Local folder the engine spills to (null: a temporary folder); "
+                                  "needs about the size of the manifest's URL column for 10^9 rows.")
+
+
 class ValidationConfig(_Section):
     """Thresholds of the data gate (``cloob data validate``)."""
 
@@ -201,6 +211,9 @@ class ValidationConfig(_Section):
     )
     min_image_side: int = Field(8, ge=1, description="Smallest stored image side accepted in the shards.")
     max_image_side: int = Field(8192, ge=1, description="Largest stored image side accepted in the shards.")
+    manifest_sample: int = Field(10_000, ge=0, description="Manifest rows the row-level expectations check, "
+                                 "picked by a hash of the row (plus up to 20 rows breaking each exact check, as "
+                                 "examples); the counts come from exact aggregates over every row.")
     decode_sample: int = Field(64, ge=0, description="Samples per shard the gate decodes in full (image, UTF-8 "
                                "caption, JSON metadata), picked by a hash of their keys; 0 checks presence only.")
     max_undecodable_fraction: float = Field(0.0, ge=0.0, le=1.0, description="Fraction of a shard's decoded "
@@ -440,6 +453,7 @@ class CloobConfig(_Section):
     acquire: AcquireConfig = Field(default_factory=AcquireConfig)
     download: DownloadConfig = Field(default_factory=DownloadConfig)
     validation: ValidationConfig = Field(default_factory=ValidationConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     promote: PromoteConfig = Field(default_factory=PromoteConfig)

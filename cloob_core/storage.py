@@ -303,6 +303,21 @@ def open_read(location: str) -> IO[bytes]:
     return open(location, "rb")
 
 
+def open_seekable(location: str, block_size: int = 2 * 1024 * 1024) -> IO[bytes]:
+    """A seekable binary reader: a local file, or an S3 object read by ranges of ``block_size`` through s3fs, so
+    that a parquet reader fetches the footer and the row groups it needs, not the object."""
+    if is_s3(location):
+        return s3_filesystem().open(location, "rb", block_size=block_size, cache_type="readahead")
+    return open(location, "rb")
+
+
+def s3_filesystem() -> Any:
+    """fsspec's S3 filesystem on this process's endpoint (what engines such as DuckDB and pyarrow read through)."""
+    import s3fs
+
+    return s3fs.S3FileSystem(client_kwargs={"endpoint_url": endpoint()})
+
+
 def tree_entries(location: str) -> list[tuple[str, int, str]]:
     """``(path, size, version)`` of every file under the folder ``location``, sorted by path (``/``-separated,
     relative to it); the version is the S3 ETag, or locally the modification time in nanoseconds."""

@@ -90,9 +90,17 @@ def test_gate_on_manifests(tmp_path, capsys):
     code = main(["data", "validate", "--manifest", str(bad), "--report", str(tmp_path / "r")])
     text = capsys.readouterr().out
     assert code == 1
-    assert "FAIL manifest: expect_column_values_to_match_regex [url]" in text and "ftp://example.com/2.png" in text
-    assert "FAIL manifest: expect_column_values_to_be_unique [url] — 2 row(s)" in text
-    assert "FAIL manifest: expect_column_value_lengths_to_be_between [caption]" in text
+    # exact counts over every row, by the engine
+    assert "FAIL manifest: expect_column_values_to_be_between [bad_url_fraction] {'max_value': 0.0} — 1 row(s) " \
+        "break it, e.g. ['ftp://example.com/2.png']" in text
+    assert "FAIL manifest: expect_column_values_to_be_between [duplicate_url_fraction] {'max_value': 0.0} — 1 " \
+        "row(s) break it, e.g. ['http://example.com/1.jpg']" in text
+    assert "FAIL manifest: expect_column_values_to_be_between [empty_caption_fraction]" in text
+    assert "PASS manifest: expect_column_values_to_be_between [long_caption_fraction]" in text
+    # row-level expectations on the sample, here every row
+    assert "FAIL manifest_rows: expect_column_values_to_match_regex [url]" in text
+    assert "FAIL manifest_rows: expect_column_values_to_be_unique [url] — 2 row(s)" in text
+    assert "FAIL manifest_rows: expect_column_value_lengths_to_be_between [caption]" in text
     assert "data gate FAILED" in (tmp_path / "r" / "summary.md").read_text()
     # the same bad rows pass when the configured tolerance allows them
     loose = load_config(overrides=["validation.max_bad_row_fraction=0.5"])

@@ -14,7 +14,10 @@ from PIL import Image
 from cloob_core.config import load_config
 from cloob_core.data.fetch import address_refusal, opted_out
 from cloob_core.data.imaging import caption_refusal, process_image
-from cloob_core.data.manifest import Manifest, ManifestError, Partition, read_manifest
+from cloob_core.config import CloobConfig
+from cloob_core.data.acquire import acquire_into
+from cloob_core.data.manifest import ManifestError, Partition, read_manifest
+from cloob_core.data.run_manifest import RunManifest
 
 
 @pytest.mark.parametrize(
@@ -91,8 +94,8 @@ def test_manifest_formats_agree(tmp_path, fmt):
         frame.to_parquet(path)
     else:
         path.write_text("".join(json.dumps(r) + "\n" for r in frame.to_dict("records")))
-    manifest = Manifest.load(str(path))
-    rows = manifest.rows(range(2))
+    manifest = run_manifest(path)
+    rows = manifest.rows([0, 1])
     assert [r.url for r in rows] == ["http://x/1.jpg", "http://x/2.jpg"]
     assert rows[1].caption == "two, with comma" and rows[1].key == "000000001"
     assert float(rows[0].extra["score"]) == 0.5
@@ -127,9 +130,17 @@ def test_missing_manifest(tmp_path):
         read_manifest(str(tmp_path / "nope.csv"))
 
 
-def test_first_row_of_each_url():
-    frame = pd.DataFrame({"url": ["a", "b", "a", "c", "b"], "caption": list("vwxyz")})
-    assert list(Manifest(frame, "url", "caption").first_row_of_url) == [0, 1, 0, 3, 1]
+def run_manifest(path: Path) -> RunManifest:
+    """``path`` acquired into a run manifest beside it."""
+    return acquire_into(str(path), str(path.parent / f"{path.name}.acquired"), CloobConfig())
+
+
+def test_each_repeated_url_points_at_its_first_row(tmp_path):
+    path = tmp_path / "m.csv"
+    pd.DataFrame({"url": ["a", "b", "a", "c", "b"], "caption": list("vwxyz")}).to_csv(path, index=False)
+    manifest = run_manifest(path)
+    assert manifest.duplicate_rows == 2
+    assert manifest.duplicates_between(0, 5) == {2: 0, 4: 1} and manifest.duplicates_between(3, 5) == {4: 1}
 
 
 def test_partition_parsing_and_ownership():
@@ -232,7 +243,7 @@ def test_several_captions_per_image_travel_from_the_manifest_to_the_loader(tmp_p
         frame.to_json(path, orient="records", lines=True)
     else:
         frame.to_parquet(path)
-    (row,) = Manifest.load(path).rows([0])
+    (row,) = run_manifest(path).rows([0])
     meta = json.dumps({**row.extra, "caption": row.caption})  # as the worker writes the shard's .json
     sample = {"txt": row.caption.encode(), "json": meta.encode()}
     assert sample_captions(sample) == ["a red bus", "a bus on a street", "public transport"]

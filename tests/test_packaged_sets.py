@@ -15,7 +15,7 @@ from cloob_core.config import PACKAGED_SETS, load_config
 from cloob_core.data.acquire import acquire
 from cloob_core.data.manifest import ManifestError
 from cloob_core.data.packaged import SPLITS, URL_PATTERN, load_packaged, parse_url
-from cloob_core.data.sources import packaged_frame, packaged_source_for
+from cloob_core.data.sources import packaged_frame, packaged_source
 from cloob_core.evaluation.inputs import load_images
 
 
@@ -49,8 +49,7 @@ def test_rows_name_their_image_and_the_source_fetches_exactly_it():
     row = frame[frame["split"] == "test"].iloc[7]
     assert source.fetch(row["url"]).data == load_packaged("captioned", "test").images[7]
     assert parse_url(row["url"]) == ("captioned", "test", 7)
-    assert packaged_source_for(frame["url"]).fetch(row["url"]).data == source.fetch(row["url"]).data
-    assert packaged_source_for(frame["url"].str.replace("packaged:", "https://x/")) is None
+    assert packaged_source([("captioned", "test")]).fetch(row["url"]).data == source.fetch(row["url"]).data
     missing = source.fetch("packaged:captioned/test/99999")
     assert missing.data is None and missing.reason == "missing_file"
 

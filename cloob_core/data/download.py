@@ -38,11 +38,13 @@ from typing import Any
 
 from cloob_core import lease, storage
 from cloob_core.config import CloobConfig
+from cloob_core.data.acquire import opened
 from cloob_core.data.fetch import FetchPolicy
-from cloob_core.data.manifest import Manifest, ManifestError, Partition, row_key
-from cloob_core.data.plan import check_settings, plan_round, retry_plan_name, retry_round, settings_of
+from cloob_core.data.manifest import ManifestError, Partition, row_key
+from cloob_core.data.plan import Plan, check_settings, plan_round, retry_plan_name, retry_round, settings_of
 from cloob_core.data.redact import Redactor
-from cloob_core.data.sources import packaged_source_for
+from cloob_core.data.run_manifest import RunManifest
+from cloob_core.data.sources import packaged_source
 from cloob_core.data.summary import OutputSummary, merge_stats, summarize
 from cloob_core.data.worker import HttpSource, JobResult, ShardJob, init_worker, run_job
 from cloob_core.data.writer import (
@@ -209,7 +211,7 @@ class _Finaliser:
 
 
 def download(
-    manifest: str | Manifest,
+    manifest: str | RunManifest,
     output: str,
     config: CloobConfig,
     *,
@@ -227,14 +229,13 @@ def download(
     started = time.monotonic()
     partition = partition or Partition()
     dl = config.download
-    if not isinstance(manifest, Manifest):
-        manifest = Manifest.load(manifest, dl.url_col, dl.caption_col, dl.input_format)
-    if source is None:
-        source = packaged_source_for(manifest.frame[manifest.url_col]) or HttpSource(FetchPolicy.from_config(dl))
     storage.ensure_folder(output)
-    with _owned_staging(output, partition) as owner:
+    with _owned_staging(output, partition) as owner, opened(manifest, config) as manifest:
+        if source is None:
+            source = packaged_source(manifest.packaged) if manifest.all_packaged else \
+                HttpSource(FetchPolicy.from_config(dl))
         check_settings(output, settings_of(manifest, config))
-        records = [r for r in read_records(output) if partition.owns(r.shard)]
+        records = read_records(output, partition.owns)
         round_, plan = _round_and_plan(manifest, output, records, partition, retry_failed,
                                        config.preprocess.shard_size)
         skipped = sum(1 for r in records if r.round == round_)
@@ -242,18 +243,13 @@ def download(
             log.info("resuming: %d shard(s) already complete are skipped", skipped)
         done = _build_planned(manifest, output, config, records, round_, plan, source=source, progress=progress,
                               complete_before=skipped, owner=owner)
-    if partition.count == 1:
-        summary = merge_stats(output)
-    else:  # this partition's view; the merged whole-output files come from `cloob data merge-stats`
-        summary = summarize(output, [r for r in read_records(output) if partition.owns(r.shard)])
+    # one partition: the whole output's files; else this partition's view (`cloob data merge-stats` merges them)
+    summary = merge_stats(output) if partition.count == 1 else summarize(output, read_records(output, partition.owns))
     push_download_summary(dl.pushgateway, summary.stats, f"{partition.index}-{partition.count}")
     return DownloadResult(output, summary, done, skipped, time.monotonic() - started, partition)
 
 
-Plan = list[tuple[str, int, list[int]]]  # (shard name, base shard, manifest rows) still to build
-
-
-def _round_and_plan(manifest: Manifest, output: str, records: list[ShardRecord], partition: Partition,
+def _round_and_plan(manifest: RunManifest, output: str, records: list[ShardRecord], partition: Partition,
                     retry_failed: bool, shard_size: int) -> tuple[int, Plan]:
     """The first pass, or with ``retry_failed`` the retry round to run (recorded, so a killed round resumes)."""
     if not retry_failed:
@@ -274,22 +270,23 @@ def _round_and_plan(manifest: Manifest, output: str, records: list[ShardRecord],
     return round_, plan
 
 
-def _build_planned(manifest: Manifest, output: str, config: CloobConfig, records: list[ShardRecord], round_: int,
+def _build_planned(manifest: RunManifest, output: str, config: CloobConfig, records: list[ShardRecord], round_: int,
                    plan: Plan, *, source: Any, progress: bool, complete_before: int, owner: str) -> int:
     """Build the planned shards in worker processes and publish them in plan order; how many were built."""
     dl, pre = config.download, config.preprocess
     staging_dir = Path(output) if not storage.is_s3(output) else Path(tempfile.mkdtemp(prefix="cloob-staging-"))
     seen = {_digest_key(sha): key for r in records for key, sha in r.samples} if pre.dedup_content else {}
     finaliser = _Finaliser(output, pre.dedup_content, seen)
-    first_row = manifest.first_row_of_url
 
     def staging(name: str) -> str:
         return str(staging_dir / f".{name}.tar.{owner}.{os.getpid()}.tmp")
 
-    def jobs() -> Iterator[ShardJob]:  # built as submitted: a 10M-row manifest is never all rows in memory
+    def jobs() -> Iterator[ShardJob]:  # built as submitted: only the shards in flight are in memory
         for name, shard, rows in plan:
-            duplicates = {r: row_key(int(first_row[r])) for r in rows if dl.dedup_urls and first_row[r] != r}
-            yield ShardJob(name, shard, round_, manifest.rows(rows), duplicates, staging(name))
+            earlier = manifest.duplicates_between(rows[0], rows[-1] + 1) if dl.dedup_urls and rows else {}
+            wanted = rows if isinstance(rows, range) else set(rows)
+            duplicates = {row: row_key(first) for row, first in earlier.items() if row in wanted}
+            yield ShardJob(name, shard, round_, manifest.rows(list(rows)), duplicates, staging(name))
 
     processes = min(dl.processes or os.cpu_count() or 1, max(1, len(plan)))
     bar = _Progress(sum(len(rows) for _, _, rows in plan), progress and bool(plan), _CONTEXT)

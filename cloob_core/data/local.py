@@ -4,12 +4,15 @@ read one format. Rows go through the download engine with a local source (``sour
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 from cloob_core.config import PACKAGED_SETS, CloobConfig
+from cloob_core.data.acquire import acquire_into, row_group_rows
 from cloob_core.data.download import download
-from cloob_core.data.manifest import Manifest, ManifestError, read_manifest
-from cloob_core.data.sources import FolderSource, folder_frame, packaged_frame
+from cloob_core.data.manifest import ManifestError
+from cloob_core.data.run_manifest import PartSource, RunManifest, write_run_manifest
+from cloob_core.data.sources import FolderSource, PackagedSource, folder_frame, packaged_source
 from cloob_core.data.summary import OutputSummary
 
 
@@ -17,19 +20,24 @@ def build_shards(source: str, output: str, config: CloobConfig, *, manifest: str
                  split: str = "train", progress: bool = True) -> OutputSummary:
     """``source``: a packaged set (its ``split``), or a folder of images with ``<stem>.txt`` captions, or with
     ``manifest`` naming its files (relative paths in the URL column)."""
-    if source in PACKAGED_SETS:
-        (frame, fetch_source), url_col, caption_col = packaged_frame(source, split), "url", "caption"
-    else:
-        root = Path(source)
-        if not root.is_dir():
-            raise ManifestError(f"--source {source} is neither a packaged set ({', '.join(PACKAGED_SETS)}) nor a "
-                                "folder")
-        if manifest:
-            dl = config.download
-            frame = read_manifest(manifest, dl.url_col, dl.caption_col, dl.input_format)
-            url_col, caption_col = dl.url_col, dl.caption_col
+    if source not in PACKAGED_SETS and not Path(source).is_dir():
+        raise ManifestError(f"--source {source} is neither a packaged set ({', '.join(PACKAGED_SETS)}) nor a folder")
+    with tempfile.TemporaryDirectory(prefix="cloob-manifest-") as folder:
+        fetch_source: FolderSource | PackagedSource
+        if source in PACKAGED_SETS:
+            rows: str | RunManifest = acquire_into(source, folder, config, split)
+            fetch_source = packaged_source(rows.packaged)
         else:
-            frame, url_col, caption_col = folder_frame(root), "url", "caption"
-        fetch_source = FolderSource(str(root), config.download.max_bytes)
-    result = download(Manifest(frame, url_col, caption_col), output, config, progress=progress, source=fetch_source)
-    return result.summary
+            rows = manifest or _folder_manifest(source, folder, config)
+            fetch_source = FolderSource(str(source), config.download.max_bytes)
+        return download(rows, output, config, progress=progress, source=fetch_source).summary
+
+
+def _folder_manifest(root: str, folder: str, config: CloobConfig) -> RunManifest:
+    """The images of ``root`` with their ``<stem>.txt`` captions as a run manifest in ``folder``."""
+    import pyarrow as pa
+
+    frame = folder_frame(Path(root))
+    part = PartSource(f"folder:{root}", None, lambda: iter([pa.Table.from_pandas(frame, preserve_index=False)]))
+    return write_run_manifest([part], folder, "url", "caption", row_group_rows(config.preprocess.shard_size),
+                              config.engine)

@@ -1,27 +1,33 @@
-"""The reader: a manifest of image URLs and captions, as CSV, TSV, parquet or JSONL, local or on S3.
+"""The reader: a manifest of image URLs and captions as one file or a folder (prefix) of parts, CSV, TSV, parquet or
+JSONL, local or on S3, read part by part in batches of rows with only the columns that exist, never whole.
 
-Rows keep their position in the manifest: a row's key is its zero-based row number, so a re-run, a resumed
-run or a retry gives the same row the same key, and shard ``k`` always holds rows ``[k*S, (k+1)*S)``.
+A folder's parts are its files in path order, recursively; names starting with ``_`` or ``.`` are skipped, as Spark
+and Hadoop write them (``_SUCCESS``, ``_manifest.json``). A row's key is its zero-based row number over the parts in
+order, so a re-run, a resumed run or a retry gives the same row the same key.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from cloob_core import storage
 from cloob_core.errors import StageError
 
-if TYPE_CHECKING:  # pandas is imported where a manifest is read, not in download workers
+if TYPE_CHECKING:  # pandas and pyarrow are imported where a manifest is read, not in download workers
     import pandas as pd
+    import pyarrow as pa
 
 KEY_DIGITS = 9
+BATCH_ROWS = 65_536
 _URL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
+_FORMATS = (((".csv",), "csv"), ((".tsv", ".tab"), "tsv"), ((".parquet", ".pq"), "parquet"),
+            ((".jsonl", ".ndjson", ".json"), "jsonl"))
 
 
 class ManifestError(StageError, ValueError):
@@ -69,6 +75,22 @@ class Partition:
         return "" if self.count == 1 else f".part-{self.index}-of-{self.count}"
 
 
+@dataclass(frozen=True)
+class SourcePart:
+    """One file of a manifest: where it is, how to read it, and what tells whether it changed (its size and S3
+    ETag, or locally its modification time)."""
+
+    location: str
+    kind: str
+    compression: str | None
+    size: int
+    version: str
+
+    @property
+    def fingerprint(self) -> str:
+        return f"{self.size}:{self.version}"
+
+
 def _format_of(location: str, requested: str) -> tuple[str, str | None]:
     """(format, compression); a ``.parquet`` file is parquet whatever ``requested`` says (no text reader reads
     it): so the acquired manifest reads back under the input_format of the user's CSV or TSV source."""
@@ -79,12 +101,7 @@ def _format_of(location: str, requested: str) -> tuple[str, str | None]:
             name, compression = name[: -len(ext)], kind
     if requested != "auto" and not name.endswith((".parquet", ".pq")):
         return requested, compression
-    for suffixes, kind in (
-        ((".csv",), "csv"),
-        ((".tsv", ".tab"), "tsv"),
-        ((".parquet", ".pq"), "parquet"),
-        ((".jsonl", ".ndjson", ".json"), "jsonl"),
-    ):
+    for suffixes, kind in _FORMATS:
         if name.endswith(suffixes):
             return kind, compression
     raise ManifestError(
@@ -92,69 +109,158 @@ def _format_of(location: str, requested: str) -> tuple[str, str | None]:
     )
 
 
-def _read_delimited(raw: bytes, sep: str, compression: str | None, url_col: str, caption_col: str) -> pd.DataFrame:
+def _hidden(relative: str) -> bool:
+    return any(piece.startswith(("_", ".")) for piece in relative.split("/"))
+
+
+def list_parts(location: str, input_format: str = "auto") -> list[SourcePart]:
+    """The parts of the manifest at ``location``: the file itself, or the files of the folder/prefix in path order
+    (with ``input_format`` auto, only those whose suffix names a manifest format)."""
+    location = str(location).rstrip("/") if str(location) != "/" else str(location)
+    entries = storage.tree_entries(location)
+    if not entries:
+        single = _single_file(location)
+        if single is None:
+            raise ManifestError(f"manifest {location} does not exist (no file, and no folder with parts)")
+        kind, compression = _format_of(location, input_format)
+        return [SourcePart(location, kind, compression, *single)]
+    parts = []
+    for relative, size, version in entries:
+        if _hidden(relative):
+            continue
+        try:
+            kind, compression = _format_of(relative, input_format)
+        except ManifestError:
+            continue  # a README or a checksum file beside the parts
+        parts.append(SourcePart(storage.join(location, *relative.split("/")), kind, compression, size, version))
+    if not parts:
+        raise ManifestError(f"manifest folder {location} holds no manifest parts (.parquet, .csv, .tsv, .jsonl, "
+                            "optionally compressed; names starting with _ or . are skipped)")
+    return parts
+
+
+def _single_file(location: str) -> tuple[int, str] | None:
+    """(size, version) of the file ``location``, or None when there is none."""
+    if storage.is_s3(location):
+        bucket, key = storage.split_s3(location)
+        try:
+            head = storage.s3_client().head_object(Bucket=bucket, Key=key)
+        except Exception as err:  # botocore's ClientError for 404/403
+            if getattr(err, "response", {}).get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return None
+            raise
+        return int(head["ContentLength"]), str(head["ETag"])
+    try:
+        stat = os.stat(location)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return stat.st_size, str(stat.st_mtime_ns)
+
+
+def _text_chunks(part: SourcePart, url_col: str, caption_col: str, batch_rows: int) -> Iterator[pd.DataFrame]:
+    """A CSV/TSV part in frames of ``batch_rows``, all cells strings; a header-less first line that holds a URL
+    is data (CC3M's caption<TAB>url files look like this)."""
     import pandas as pd
 
-    options = dict(sep=sep, dtype=str, keep_default_na=False, compression=compression, quoting=3 if sep == "\t" else 0)
-    frame = pd.read_csv(io.BytesIO(raw), **options)
-    if url_col in frame.columns or frame.empty:
-        return frame
-    first = [str(c) for c in frame.columns]
-    url_fields = [i for i, value in enumerate(first) if _URL.match(value.strip())]
-    if not url_fields:
-        return frame  # a header without the URL column: reported by the caller with the columns found
-    # No header: the first line is data (CC3M's caption<TAB>url files look like this).
-    frame = pd.read_csv(io.BytesIO(raw), header=None, **options)
-    names = [f"column_{i}" for i in range(frame.shape[1])]
-    names[url_fields[0]] = url_col
-    if frame.shape[1] == 2:
-        names[1 - url_fields[0]] = caption_col
-    frame.columns = names
-    return frame
+    sep = "," if part.kind == "csv" else "\t"
+    options = dict(sep=sep, dtype=str, keep_default_na=False, compression=part.compression,
+                   quoting=3 if sep == "\t" else 0, chunksize=batch_rows)
+    with storage.open_seekable(part.location) as handle:
+        header = pd.read_csv(handle, nrows=0, **{k: v for k, v in options.items() if k != "chunksize"})
+        handle.seek(0)
+        columns = [str(c) for c in header.columns]
+        url_fields = [i for i, value in enumerate(columns) if _URL.match(value.strip())]
+        if url_col in columns or not url_fields:
+            yield from pd.read_csv(handle, **options)
+            return
+        names = [f"column_{i}" for i in range(len(columns))]
+        names[url_fields[0]] = url_col
+        if len(columns) == 2:
+            names[1 - url_fields[0]] = caption_col
+        yield from pd.read_csv(handle, header=None, names=names, **options)
 
 
-def read_manifest(location: str | os.PathLike, url_col: str = "url", caption_col: str = "caption",
-                  input_format: str = "auto") -> pd.DataFrame:
-    """The manifest as a frame with string ``url`` and ``caption`` columns plus any extra columns."""
-    import pandas as pd
+def _arrow_batches(part: SourcePart, url_col: str, caption_col: str, batch_rows: int) -> Iterator[pa.Table]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
-    location = str(location)
-    kind, compression = _format_of(location, input_format)
+    if part.kind == "parquet":
+        with storage.open_seekable(part.location) as handle:
+            reader = pq.ParquetFile(handle)
+            if reader.metadata.num_rows == 0:
+                yield reader.schema_arrow.empty_table()
+            for batch in reader.iter_batches(batch_size=batch_rows):
+                yield pa.Table.from_batches([batch])
+        return
+    if part.kind == "jsonl":
+        import pandas as pd
+
+        with storage.open_seekable(part.location) as handle:
+            for chunk in pd.read_json(handle, lines=True, dtype=False, compression=part.compression,
+                                      chunksize=batch_rows):
+                yield pa.Table.from_pandas(chunk, preserve_index=False)
+        return
+    for chunk in _text_chunks(part, url_col, caption_col, batch_rows):
+        yield pa.Table.from_pandas(chunk, preserve_index=False)
+
+
+def _normalised(table: pa.Table, url_col: str, caption_col: str) -> pa.Table:
+    """``url`` and ``caption`` as strings: a missing value is empty, a URL loses surrounding whitespace."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    for name, strip in ((url_col, True), (caption_col, False)):
+        column = table.column(name)
+        if not pa.types.is_string(column.type) and not pa.types.is_large_string(column.type):
+            if pa.types.is_floating(column.type):  # a NaN is a missing value, as pandas wrote it
+                column = pc.if_else(pc.is_nan(column), pa.scalar(None, column.type), column)
+            column = pc.cast(column, pa.string()) if not pa.types.is_null(column.type) else \
+                pa.nulls(len(column), pa.string())
+        column = pc.fill_null(column, "")
+        if strip:
+            column = pc.utf8_trim_whitespace(column)
+        table = table.set_column(table.schema.get_field_index(name), name, column)
+    return table
+
+
+def read_batches(part: SourcePart, url_col: str = "url", caption_col: str = "caption",
+                 batch_rows: int = BATCH_ROWS) -> Iterator[pa.Table]:
+    """The rows of one part in order, as arrow tables of at most ``batch_rows`` rows with string ``url`` and
+    ``caption`` columns (see :func:`_normalised`) plus every other column; a malformed part is a
+    :class:`ManifestError` naming it."""
     try:
-        raw = storage.read_bytes(location)
-    except FileNotFoundError:
-        raise ManifestError(f"manifest {location} does not exist") from None
-    try:
-        if kind in ("csv", "tsv"):
-            frame = _read_delimited(raw, "," if kind == "csv" else "\t", compression, url_col, caption_col)
-        elif kind == "parquet":
-            frame = pd.read_parquet(io.BytesIO(raw))
-        else:
-            frame = pd.read_json(io.BytesIO(raw), lines=True, dtype=False, compression=compression)
-    except ManifestError:
+        for table in _arrow_batches(part, url_col, caption_col, batch_rows):
+            missing = [col for col in (url_col, caption_col) if col not in table.column_names]
+            if missing:
+                raise ManifestError(
+                    f"manifest {part.location} has no column(s) {missing}; columns found: {table.column_names} "
+                    "(choose them with --url-col / --caption-col)")
+            yield _normalised(table, url_col, caption_col)
+    except (ManifestError, FileNotFoundError):
         raise
     except Exception as err:  # pandas/pyarrow raise many types for malformed files
-        raise ManifestError(f"manifest {location} is not valid {kind}: {type(err).__name__}: {err}") from None
-    missing = [col for col in (url_col, caption_col) if col not in frame.columns]
-    if missing:
-        raise ManifestError(
-            f"manifest {location} has no column(s) {missing}; columns found: {[str(c) for c in frame.columns]} "
-            "(choose them with --url-col / --caption-col)"
-        )
-    frame = frame.reset_index(drop=True)
-    frame[url_col] = frame[url_col].map(lambda v: "" if _missing(v) else str(v).strip())
-    frame[caption_col] = frame[caption_col].map(lambda v: "" if _missing(v) else str(v))
-    return frame
+        raise ManifestError(f"manifest {part.location} is not valid {part.kind}: {type(err).__name__}: "
+                            f"{str(err).splitlines()[0] if str(err) else ''}") from None
 
 
-def _missing(value: Any) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value))
+def read_manifest(location: str, url_col: str = "url", caption_col: str = "caption",
+                  input_format: str = "auto") -> pd.DataFrame:
+    """A small manifest (an evaluation set's labels, a local folder's list) as one frame. The data path never
+    calls this: it reads parts in batches (:func:`read_batches`)."""
+    import pandas as pd
+
+    tables = [table.to_pandas() for part in list_parts(location, input_format)
+              for table in read_batches(part, url_col, caption_col)]
+    if not tables:
+        return pd.DataFrame({url_col: [], caption_col: []}, dtype=str)
+    return pd.concat(tables, ignore_index=True)
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
+    """A cell as JSON: what a sample's ``.json`` carries of the manifest's other columns."""
     if isinstance(value, (list, tuple)) or getattr(value, "ndim", 0) == 1:
-        return [_jsonable(v) for v in value]  # e.g. a column of caption lists, from parquet or JSONL
-    if _missing(value):
+        return [jsonable(v) for v in value]  # e.g. a column of caption lists, from parquet or JSONL
+    if value is None or (isinstance(value, float) and math.isnan(value)):
         return None
     if hasattr(value, "item") and not isinstance(value, (str, bytes)):
         try:
@@ -166,47 +272,3 @@ def _jsonable(value: Any) -> Any:
     except TypeError:
         return str(value)
     return value
-
-
-class Manifest:
-    """Row access by range, plus the first row of every URL (for fetching a repeated URL once)."""
-
-    def __init__(self, frame: pd.DataFrame, url_col: str, caption_col: str):
-        import pandas as pd
-
-        self.frame = frame
-        self.url_col = url_col
-        self.caption_col = caption_col
-        self.extra_cols = [c for c in frame.columns if c not in (url_col, caption_col)]
-        positions = pd.Series(range(len(frame)), index=frame.index)
-        self.first_row_of_url = positions.groupby(frame[url_col].values).transform("min").to_numpy()
-
-    @classmethod
-    def load(cls, location: str | os.PathLike, url_col: str = "url", caption_col: str = "caption",
-             input_format: str = "auto") -> Manifest:
-        return cls(read_manifest(location, url_col, caption_col, input_format), url_col, caption_col)
-
-    def __len__(self) -> int:
-        return len(self.frame)
-
-    def rows(self, indices: list[int] | range) -> list[ManifestRow]:
-        part = self.frame.iloc[list(indices)]
-        urls = part[self.url_col].tolist()
-        captions = part[self.caption_col].tolist()
-        extras = part[self.extra_cols].to_dict("records") if self.extra_cols else [{}] * len(part)
-        return [
-            ManifestRow(int(i), u, c, {str(k): _jsonable(v) for k, v in e.items()})
-            for i, u, c, e in zip(indices, urls, captions, extras, strict=True)
-        ]
-
-    def fingerprint(self) -> str:
-        """sha256 over the URLs and captions in order: tells whether a resume sees the same manifest."""
-        import hashlib
-
-        import pandas as pd
-
-        hashes = pd.util.hash_pandas_object(self.frame[[self.url_col, self.caption_col]], index=False)
-        return hashlib.sha256(hashes.to_numpy().tobytes()).hexdigest()
-
-    def shard_count(self, shard_size: int) -> int:
-        return math.ceil(len(self) / shard_size)

@@ -6,27 +6,31 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from cloob_core import storage
 from cloob_core.config import CloobConfig
-from cloob_core.data.manifest import Manifest, Partition
+from cloob_core.data.manifest import Partition
+from cloob_core.data.run_manifest import RunManifest
 from cloob_core.data.summary import NOT_RETRIED, latest_failures
 from cloob_core.data.writer import SETTINGS_FILE, ShardRecord, shard_name
 from cloob_core.errors import StageError
 from cloob_core.io import json_bytes
 
+Plan = list[tuple[str, int, Sequence[int]]]  # (shard name, base shard, manifest rows) still to build
 
-def plan_round(manifest: Manifest, output: str, records: list[ShardRecord], partition: Partition,
-               round_: int, shard_size: int) -> list[tuple[str, int, list[int]]]:
-    """(name, base shard, rows) for each shard still to do in this round."""
+
+def plan_round(manifest: RunManifest, output: str, records: list[ShardRecord], partition: Partition,
+               round_: int, shard_size: int) -> Plan:
+    """(name, base shard, rows) for each shard still to do in this round; from the manifest's index alone."""
     done = {r.name for r in records}
-    plan = []
+    plan: Plan = []
     if round_ == 0:
-        for shard in range(manifest.shard_count(shard_size)):
-            if partition.owns(shard) and shard_name(shard) not in done:
-                start = shard * shard_size
-                plan.append((shard_name(shard), shard, list(range(start, min(start + shard_size, len(manifest))))))
+        for shard in manifest.shards(shard_size):
+            if partition.owns(shard.number) and shard_name(shard.number) not in done:
+                plan.append((shard_name(shard.number), shard.number,
+                             range(shard.first_row, shard.first_row + shard.rows)))
         return plan
     failed = latest_failures(output, records)
     for shard in sorted(failed):
@@ -60,39 +64,64 @@ class SettingsMismatch(StageError, ValueError):
     """The output folder was started with another manifest or other shard-shaping settings."""
 
 
-def settings_of(manifest: Manifest, config: CloobConfig) -> dict[str, Any]:
-    """What decides the content of the shards; a resume must use exactly these (timeouts may change)."""
+def settings_of(manifest: RunManifest, config: CloobConfig) -> dict[str, Any]:
+    """What decides the content of the shards: the manifest's parts (rows and digest, in order) and the shaping
+    settings. A resume must use exactly these (timeouts may change), or the same parts followed by new ones."""
     return {
-        "manifest_rows": len(manifest),
-        "manifest_sha256": manifest.fingerprint(),
+        "parts": manifest.part_fingerprints(),
+        "expected_shards": manifest.shard_count(config.preprocess.shard_size),
         "dedup_urls": config.download.dedup_urls,
         "preprocess": config.preprocess.model_dump(),
     }
 
 
-def shards_folder(store: str, manifest: Manifest, config: CloobConfig) -> str:
-    """Where in ``store`` the shards of ``manifest`` are built under ``config``: a folder named by a digest of
-    :func:`settings_of`, so a later run on the same rows with the same settings resumes or reuses it, and any
-    change gets a folder of its own rather than tripping the resume guard."""
-    digest = hashlib.sha256(json_bytes(settings_of(manifest, config))).hexdigest()[:16]
+def shards_folder(store: str, source: str, config: CloobConfig) -> str:
+    """Where in ``store`` the shards of the manifest acquired from ``source`` are built under ``config``: a folder
+    named by a digest of the source and the shaping settings. A later run on the same source resumes or reuses
+    it, and when the source has gained parts, builds only their shards; other settings get a folder of their
+    own rather than tripping the resume guard."""
+    shaping = {"source": source, "dedup_urls": config.download.dedup_urls,
+               "preprocess": config.preprocess.model_dump()}
+    digest = hashlib.sha256(json_bytes(shaping)).hexdigest()[:16]
     return storage.join(store, f"shards-{digest}")
 
 
 def check_settings(output: str, settings: dict[str, Any]) -> None:
+    """Record ``settings`` in a new output. In an existing one, accept them when they equal the recorded ones, or
+    when they add parts after the recorded parts (an incremental run: the extension is recorded)."""
     location = storage.join(output, SETTINGS_FILE)
     try:
         recorded = storage.read_json(location)
     except FileNotFoundError:
         storage.write_bytes(location, json_bytes(settings))
         return
-    flat_new, flat_old = _flatten(settings), _flatten(recorded)
+    old_parts, new_parts = recorded.get("parts", []), settings["parts"]
+    flat_new, flat_old = _flatten(_shaping(settings)), _flatten(_shaping(recorded))
     changed = [f"{k}: {flat_old.get(k)!r} before, {flat_new.get(k)!r} now" for k in sorted(flat_new | flat_old)
                if flat_new.get(k) != flat_old.get(k)]
+    if new_parts[: len(old_parts)] != old_parts:
+        first = next((i for i, (old, new) in enumerate(zip(old_parts, new_parts, strict=False)) if old != new),
+                     len(new_parts))
+        changed.insert(0, f"manifest: part {first} is {_part(new_parts, first)} now, was {_part(old_parts, first)} "
+                          "(only parts added after the others can be built into this folder)")
     if changed:
         raise SettingsMismatch(
             f"{output} was started with another manifest or other settings, and resuming would mix them:\n  "
             + "\n  ".join(changed) + "\nUse a new output folder, or the original manifest and settings."
         )
+    if len(new_parts) > len(old_parts):
+        storage.write_bytes(location, json_bytes(settings))
+
+
+def _shaping(settings: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in settings.items() if k not in ("parts", "expected_shards")}
+
+
+def _part(parts: list[str], index: int) -> str:
+    if index >= len(parts):
+        return "absent"
+    rows, _, digest = parts[index].partition(":")
+    return f"{rows} rows (sha256 {digest[:12]})"
 
 
 def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:

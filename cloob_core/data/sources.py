@@ -12,7 +12,7 @@ import pandas as pd
 
 from cloob_core.data.fetch import FetchResult
 from cloob_core.data.manifest import ManifestError
-from cloob_core.data.packaged import PREFIX, SPLITS, load_packaged, parse_url
+from cloob_core.data.packaged import SPLITS, load_packaged, parse_url
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 
@@ -85,10 +85,7 @@ def packaged_frame(name: str, split: str) -> tuple[pd.DataFrame, PackagedSource]
     return frame, PackagedSource({(part.name, part.split): part.images for part in parts})
 
 
-def packaged_source_for(urls: pd.Series) -> PackagedSource | None:
-    """The source of a manifest whose every row is ``packaged:`` (what ``cloob data acquire`` writes for a
-    packaged set); None for any other manifest."""
-    if len(urls) == 0 or not urls.str.startswith(PREFIX).all():
-        return None
-    named = sorted({parse_url(url)[:2] for url in urls.drop_duplicates()})
-    return PackagedSource({key: load_packaged(*key).images for key in named})
+def packaged_source(sets: list[tuple[str, str]]) -> PackagedSource:
+    """The source of the packaged sets ``sets`` ((name, split) pairs): what a manifest of packaged rows, as
+    ``cloob data acquire`` writes for one, is fetched from."""
+    return PackagedSource({key: load_packaged(*key).images for key in sets})

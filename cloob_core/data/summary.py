@@ -84,7 +84,7 @@ def _expected_shards(folder: str) -> int | None:
         settings = storage.read_json(storage.join(folder, SETTINGS_FILE))
     except FileNotFoundError:
         return None
-    return -(-settings["manifest_rows"] // settings["preprocess"]["shard_size"])
+    return settings.get("expected_shards")
 
 
 def write_summary(folder: str, summary: OutputSummary) -> None:

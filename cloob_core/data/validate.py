@@ -1,8 +1,12 @@
 """``cloob data validate``: the gate between data and GPU hours, as Great Expectations (1.x) suites.
 
-Two suites, thresholds from the ``validation`` config section:
-- manifest: URLs present and http(s) (or rows of a packaged set), unique; captions non-empty and within
-  length; enough rows;
+Suites, thresholds from the ``validation`` config section:
+- manifest: exact counts over every row, computed out of core by the engine (:mod:`cloob_core.data.engine`):
+  rows; URLs present and http(s) (or rows of a packaged set), unique; captions non-empty and within length. Each
+  is a fraction of the rows, checked against ``max_bad_row_fraction``, with a few breaking rows as examples;
+- manifest_rows: the same as row-level expectations on a bounded sample (``manifest_sample`` rows picked by a
+  hash of the row). When the sample is the whole manifest it decides with the rest; when it is a true sample it
+  is reported and decides nothing (a sample's share of bad rows scatters around the exact one);
 - shards: every shard of the manifest is complete and has samples; its tar holds exactly the samples its record
   and ``sizes.json`` claim, each with jpg, txt and json; a sample of them decodes (the image in full, the caption
   as UTF-8, the metadata as a JSON object), so random bytes under the right names do not pass; stored image
@@ -26,9 +30,11 @@ import pandas as pd
 
 from cloob_core import lease, storage
 from cloob_core.config import CloobConfig, ConfigError
-from cloob_core.data.manifest import read_manifest
+from cloob_core.data import engine
+from cloob_core.data.acquire import opened
 from cloob_core.data.packaged import URL_PATTERN as PACKAGED_URL
 from cloob_core.data.redact import Redactor
+from cloob_core.data.run_manifest import DUPLICATES_NAME, RunManifest
 from cloob_core.data.summary import summarize
 from cloob_core.data.writer import read_records, tar_samples
 from cloob_core.errors import StageError
@@ -49,9 +55,10 @@ class Check:
     observed: Any
     examples: list[Any]
     kwargs: dict[str, Any]
+    decides: bool = True
 
     def line(self) -> str:
-        mark = "PASS" if self.success else "FAIL"
+        mark = ("PASS" if self.success else "FAIL") if self.decides else ("pass" if self.success else "fail")
         columns = [self.kwargs[k] for k in ("column", "column_A", "column_B") if k in self.kwargs]
         target = f" [{' = '.join(columns)}]" if columns else ""
         bounds = {k: v for k, v in self.kwargs.items() if k not in ("batch_id", "column", "column_A", "column_B")}
@@ -60,7 +67,9 @@ class Check:
             text += f" — {self.unexpected} row(s) break it, e.g. [{', '.join(_short(e) for e in self.examples[:3])}]"
         elif self.observed is not None:
             text += f" — observed {_short(self.observed)}"
-        return text
+        if self.examples and not self.unexpected:
+            text += f", e.g. [{', '.join(_short(e) for e in self.examples[:3])}]"
+        return text + ("" if self.decides else " (a sample: informs, does not decide)")
 
 
 def _short(value: Any, limit: int = 200) -> str:
@@ -76,11 +85,12 @@ class GateReport:
 
     @property
     def passed(self) -> bool:
-        return all(check.success for check in self.checks)
+        return all(check.success for check in self.checks if check.decides)
 
     def text(self) -> str:
-        failed = sum(not c.success for c in self.checks)
-        head = "data gate PASSED" if self.passed else f"data gate FAILED: {failed} of {len(self.checks)} checks"
+        failed = sum(not c.success for c in self.checks if c.decides)
+        deciding = sum(c.decides for c in self.checks)
+        head = "data gate PASSED" if self.passed else f"data gate FAILED: {failed} of {deciding} checks"
         return "\n".join([head, *("  " + c.line() for c in self.checks)])
 
 
@@ -128,17 +138,87 @@ def _reproducible(raw: dict[str, Any]) -> dict[str, Any]:
     return raw
 
 
-def manifest_expectations(gxe: Any, config: CloobConfig) -> list[Any]:
-    dl, val = config.download, config.validation
+def manifest_expectations(gxe: Any, config: CloobConfig, url_col: str, caption_col: str) -> list[Any]:
+    """The row-level expectations (on the sample)."""
+    val = config.validation
     mostly = 1.0 - val.max_bad_row_fraction
     return [
-        gxe.ExpectTableRowCountToBeBetween(min_value=val.min_rows),
-        gxe.ExpectColumnValuesToMatchRegex(column=dl.url_col, regex=URL_PATTERN, mostly=mostly),
-        gxe.ExpectColumnValuesToBeUnique(column=dl.url_col, mostly=mostly),
-        gxe.ExpectColumnValuesToMatchRegex(column=dl.caption_col, regex=r"\S", mostly=mostly),
-        gxe.ExpectColumnValueLengthsToBeBetween(column=dl.caption_col, min_value=1,
+        gxe.ExpectColumnValuesToMatchRegex(column=url_col, regex=URL_PATTERN, mostly=mostly),
+        gxe.ExpectColumnValuesToBeUnique(column=url_col, mostly=mostly),
+        gxe.ExpectColumnValuesToMatchRegex(column=caption_col, regex=r"\S", mostly=mostly),
+        gxe.ExpectColumnValueLengthsToBeBetween(column=caption_col, min_value=1,
                                                 max_value=val.max_caption_chars, mostly=mostly),
     ]
+
+
+# The exact counts: (column of the aggregates' row, SQL condition a breaking row meets). {url} and {caption} are
+# the quoted columns; a URL repeated by an earlier row is counted from the manifest's duplicates table.
+_BREAKING = {
+    "bad_url_rows": "NOT regexp_full_match({url}, $pattern)",
+    "empty_caption_rows": "NOT regexp_matches({caption}, '\\S')",
+    "long_caption_rows": "length({caption}) > $longest",
+}
+
+
+@dataclass
+class ManifestFacts:
+    """What the engine found in one pass of queries: the exact counts (one row), examples of breaking rows, and
+    the sample the row-level expectations check."""
+
+    aggregates: pd.DataFrame
+    counts: dict[str, int]
+    examples: dict[str, list[Any]]
+    sample: pd.DataFrame
+    sample_is_everything: bool
+
+
+def manifest_facts(manifest: RunManifest, config: CloobConfig) -> ManifestFacts:
+    val = config.validation
+    locations = [storage.join(manifest.location, part.name) for part in manifest.parts]
+    url, caption = engine.quoted(manifest.url_col), engine.quoted(manifest.caption_col)
+    conditions = {name: sql.format(url=url, caption=caption) for name, sql in _BREAKING.items()}
+    rows = len(manifest)
+    counts = {name: 0 for name in conditions}
+    examples: dict[str, list[Any]] = {name: [] for name in [*conditions, "duplicate_url_rows"]}
+    sample = pd.DataFrame({manifest.url_col: pd.Series([], dtype=str), manifest.caption_col: pd.Series([], dtype=str)})
+    with engine.connect(config.engine, locations) as db:
+        if locations:
+            scan = "read_parquet($parts, union_by_name = true)"
+            parameters = {"pattern": URL_PATTERN, "longest": val.max_caption_chars, "parts": locations}
+            counted = ", ".join(f"count(*) FILTER (WHERE {sql}) AS {name}" for name, sql in conditions.items())
+            found = db.execute(*_bound(f"SELECT {counted} FROM {scan}", parameters)).fetchone()
+            counts = dict(zip(conditions, map(int, found), strict=True))
+            for name, sql in conditions.items():
+                if counts[name]:
+                    shown = url if name == "bad_url_rows" else caption
+                    examples[name] = [value for (value,) in db.execute(
+                        *_bound(f"SELECT {shown} FROM {scan} WHERE {sql} LIMIT 5", parameters)).fetchall()]
+            picked = "" if rows <= val.manifest_sample else \
+                f"ORDER BY hash({url}, {caption}) LIMIT {val.manifest_sample}"
+            sample = db.execute(f"SELECT {url}, {caption} FROM {scan} {picked}", {"parts": locations}).df()
+        if manifest.duplicate_rows:
+            first = db.execute("SELECT row FROM read_parquet($dups) LIMIT 5",
+                               {"dups": storage.join(manifest.location, DUPLICATES_NAME)}).fetchall()
+            examples["duplicate_url_rows"] = [row.url for row in manifest.rows(sorted(r for (r,) in first))]
+    counts["duplicate_url_rows"] = manifest.duplicate_rows
+    table = {"rows": rows, **{name.replace("_rows", "_fraction"): (value / rows if rows else 0.0)
+                              for name, value in counts.items()}}
+    examples = {name.replace("_rows", "_fraction"): values for name, values in examples.items()}
+    counts = {name.replace("_rows", "_fraction"): value for name, value in counts.items()}
+    return ManifestFacts(pd.DataFrame([table]), counts, examples, sample, rows <= val.manifest_sample)
+
+
+def _bound(query: str, parameters: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """``query`` with the parameters it names (DuckDB refuses any it does not use)."""
+    return query, {name: value for name, value in parameters.items() if f"${name}" in query}
+
+
+def aggregate_expectations(gxe: Any, config: CloobConfig) -> list[Any]:
+    val = config.validation
+    bound = val.max_bad_row_fraction
+    return [gxe.ExpectColumnValuesToBeBetween(column="rows", min_value=val.min_rows),
+            *(gxe.ExpectColumnValuesToBeBetween(column=column, max_value=bound) for column in (
+                "bad_url_fraction", "duplicate_url_fraction", "empty_caption_fraction", "long_caption_fraction"))]
 
 
 def _picked(key: str, fraction: float) -> bool:
@@ -262,11 +342,24 @@ def run_gate(config: CloobConfig, *, manifest: str | None = None, shards: str | 
     report = GateReport()
     redactor = Redactor.of(config.download.redact_query_params)
     if manifest:
-        dl = config.download
-        frame = read_manifest(manifest, dl.url_col, dl.caption_col, dl.input_format)
-        checks, raw = _validate(context, gx, "manifest", frame, manifest_expectations(gxe, config), redactor)
+        with opened(manifest, config) as run_manifest:
+            facts = manifest_facts(run_manifest, config)
+            expectations = manifest_expectations(gxe, config, run_manifest.url_col, run_manifest.caption_col)
+        checks, raw = _validate(context, gx, "manifest", facts.aggregates, aggregate_expectations(gxe, config),
+                                redactor)
+        for check in checks:  # the manifest's rows that break it, not the one row of counts
+            if check.column in facts.counts:
+                count = facts.counts[check.column]
+                check.unexpected = count or None
+                check.observed = f"{count} of {len(run_manifest)} rows"
+                check.examples = redactor.value(facts.examples.get(check.column, []))
         report.checks += checks
         report.raw["manifest"] = raw
+        checks, raw = _validate(context, gx, "manifest_rows", facts.sample, expectations, redactor)
+        for check in checks:
+            check.decides = facts.sample_is_everything
+        report.checks += checks
+        report.raw["manifest_rows"] = raw
     if shards:
         per_shard, totals = shard_table(shards, config)
         shard_checks, total_checks = shard_expectations(gxe, config)

@@ -142,9 +142,11 @@ class ShardRecord:
                    image_sides=data.get("image_sides", {}), tar_bytes=data.get("tar_bytes", 0))
 
 
-def read_records(folder: str) -> list[ShardRecord]:
-    """Every completed shard's record in ``folder``, by shard then round (read in parallel: on S3 each is a GET)."""
-    names = [n for n in storage.list_names(folder, STATS_SUFFIX) if parse_shard_name(n[: -len(STATS_SUFFIX)])]
+def read_records(folder: str, owned: Callable[[int], bool] | None = None) -> list[ShardRecord]:
+    """Every completed shard's record in ``folder`` (with ``owned``, those of the shards it accepts: a partition
+    reads its own), by shard then round (read in parallel: on S3 each is a GET)."""
+    names = [n for n in storage.list_names(folder, STATS_SUFFIX)
+             if (parsed := parse_shard_name(n[: -len(STATS_SUFFIX)])) and (owned is None or owned(parsed[0]))]
 
     def read(name: str) -> ShardRecord:
         return ShardRecord.from_json(storage.read_json(storage.join(folder, name)))

@@ -29,7 +29,6 @@ from cloob_core.errors import StageError
 from cloob_core.io import read_json
 
 log = logging.getLogger(__name__)
-MANIFEST = "manifest.parquet"
 Params = dict[str, Any] | str  # a params.yaml as a mapping (KFP's struct parameter) or as its text
 
 
@@ -51,13 +50,11 @@ def acquire(params: Params, manifest_dir: str, store: str) -> dict[str, Any]:
     """The manifest, and the folder of ``store`` its shards are built in and read from (named by what decides
     their content: a rerun on the same rows resumes or reuses it); row count, source and that folder."""
     from cloob_core.data.acquire import acquire as acquire_stage
-    from cloob_core.data.manifest import Manifest
     from cloob_core.data.plan import shards_folder
 
     config = _config(params)
     result = acquire_stage(config, manifest_dir)
-    dl = config.download
-    shards = shards_folder(store, Manifest.load(result.manifest, dl.url_col, dl.caption_col), config)
+    shards = shards_folder(store, result.source, config)
     log.info("acquired %d rows from %s: %s; its shards: %s", result.rows, result.source, result.manifest, shards)
     return {"rows": result.rows, "source": result.source, "shards": shards}
 
@@ -67,7 +64,7 @@ def validate(params: Params, report_dir: str, manifest_dir: str | None = None,
     """The gate; a failure raises :class:`~cloob_core.data.validate.GateFailed`, so the run stops here."""
     from cloob_core.data.validate import run_gate
 
-    report = run_gate(_config(params), manifest=str(Path(manifest_dir) / MANIFEST) if manifest_dir else None,
+    report = run_gate(_config(params), manifest=manifest_dir,
                       shards=shards_dir, report_dir=report_dir)
     log.info("%s", report.text())
     return {"passed": report.passed, "checks": len(report.checks)}
@@ -80,7 +77,7 @@ def download(params: Params, manifest_dir: str, partition: str, shards: str) -> 
     from cloob_core.data.manifest import Partition
     from cloob_core.data.summary import format_summary
 
-    result = download_stage(str(Path(manifest_dir) / MANIFEST), shards, _config(params),
+    result = download_stage(manifest_dir, shards, _config(params),
                             partition=Partition.parse(partition), progress=False)
     log.info("partition %s: %s", partition, format_summary(result.summary))
     stats = result.summary.stats
