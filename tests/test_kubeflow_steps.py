@@ -22,7 +22,7 @@ def test_the_data_steps_build_the_shards_in_one_folder_named_by_their_content(tm
     assert facts == {"rows": 1000, "source": "packaged mnist (test split)"}
     assert Path(shards).parent == Path(store) and Path(shards).name.startswith("shards-")
     gate = kubeflow.validate(PARAMS, str(tmp_path / "gate"), manifest_dir=str(tmp_path / "manifest"))
-    assert gate["passed"] and gate["checks"] == 5
+    assert gate["passed"] and gate["checks"] == 9  # 5 exact counts, 4 row-level expectations
     parts = [kubeflow.download(PARAMS, str(tmp_path / "manifest"), f"{i}/2", shards) for i in (1, 0)]
     assert parts[0] == {"partition": "1/2", "rows": 500, "successes": 500, "shards_built": 1, "shards_resumed": 0}
     assert kubeflow.merge_partitions(shards, parts) == {"samples": 1000, "shards": 2, "failures": 0}
@@ -53,7 +53,7 @@ def test_a_failing_gate_raises_its_report_and_a_bad_configuration_its_key(tmp_pa
     (tmp_path / "manifest").mkdir()
     kubeflow.acquire(PARAMS, str(tmp_path / "manifest"), str(tmp_path / "store"))
     strict = json.dumps({**PARAMS, "validation": {"min_rows": 5000}})  # as the run parameter arrives: text
-    with pytest.raises(GateFailed, match="data gate FAILED: 1 of 5 checks") as failed:
+    with pytest.raises(GateFailed, match="data gate FAILED: 1 of 9 checks") as failed:
         kubeflow.validate(strict, str(tmp_path / "gate"), manifest_dir=str(tmp_path / "manifest"))
     assert "FAIL manifest: expect_table_row_count_to_be_between" in failed.value.details
     assert json.loads((tmp_path / "gate" / "gate.json").read_text())["passed"] is False  # the report is kept

@@ -96,7 +96,7 @@ def test_a_dead_holders_lease_is_taken_over_and_that_is_logged(capsys, caplog, t
         done = cli(capsys, "data", "acquire", "--output", output)
     assert done.code == 0, done.err
     assert f"pid {holder.pid}" in caplog.text and "ended without releasing it" in caplog.text
-    assert (output / "manifest.parquet").is_file() and not list(output.glob(".cloob-lease*"))
+    assert (output / "_manifest.json").is_file() and not list(output.glob(".cloob-lease*"))
 
 
 def test_an_s3_download_partition_is_leased_and_a_dead_holder_is_taken_over(capsys, caplog, tmp_path, s3_bucket):
