@@ -11,11 +11,10 @@ import pytest
 from image_server import bomb_png, photo_bytes
 from PIL import Image
 
-from cloob_core.config import load_config
+from cloob_core.config import CloobConfig, load_config
+from cloob_core.data.acquire import acquire_into
 from cloob_core.data.fetch import address_refusal, opted_out
 from cloob_core.data.imaging import caption_refusal, process_image
-from cloob_core.config import CloobConfig
-from cloob_core.data.acquire import acquire_into
 from cloob_core.data.manifest import ManifestError, Partition, read_manifest
 from cloob_core.data.run_manifest import RunManifest
 
