@@ -145,7 +145,9 @@ def test_each_repeated_url_points_at_its_first_row(tmp_path):
 
 def test_partition_parsing_and_ownership():
     part = Partition.parse("1/3")
-    assert [k for k in range(7) if part.owns(k)] == [1, 4]
+    assert part.shards(7) == range(2, 4)  # contiguous ranges that tile the shards in order
+    assert [list(Partition(i, 3).shards(7)) for i in range(3)] == [[0, 1], [2, 3], [4, 5, 6]]
+    assert [len(Partition(i, 4).shards(2)) for i in range(4)] == [0, 1, 0, 1]  # more partitions than shards
     for bad in ("3/3", "1", "a/b", "0/0"):
         with pytest.raises(ManifestError):
             Partition.parse(bad)

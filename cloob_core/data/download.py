@@ -83,21 +83,17 @@ class DownloadResult:
     partition: Partition = field(default_factory=Partition)
 
 
-@contextlib.contextmanager
-def _owned_staging(output: str, partition: Partition) -> Iterator[str]:
-    """The owner token for this run's staging names, held exclusively (the partition's lease on the folder,
-    :mod:`cloob_core.lease`) while the run lasts; what an earlier, killed run of the same partition left half
-    written (staging tars, temporaries of its shards' records) is removed. (On S3 the staging lies in a private
-    temporary folder, and an S3 object appears only whole.)"""
-    token = f"p{partition.index}of{partition.count}"
-    with lease.writing(output, token, f"partition {partition.index}/{partition.count} of {output}"):
-        if not storage.is_s3(output):
-            for path in Path(output).glob(".*.tmp"):  # staging tars and half-written records of its shards
-                shard = parse_shard_name(re.split(r"[._]", path.name[1:], maxsplit=1)[0])  # .NAME.tar…, .NAME_stats…
-                if shard is not None and partition.owns(shard[0]):
-                    log.info("removing %s left by an interrupted run", path.name)
-                    path.unlink(missing_ok=True)
-        yield token
+def _remove_leftovers(output: str, owned: range) -> None:
+    """What an earlier, killed run of the same partition left half written in a local folder: staging tars and
+    temporaries of its shards' records. (On S3 the staging lies in a private temporary folder, and an S3 object
+    appears only whole.)"""
+    if storage.is_s3(output):
+        return
+    for path in Path(output).glob(".*.tmp"):
+        shard = parse_shard_name(re.split(r"[._]", path.name[1:], maxsplit=1)[0])  # .NAME.tar…, .NAME_stats…
+        if shard is not None and shard[0] in owned:
+            log.info("removing %s left by an interrupted run", path.name)
+            path.unlink(missing_ok=True)
 
 
 class _Progress:
@@ -230,13 +226,17 @@ def download(
     partition = partition or Partition()
     dl = config.download
     storage.ensure_folder(output)
-    with _owned_staging(output, partition) as owner, opened(manifest, config) as manifest:
+    owner = f"p{partition.index}of{partition.count}"  # the partition's lease, and its staging names' mark
+    with lease.writing(output, owner, f"partition {partition.index}/{partition.count} of {output}"), \
+            opened(manifest, config) as manifest:
+        owned = partition.shards(manifest.shard_count(config.preprocess.shard_size))
+        _remove_leftovers(output, owned)
         if source is None:
             source = packaged_source(manifest.packaged) if manifest.all_packaged else \
                 HttpSource(FetchPolicy.from_config(dl))
         check_settings(output, settings_of(manifest, config))
-        records = read_records(output, partition.owns)
-        round_, plan = _round_and_plan(manifest, output, records, partition, retry_failed,
+        records = read_records(output, owned.__contains__)
+        round_, plan = _round_and_plan(manifest, output, records, partition, owned, retry_failed,
                                        config.preprocess.shard_size)
         skipped = sum(1 for r in records if r.round == round_)
         if skipped:
@@ -244,22 +244,23 @@ def download(
         done = _build_planned(manifest, output, config, records, round_, plan, source=source, progress=progress,
                               complete_before=skipped, owner=owner)
     # one partition: the whole output's files; else this partition's view (`cloob data merge-stats` merges them)
-    summary = merge_stats(output) if partition.count == 1 else summarize(output, read_records(output, partition.owns))
+    summary = merge_stats(output) if partition.count == 1 else \
+        summarize(output, read_records(output, owned.__contains__))
     push_download_summary(dl.pushgateway, summary.stats, f"{partition.index}-{partition.count}")
     return DownloadResult(output, summary, done, skipped, time.monotonic() - started, partition)
 
 
 def _round_and_plan(manifest: RunManifest, output: str, records: list[ShardRecord], partition: Partition,
-                    retry_failed: bool, shard_size: int) -> tuple[int, Plan]:
+                    owned: range, retry_failed: bool, shard_size: int) -> tuple[int, Plan]:
     """The first pass, or with ``retry_failed`` the retry round to run (recorded, so a killed round resumes)."""
     if not retry_failed:
-        return 0, plan_round(manifest, output, records, partition, 0, shard_size)
-    missing = plan_round(manifest, output, records, partition, 0, shard_size)
+        return 0, plan_round(manifest, output, records, owned, 0, shard_size)
+    missing = plan_round(manifest, output, records, owned, 0, shard_size)
     if missing:
         raise ManifestError(f"{len(missing)} shard(s) of the first pass are not complete yet; re-run without "
                             "--retry-failed to finish them, then retry")
     round_ = retry_round(output, partition, records)
-    plan = plan_round(manifest, output, records, partition, round_, shard_size)
+    plan = plan_round(manifest, output, records, owned, round_, shard_size)
     if not plan:
         log.info("nothing to retry: no failed rows other than duplicates")
         return round_, plan

@@ -52,7 +52,8 @@ class ManifestRow:
 
 @dataclass(frozen=True)
 class Partition:
-    """The ``index``-th of ``count`` disjoint parts; shard ``k`` belongs to part ``k % count``."""
+    """The ``index``-th of ``count`` contiguous ranges of the shards (a download pod's share: its shards lie in one
+    or two parts of the manifest, so it reads few files)."""
 
     index: int = 0
     count: int = 1
@@ -67,8 +68,9 @@ class Partition:
             raise ManifestError(f"--partition {text}: need 0 <= i < n")
         return cls(index, count)
 
-    def owns(self, shard: int) -> bool:
-        return shard % self.count == self.index
+    def shards(self, total: int) -> range:
+        """Its shards among ``total``: ``[⌊i·total/n⌋, ⌊(i+1)·total/n⌋)``, so the ranges tile them in order."""
+        return range(self.index * total // self.count, (self.index + 1) * total // self.count)
 
     @property
     def suffix(self) -> str:

@@ -21,20 +21,21 @@ from cloob_core.io import json_bytes
 Plan = list[tuple[str, int, Sequence[int]]]  # (shard name, base shard, manifest rows) still to build
 
 
-def plan_round(manifest: RunManifest, output: str, records: list[ShardRecord], partition: Partition,
-               round_: int, shard_size: int) -> Plan:
-    """(name, base shard, rows) for each shard still to do in this round; from the manifest's index alone."""
+def plan_round(manifest: RunManifest, output: str, records: list[ShardRecord], owned: range, round_: int,
+               shard_size: int) -> Plan:
+    """(name, base shard, rows) for each of the ``owned`` shards still to do in this round; from the manifest's
+    index alone."""
     done = {r.name for r in records}
     plan: Plan = []
     if round_ == 0:
         for shard in manifest.shards(shard_size):
-            if partition.owns(shard.number) and shard_name(shard.number) not in done:
+            if shard.number in owned and shard_name(shard.number) not in done:
                 plan.append((shard_name(shard.number), shard.number,
                              range(shard.first_row, shard.first_row + shard.rows)))
         return plan
     failed = latest_failures(output, records)
     for shard in sorted(failed):
-        if not partition.owns(shard) or shard_name(shard, round_) in done:
+        if shard not in owned or shard_name(shard, round_) in done:
             continue
         rows = sorted(entry["row"] for entry in failed[shard].values() if entry["reason"] not in NOT_RETRIED)
         if rows:

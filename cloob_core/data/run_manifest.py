@@ -70,6 +70,7 @@ class RunManifest:
     parts: tuple[ManifestPart, ...]
     duplicate_rows: int = 0
     _open: dict[int, Any] = field(default_factory=dict, compare=False, repr=False)
+    _last_read: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def open(cls, location: str) -> RunManifest:
@@ -159,7 +160,7 @@ class RunManifest:
         for size in part.row_groups:
             group_starts.append(group_starts[-1] + size)
         wanted = sorted({_group_of(group_starts, p) for p in positions})
-        table = self._parquet(index).read_row_groups(wanted)
+        table = self._row_groups(index, wanted)
         first_of = {group: sum(part.row_groups[g] for g in wanted if g < group) for group in wanted}
         take = [first_of[g] + p - group_starts[g] for p in positions for g in (_group_of(group_starts, p),)]
         table = table.take(pa.array(take, pa.int64()))
@@ -168,6 +169,14 @@ class RunManifest:
         extra_values = {name: table.column(name).to_pylist() for name in extras}
         return [ManifestRow(base + p, urls[i], captions[i], {name: jsonable(extra_values[name][i]) for name in extras})
                 for i, p in enumerate(positions)]
+
+    def _row_groups(self, index: int, wanted: list[int]) -> pa.Table:
+        """Row groups ``wanted`` of part ``index``; the last ones read are kept, since consecutive shards
+        smaller than a row group share it."""
+        key = (index, tuple(wanted))
+        if self._last_read.get("key") != key:
+            self._last_read.update(key=key, table=self._parquet(index).read_row_groups(wanted))
+        return self._last_read["table"]
 
     def _parquet(self, index: int) -> Any:
         """The open parquet reader of part ``index``; one part open at a time (a partition reads in order)."""
@@ -195,6 +204,7 @@ class RunManifest:
         for handle in self._open.values():
             handle.close()
         self._open.clear()
+        self._last_read.clear()
 
 
 def _group_of(group_starts: list[int], position: int) -> int:
