@@ -16,11 +16,13 @@ from components.images import CPU_IMAGE, CUDA_IMAGE
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
 def acquire(params: str, store: str, manifest: Output[Dataset]) -> str:
-    """The run's image-text pairs as one manifest (acquire.source: the packaged captioned default, or a
-    manifest); returns the folder of ``store`` their shards are built in."""
+    """The run's image-text pairs as the run manifest in ``store`` (acquire.source: the packaged captioned default,
+    or a manifest file or folder of parts). The artifact holds its index, and in its metadata where the manifest
+    and its shards lie (passed by location: the launcher would copy an artifact into every pod). Returns the
+    shards' folder."""
     from cloob_core.ops import kubeflow
 
-    facts = kubeflow.acquire(params, manifest.path, store)
+    facts = kubeflow.acquire(params, store, index_path=manifest.path)
     manifest.metadata.update(facts)
     return facts["shards"]
 
@@ -30,17 +32,25 @@ def validate_manifest(params: str, manifest: Input[Dataset], report: Output[Data
     """The data gate on the manifest: fails the task (and stops the run) when an expectation fails."""
     from cloob_core.ops import kubeflow
 
-    report.metadata.update(kubeflow.validate(params, report.path, manifest_dir=manifest.path))
+    report.metadata.update(kubeflow.validate(params, report.path, manifest=manifest.metadata["manifest"]))
+
+
+@dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
+def plan_download(params: str, manifest: Input[Dataset], most: int) -> list:
+    """The download loop's items: at most ``most`` (and 256) partitions I/N, each a contiguous range of shards."""
+    from cloob_core.ops import kubeflow
+
+    return kubeflow.plan_download(params, manifest.metadata["manifest"], most)
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
 def download_partition(params: str, manifest: Input[Dataset], partition: str) -> dict:
-    """Part I/N of the shards (shard k belongs to part k % N) into the folder named in the manifest's metadata
-    (so the two cannot disagree), which all parts share; resumable, so a retry or a rerun continues. Returns
-    its counts."""
+    """Part I/N of the shards (a contiguous range) into the folder named in the manifest's metadata (so the two
+    cannot disagree), which all parts share; reads only its row groups of the manifest; resumable, so a retry or
+    a rerun continues. Returns its counts."""
     from cloob_core.ops import kubeflow
 
-    return kubeflow.download(params, manifest.path, partition, manifest.metadata["shards"])
+    return kubeflow.download(params, manifest.metadata["manifest"], partition, manifest.metadata["shards"])
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)

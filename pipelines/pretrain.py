@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 from kfp import dsl, kubernetes
 
-from cloob_core.ops.cluster import ClusterSettings
+from cloob_core.ops.cluster import MAX_DOWNLOAD_GROUPS, ClusterSettings
 from cloob_core.ops.trainjob import PART_OF
 from components import steps
 from components.images import CUDA_IMAGE
@@ -19,10 +19,6 @@ from components.images import CUDA_IMAGE
 # The repository's params.yaml as the run parameter's default, as one line of JSON (JSON is YAML): a multi-line
 # default breaks the comment header the compiler writes, and a struct parameter cannot hold nulls.
 DEFAULT_PARAMS = json.dumps(yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text("utf-8")))
-
-
-def partition_names(count: int) -> list[str]:
-    return [f"{i}/{count}" for i in range(count)]
 
 
 def with_s3_credentials(task: dsl.PipelineTask, secret: str | None) -> dsl.PipelineTask:
@@ -77,7 +73,15 @@ def build(settings: ClusterSettings | None = None):
         shards = acquired.outputs["Output"]
         gate = with_s3_credentials(steps.validate_manifest(params=params, manifest=acquired.outputs["manifest"]),
                                    settings.s3_secret)
-        with dsl.ParallelFor(items=partition_names(settings.partitions), parallelism=settings.partitions) as part:
+        # the loop's items are planned at run time from the manifest's index: at most 256 contiguous ranges of
+        # shards, so Argo's node status stays far below etcd's object limit whatever the data (docs/kubernetes.md)
+        planned = with_s3_credentials(steps.plan_download(params=params, manifest=acquired.outputs["manifest"],
+                                                          most=min(settings.partitions, MAX_DOWNLOAD_GROUPS)),
+                                      settings.s3_secret)
+        planned.after(gate)
+        planned.set_caching_options(False)
+        with dsl.ParallelFor(items=planned.output,
+                             parallelism=min(settings.download_parallelism, settings.partitions)) as part:
             downloaded = steps.download_partition(params=params, manifest=acquired.outputs["manifest"],
                                                   partition=part)
             downloaded.after(gate)

@@ -23,7 +23,8 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:.*have no effect in the current local runner:UserWarning"),
     pytest.mark.filterwarnings("ignore:This client only works with Kubeflow Pipeline:FutureWarning"),
 ]
-STAGES = {"acquire", "validate-manifest", "download-partition", "merge-shards", "validate-shards", "train",
+STAGES = {"acquire", "validate-manifest", "plan-download", "download-partition", "merge-shards", "validate-shards",
+          "train",
           "plan-evaluation", "prepare-features", "evaluate", "collect-dataset", "report", "promote"}
 
 
@@ -52,10 +53,12 @@ def test_every_stage_is_present_and_the_gates_come_first(compiled):
     assert set(tasks["train"]["dependentTasks"]) >= {"validate-shards", "merge-shards"}  # the shard gate first
     assert "report" in tasks["promote"]["dependentTasks"] and "train" in tasks["promote"]["dependentTasks"]
     loop = next(task for task in spec["root"]["dag"]["tasks"].values()
-                if "raw" in task.get("parameterIterator", {}).get("items", {}))
-    assert "validate-manifest" in loop["dependentTasks"]  # the manifest gate before any download
+                if "plan-download" in task.get("parameterIterator", {}).get("items", {}).get("inputParameter", ""))
+    assert {"validate-manifest", "plan-download"} <= set(loop["dependentTasks"])  # the gate before any download
+    assert "validate-manifest" in tasks["plan-download"]["dependentTasks"]
     assert loop["iteratorPolicy"]["parallelismLimit"] == 3
-    assert json.loads(loop["parameterIterator"]["items"]["raw"]) == ["0/3", "1/3", "2/3"]
+    # the items are the planning step's, at run time: at most --partitions (3 here) ranges of shards
+    assert tasks["plan-download"]["inputs"]["parameters"]["most"]["runtimeValue"]["constant"] == 3
     assert tasks["download-partition"]["retryPolicy"]["maxRetryCount"] == 3
     # the partitions write into one folder, the acquire step's answer; the merge waits for all of them
     shards = {"taskOutputParameter": {"outputParameterKey": "Output", "producerTask": "acquire"}}
@@ -69,6 +72,15 @@ def test_every_stage_is_present_and_the_gates_come_first(compiled):
     assert tasks["train"]["cachingOptions"] == {} or "enableCache" not in tasks["train"]["cachingOptions"]
 
 
+def test_the_download_loop_holds_at_most_256_iterations_however_wide_the_fan_out_asked(tmp_path):
+    spec = compile_with(tmp_path, "--partitions", "1000", "--download-parallelism", "64")["spec"]
+    tasks = tasks_of(spec)
+    assert tasks["plan-download"]["inputs"]["parameters"]["most"]["runtimeValue"]["constant"] == 256
+    loop = next(task for task in spec["root"]["dag"]["tasks"].values() if "parameterIterator" in task
+                and "plan-download" in task["parameterIterator"]["items"].get("inputParameter", ""))
+    assert loop["iteratorPolicy"]["parallelismLimit"] == 64
+
+
 def test_training_runs_on_gpu_nodes_with_shared_memory_and_the_secret(compiled):
     spec, platform = compiled["spec"], compiled["platform"]
     resources = spec["deploymentSpec"]["executors"]["exec-train"]["container"]["resources"]
@@ -79,7 +91,8 @@ def test_training_runs_on_gpu_nodes_with_shared_memory_and_the_secret(compiled):
     assert train["emptyDirMounts"] == [{"medium": "Memory", "mountPath": "/dev/shm", "sizeLimit": "16Gi",
                                         "volumeName": "dshm"}]
     assert train["tolerations"][0]["key"] == "nvidia.com/gpu" and train["nodeSelector"]["labels"] == {"pool": "a100"}
-    for executor in ("exec-acquire", "exec-download-partition", "exec-merge-shards", "exec-validate-shards",
+    for executor in ("exec-acquire", "exec-plan-download", "exec-download-partition", "exec-merge-shards",
+                     "exec-validate-shards",
                      "exec-train", "exec-plan-evaluation", "exec-prepare-features", "exec-evaluate", "exec-promote"):
         mapped = {entry["envVar"] for entry in platform[executor]["secretAsEnv"][0]["keyToEnv"]}
         assert mapped == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL"}
@@ -110,15 +123,24 @@ def test_no_step_copies_the_shards_into_its_pod(tmp_path):
 
 @pytest.mark.slow  # ~2.5 minutes: CI runs it (.ci/run), the default suite does not
 def test_kfp_local_runs_the_whole_pipeline_on_the_packaged_default(tmp_path, s3_bucket):
-    """With the shards on S3 (a real server on loopback): the partitions write there, the gate and training
-    stream them from there."""
+    """With the manifest a folder of parquet parts on S3 and the shards on S3 (a real server on loopback): the
+    partitions read their row groups and write there, the gate and training stream the shards from there."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
     from kfp import local
 
     from cloob_core import storage
+    from cloob_core.data.sources import packaged_frame
     from cloob_core.ops.cluster import ClusterSettings
     from pipelines.pretrain import DEFAULT_PARAMS, build, build_evaluation
 
+    pairs, _ = packaged_frame("captioned", "train")  # the default's rows, as a crawl's folder of parts
+    for index, start in enumerate(range(0, len(pairs), 768)):  # 3 parts of whole shards: the default's 8
+        sink = pa.BufferOutputStream()
+        pq.write_table(pa.Table.from_pandas(pairs.iloc[start:start + 768], preserve_index=False), sink)
+        storage.write_bytes(f"s3://{s3_bucket}/crawl/part-{index:05d}.parquet", sink.getvalue().to_pybytes())
     params = json.loads(DEFAULT_PARAMS)
+    params["acquire"]["source"] = f"s3://{s3_bucket}/crawl"
     params["train"]["epochs"] = 3.0  # CI time
     params["promote"]["store"] = str(tmp_path / "store")
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "root"))

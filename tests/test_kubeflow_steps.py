@@ -17,24 +17,35 @@ PARAMS = {"acquire": {"source": "mnist", "split": "test"}, "preprocess": {"resiz
 
 def test_the_data_steps_build_the_shards_in_one_folder_named_by_their_content(tmp_path):
     store = str(tmp_path / "store")
-    facts = kubeflow.acquire(PARAMS, str(tmp_path / "manifest"), store)
-    shards = facts.pop("shards")
-    assert facts == {"rows": 1000, "source": "packaged mnist (test split)"}
-    assert Path(shards).parent == Path(store) and Path(shards).name.startswith("shards-")
-    gate = kubeflow.validate(PARAMS, str(tmp_path / "gate"), manifest_dir=str(tmp_path / "manifest"))
+    facts = kubeflow.acquire(PARAMS, store, index_path=str(tmp_path / "artifact" / "index.json"))
+    manifest, shards = facts.pop("manifest"), facts.pop("shards")
+    assert facts == {"rows": 1000, "parts": 1, "source": "packaged mnist (test split)"}
+    assert json.loads((tmp_path / "artifact" / "index.json").read_text())["rows"] == 1000  # the artifact: the index
+    for folder, prefix in ((manifest, "manifest-"), (shards, "shards-")):
+        assert Path(folder).parent == Path(store) and Path(folder).name.startswith(prefix)
+    gate = kubeflow.validate(PARAMS, str(tmp_path / "gate"), manifest=manifest)
     assert gate["passed"] and gate["checks"] == 9  # 5 exact counts, 4 row-level expectations
-    parts = [kubeflow.download(PARAMS, str(tmp_path / "manifest"), f"{i}/2", shards) for i in (1, 0)]
+    assert kubeflow.plan_download(PARAMS, manifest, 2) == ["0/2", "1/2"]
+    assert kubeflow.plan_download(PARAMS, manifest, 1000) == ["0/2", "1/2"]  # no more groups than shards
+    parts = [kubeflow.download(PARAMS, manifest, f"{i}/2", shards) for i in (1, 0)]
     assert parts[0] == {"partition": "1/2", "rows": 500, "successes": 500, "shards_built": 1, "shards_resumed": 0}
     assert kubeflow.merge_partitions(shards, parts) == {"samples": 1000, "shards": 2, "failures": 0}
     assert json.loads((Path(shards) / "sizes.json").read_text()) == {"00000.tar": 500, "00001.tar": 500}
     assert kubeflow.validate(PARAMS, str(tmp_path / "gate2"), shards_dir=shards)["passed"]
 
-    # The same rows and settings name the same folder (a rerun resumes it); settings that change the shards, another.
-    again = kubeflow.acquire(PARAMS, str(tmp_path / "manifest2"), store)["shards"]
-    assert again == shards
-    assert kubeflow.download(PARAMS, str(tmp_path / "manifest2"), "0/2", again)["shards_resumed"] == 1
+    # The same source and settings name the same folders (a rerun resumes); settings that change the shards, another.
+    again = kubeflow.acquire(PARAMS, store)
+    assert (again["manifest"], again["shards"]) == (manifest, shards)
+    assert kubeflow.download(PARAMS, manifest, "0/2", shards)["shards_resumed"] == 1
     resized = {**PARAMS, "preprocess": {"resize_mode": "center_crop", "image_size": 32}}
-    assert kubeflow.acquire(resized, str(tmp_path / "manifest3"), store)["shards"] != shards
+    assert kubeflow.acquire(resized, store)["shards"] != shards
+
+
+def test_the_download_loop_has_at_most_256_groups_whatever_the_shards(tmp_path):
+    params = {**PARAMS, "preprocess": {"shard_size": 1}}  # 1,000 shards
+    manifest = kubeflow.acquire(params, str(tmp_path / "store"))["manifest"]
+    groups = kubeflow.plan_download(params, manifest, 1000)
+    assert len(groups) == 256 and groups[0] == "0/256" and groups[-1] == "255/256"
 
 
 def test_an_acquired_manifest_reads_back_whatever_the_sources_format(tmp_path):
@@ -44,18 +55,17 @@ def test_an_acquired_manifest_reads_back_whatever_the_sources_format(tmp_path):
     source.write_text("".join(f"caption {i}\thttp://127.0.0.1:9/{i}.jpg\n" for i in range(3)))
     params = {"acquire": {"source": str(source)}, "download": {"input_format": "tsv"},
               "validation": {"min_rows": 1}}
-    facts = kubeflow.acquire(params, str(tmp_path / "manifest"), str(tmp_path / "store"))
+    facts = kubeflow.acquire(params, str(tmp_path / "store"))
     assert facts["rows"] == 3
-    assert kubeflow.validate(params, str(tmp_path / "gate"), manifest_dir=str(tmp_path / "manifest"))["checks"]
+    assert kubeflow.validate(params, str(tmp_path / "gate"), manifest=facts["manifest"])["checks"]
 
 
 def test_a_failing_gate_raises_its_report_and_a_bad_configuration_its_key(tmp_path):
-    (tmp_path / "manifest").mkdir()
-    kubeflow.acquire(PARAMS, str(tmp_path / "manifest"), str(tmp_path / "store"))
+    manifest = kubeflow.acquire(PARAMS, str(tmp_path / "store"))["manifest"]
     strict = json.dumps({**PARAMS, "validation": {"min_rows": 5000}})  # as the run parameter arrives: text
     with pytest.raises(GateFailed, match="data gate FAILED: 1 of 9 checks") as failed:
-        kubeflow.validate(strict, str(tmp_path / "gate"), manifest_dir=str(tmp_path / "manifest"))
-    assert "FAIL manifest: expect_table_row_count_to_be_between" in failed.value.details
+        kubeflow.validate(strict, str(tmp_path / "gate"), manifest=manifest)
+    assert "FAIL manifest: expect_column_values_to_be_between [rows] {'min_value': 5000.0}" in failed.value.details
     assert json.loads((tmp_path / "gate" / "gate.json").read_text())["passed"] is False  # the report is kept
     with pytest.raises(StageError, match=r"train\.batch_size"):
         kubeflow.train({"train": {"batch_size": 1}}, str(tmp_path / "shards"), str(tmp_path / "model"))

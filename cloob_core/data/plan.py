@@ -87,6 +87,13 @@ def shards_folder(store: str, source: str, config: CloobConfig) -> str:
     return storage.join(store, f"shards-{digest}")
 
 
+def manifest_folder(store: str, source: str, split: str) -> str:
+    """Where in ``store`` the run manifest of ``source`` lives: a folder named by the source, so that the next
+    acquire of a grown source keeps the unchanged parts it wrote before."""
+    digest = hashlib.sha256(json_bytes({"source": source, "split": split})).hexdigest()[:16]
+    return storage.join(store, f"manifest-{digest}")
+
+
 def check_settings(output: str, settings: dict[str, Any]) -> None:
     """Record ``settings`` in a new output. In an existing one, accept them when they equal the recorded ones, or
     when they add parts after the recorded parts (an incremental run: the extension is recorded)."""

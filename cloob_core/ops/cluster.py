@@ -10,6 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from cloob_core.config import ConfigError, describe
 
+MAX_DOWNLOAD_GROUPS = 256  # iterations of the download loop: Argo keeps every node's status in one etcd object
+
 
 class ClusterSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -17,7 +19,10 @@ class ClusterSettings(BaseModel):
     data: Literal["acquire", "import"] = Field(
         "acquire", description="acquire: build the shards in the run; import: train on shards already on S3, given "
         "as the run parameter shards_uri (e.g. a DVC worktree remote's data/shards)")
-    partitions: int = Field(2, ge=1, description="Download fan-out: parallel download tasks.")
+    partitions: int = Field(256, ge=1, description="Most download groups: the run's planning step cuts the shards "
+                            f"into min(this, {MAX_DOWNLOAD_GROUPS}, the shard count) contiguous ranges, one pod each.")
+    download_parallelism: int = Field(32, ge=1, description="Download pods running at once (the loop's "
+                                      "parallelism): size it to the nodes and the sites' politeness, not the data.")
     shards_store: str = Field(
         "s3://cloob/shards", min_length=1, description="Where the run builds its shards and its steps read them "
         "in place (never copied into a pod): an s3:// prefix on a cluster; one folder per manifest and settings.")

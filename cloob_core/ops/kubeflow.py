@@ -2,8 +2,10 @@
 stage function the ``cloob`` command calls, and fills KFP's typed artifacts from the stage's result object. A
 stage that fails raises its typed error, whose message is what the run shows.
 
-The shards are passed by location (an ``s3://`` prefix on a cluster), never as artifacts: the KFP launcher copies
-every input artifact into the pod before a step starts, which for CC3M-sized shards is hundreds of GB per step.
+The run manifest and the shards are passed by location (an ``s3://`` prefix on a cluster), never as artifacts: the
+KFP launcher copies every input artifact into the pod before a step starts, which for a LAION-sized manifest is tens
+of GB per download pod and for its shards hundreds of TB. The manifest's KFP artifact holds its index and, in its
+metadata, the two locations.
 The download partitions write into one folder, the merge only rebuilds its summary files there, and the gate and
 training stream the tars from where they lie.
 
@@ -46,39 +48,59 @@ def _config(params: Params, overrides: Sequence[str] = ()) -> CloobConfig:
     return config_from_text(_params_text(params), overrides, source="the run's params")
 
 
-def acquire(params: Params, manifest_dir: str, store: str) -> dict[str, Any]:
-    """The manifest, and the folder of ``store`` its shards are built in and read from (named by what decides
-    their content: a rerun on the same rows resumes or reuses it); row count, source and that folder."""
+def acquire(params: Params, store: str, index_path: str | None = None) -> dict[str, Any]:
+    """The run manifest, written to the folder of ``store`` named by its source (a later run of a grown source
+    reads only its new parts), and the folder its shards are built in (named by the source and the shaping
+    settings: a rerun resumes, a grown source adds shards); rows, parts, source and both locations. With
+    ``index_path``, a copy of the manifest's index is written there (the KFP artifact's content)."""
     from cloob_core.data.acquire import acquire as acquire_stage
-    from cloob_core.data.plan import shards_folder
+    from cloob_core.data.plan import manifest_folder, shards_folder
 
     config = _config(params)
-    result = acquire_stage(config, manifest_dir)
+    result = acquire_stage(config, manifest_folder(store, config.acquire.source, config.acquire.split))
     shards = shards_folder(store, result.source, config)
-    log.info("acquired %d rows from %s: %s; its shards: %s", result.rows, result.source, result.manifest, shards)
-    return {"rows": result.rows, "source": result.source, "shards": shards}
+    if index_path:
+        from cloob_core import storage
+        from cloob_core.data.run_manifest import INDEX_NAME
+
+        Path(index_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(index_path).write_bytes(storage.read_bytes(storage.join(result.manifest, INDEX_NAME)))
+    log.info("acquired %d rows in %d part(s) (%d unchanged) from %s: %s; its shards: %s", result.rows,
+             result.parts, result.parts_reused, result.source, result.manifest, shards)
+    return {"rows": result.rows, "parts": result.parts, "source": result.source, "manifest": result.manifest,
+            "shards": shards}
 
 
-def validate(params: Params, report_dir: str, manifest_dir: str | None = None,
+def validate(params: Params, report_dir: str, manifest: str | None = None,
              shards_dir: str | None = None) -> dict[str, Any]:
     """The gate; a failure raises :class:`~cloob_core.data.validate.GateFailed`, so the run stops here."""
     from cloob_core.data.validate import run_gate
 
-    report = run_gate(_config(params), manifest=manifest_dir,
-                      shards=shards_dir, report_dir=report_dir)
+    report = run_gate(_config(params), manifest=manifest, shards=shards_dir, report_dir=report_dir)
     log.info("%s", report.text())
     return {"passed": report.passed, "checks": len(report.checks)}
 
 
-def download(params: Params, manifest_dir: str, partition: str, shards: str) -> dict[str, Any]:
-    """One partition of the shards, written into the shared folder ``shards`` (partitions own disjoint shard
-    numbers); its counts."""
+def plan_download(params: Params, manifest: str, most: int) -> list[str]:
+    """The download fan-out: ``min(most, MAX_DOWNLOAD_GROUPS, shards)`` partitions, each a contiguous range of
+    shards, from the manifest's index alone. Decided here, at run time, because the shard count is the data's."""
+    from cloob_core.data.run_manifest import RunManifest
+    from cloob_core.ops.cluster import MAX_DOWNLOAD_GROUPS
+
+    shards = RunManifest.open(manifest).shard_count(_config(params).preprocess.shard_size)
+    count = max(1, min(most, MAX_DOWNLOAD_GROUPS, shards))
+    log.info("%d shards in %d download group(s)", shards, count)
+    return [f"{index}/{count}" for index in range(count)]
+
+
+def download(params: Params, manifest: str, partition: str, shards: str) -> dict[str, Any]:
+    """One partition of the shards, written into the shared folder ``shards`` (partitions own disjoint, contiguous
+    ranges of shards); its counts."""
     from cloob_core.data.download import download as download_stage
     from cloob_core.data.manifest import Partition
     from cloob_core.data.summary import format_summary
 
-    result = download_stage(manifest_dir, shards, _config(params),
-                            partition=Partition.parse(partition), progress=False)
+    result = download_stage(manifest, shards, _config(params), partition=Partition.parse(partition), progress=False)
     log.info("partition %s: %s", partition, format_summary(result.summary))
     stats = result.summary.stats
     return {"partition": partition, "rows": stats.get("rows", 0), "successes": stats.get("successes", 0),
