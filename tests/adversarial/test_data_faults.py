@@ -64,23 +64,23 @@ def test_a_download_deletes_neither_a_users_files_nor_another_partitions_staging
     out.mkdir()
     mine = out / ".notes.tmp"
     mine.write_text("the user's own notes")
-    theirs = out / ".00001.tar.p1of2.4242.tmp"  # partition 1/2, still writing
+    theirs = out / ".00002.tar.p1of2.4242.tmp"  # partition 1/2 (shards 2 and 3), still writing
     theirs.write_bytes(b"half a tar")
     left_by_a_killed_run = out / ".00000.tar.p0of2.77.tmp"
     left_by_a_killed_run.write_bytes(b"stale")
-    half_written_record = out / ".00002_stats.json.k1ll3d.tmp"  # killed mid-way through its atomic write
+    half_written_record = out / ".00001_stats.json.k1ll3d.tmp"  # killed mid-way through its atomic write
     half_written_record.write_bytes(b'{"name": "00002", "sha')
     their_record = out / ".00003_failures.jsonl.wr1t1ng.tmp"  # partition 1/2's, being written
     their_record.write_bytes(b"{}")
     with ImageServer() as server:
         urls = [server.url(f"/img/{i}.jpg") for i in range(8)]
         done = cli(capsys, "data", "download", "--manifest", manifest(tmp_path / "m.csv", urls), "--output", out,
-                   "--partition", "0/2", *FAST)
+                   "--partition", "0/2", "--shard-size", "2", *FAST)  # shards 0 and 1 of 4
     assert done.code == 0, done.err
     assert mine.read_text() == "the user's own notes" and theirs.read_bytes() == b"half a tar"
     assert not left_by_a_killed_run.exists() and not half_written_record.exists()  # its partition's leftovers go
     assert their_record.exists()
-    assert (out / "00000.tar").exists() and not (out / "00001.tar").exists()
+    assert (out / "00000.tar").exists() and (out / "00001.tar").exists() and not (out / "00002.tar").exists()
 
 
 def test_a_second_run_of_the_same_partition_is_refused_and_touches_nothing(capsys, tmp_path):
