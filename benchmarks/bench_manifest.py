@@ -50,7 +50,8 @@ from cloob_core.data.writer import read_records
 config = CloobConfig.model_validate({"preprocess": {"shard_size": 256}})
 manifest = RunManifest.open(sys.argv[1])
 settings_of(manifest, config)
-plan = plan_round(manifest, sys.argv[2], read_records(sys.argv[2], Partition(0, 1000).owns), Partition(0, 1000), 0,
+owned = Partition(0, 1000).shards(manifest.shard_count(256))
+plan = plan_round(manifest, sys.argv[2], read_records(sys.argv[2], owned.__contains__), owned, 0,
                   256)
 print(f"partition 0/1000: {len(plan)} shards, {sum(len(rows) for _, _, rows in plan)} rows")
 """

@@ -188,7 +188,7 @@ class AcquireConfig(_Section):
 class EngineConfig(_Section):
     """The out-of-core engine (DuckDB) of the manifest-wide steps: URL duplicates, the gate's aggregates."""
 
-    memory_limit: str = Field("1GB", description="Most memory the engine holds (DuckDB's memory_limit); beyond it "
+    memory_limit: str = Field("512MB", description="Most memory the engine holds (DuckDB's memory_limit); beyond it "
                               "it spills to spill_dir. Manifest-wide steps stay within this whatever the rows.")
     threads: int = Field(0, ge=0, description="Engine threads (0: DuckDB's default, one per core it may use).")
     spill_dir: str | None = Field(None, description="Local folder the engine spills to (null: a temporary folder); "
