@@ -16,7 +16,7 @@ from cloob_core.config import CloobConfig, load_config
 from cloob_core.data.acquire import acquire_into
 from cloob_core.data.fetch import address_refusal, opted_out
 from cloob_core.data.imaging import caption_refusal, process_image
-from cloob_core.data.manifest import ManifestError, Partition, read_manifest
+from cloob_core.data.manifest import ManifestError, Partition, list_parts, read_batches, read_manifest
 from cloob_core.data.run_manifest import RunManifest
 
 
@@ -249,3 +249,49 @@ def test_several_captions_per_image_travel_from_the_manifest_to_the_loader(tmp_p
     meta = json.dumps({**row.extra, "caption": row.caption})  # as the worker writes the shard's .json
     sample = {"txt": row.caption.encode(), "json": meta.encode()}
     assert sample_captions(sample) == ["a red bus", "a bus on a street", "public transport"]
+
+
+def test_a_folder_of_parts_in_any_format_is_read_in_path_order(tmp_path):
+    folder = tmp_path / "crawl"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "a.csv").write_text("url,caption\nhttp://x/1.jpg,one\n")
+    (folder / "sub" / "b.jsonl").write_text('{"url": "http://x/2.jpg", "caption": "two"}\n')
+    (folder / "c.tsv.gz").write_bytes(gzip.compress(b"url\tcaption\nhttp://x/3.jpg\tthree\n"))
+    for skipped in ("_SUCCESS", ".half-written.csv", "README.md", "_logs/x.csv"):
+        (folder / skipped).parent.mkdir(exist_ok=True)
+        (folder / skipped).write_text("not a part")
+    parts = list_parts(str(folder))
+    assert [Path(p.location).relative_to(folder).as_posix() for p in parts] == ["a.csv", "c.tsv.gz", "sub/b.jsonl"]
+    assert [p.kind for p in parts] == ["csv", "tsv", "jsonl"] and parts[1].compression == "gzip"
+    assert list(read_manifest(str(folder))["caption"]) == ["one", "three", "two"]
+    manifest = run_manifest(folder)
+    assert [row.url for row in manifest.rows([0, 1, 2])] == ["http://x/1.jpg", "http://x/3.jpg", "http://x/2.jpg"]
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "README.md").write_text("no parts here")
+    with pytest.raises(ManifestError, match="holds no manifest parts"):
+        list_parts(str(tmp_path / "notes"))
+
+
+def test_a_part_is_read_in_batches_in_order(tmp_path):
+    path = tmp_path / "m.csv"
+    path.write_text("url,caption\n" + "".join(f"http://x/{i}.jpg,c{i}\n" for i in range(10)))
+    (part,) = list_parts(str(path))
+    batches = list(read_batches(part, batch_rows=3))
+    assert [b.num_rows for b in batches] == [3, 3, 3, 1]
+    assert [c for b in batches for c in b.column("caption").to_pylist()] == [f"c{i}" for i in range(10)]
+
+
+def test_columns_are_one_type_in_a_part_and_one_appearing_late_is_named(tmp_path):
+    import pyarrow as pa
+
+    from cloob_core.data.run_manifest import PartSource, write_run_manifest
+
+    first = pa.table({"url": ["http://x/1.jpg"], "caption": ["a"], "note": pa.nulls(1)})  # no type known yet
+    later = pa.table({"url": ["http://x/2.jpg"], "caption": ["b"], "note": ["written"]})
+    manifest = write_run_manifest([PartSource("p", "1", lambda: iter([first, later]))], str(tmp_path / "ok"), "url",
+                                  "caption", 1024, CloobConfig().engine)
+    assert [row.extra["note"] for row in manifest.rows([0, 1])] == [None, "written"]
+    extra = pa.table({"url": ["http://x/3.jpg"], "caption": ["c"], "note": ["x"], "surprise": [1]})
+    with pytest.raises(ManifestError, match=r"column\(s\) \['surprise'\] appear only after the first rows"):
+        write_run_manifest([PartSource("p", "1", lambda: iter([later, extra]))], str(tmp_path / "bad"), "url",
+                           "caption", 1024, CloobConfig().engine)
