@@ -606,9 +606,8 @@ def _ours_or_a_warning(record: logging.LogRecord) -> bool:
 def _configure_logging(verbose: bool) -> None:
     """Our own INFO lines; third-party ones (open_clip logs model building to the root logger, GX its
     temporary folders and sets its own loggers' levels, the HTTP clients their connections) only with
-    --verbose, which shows DEBUG for all. ``force``: each call writes to the current stderr (a second in-process
-    call, as tests and notebooks make, must not write to a stream an earlier caller has closed)."""
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, force=True,
+    --verbose, which shows DEBUG for all."""
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not verbose:
         for handler in logging.getLogger().handlers:
