@@ -15,6 +15,7 @@ A shard never spans two parts: a part's shards are its own, so adding a part add
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import math
 import shutil
@@ -138,8 +139,6 @@ class RunManifest:
 
     def rows(self, indices: list[int]) -> list[ManifestRow]:
         """The manifest rows ``indices`` (ascending), reading only the row groups that hold them."""
-        import bisect
-
         starts = self.first_rows
         by_part: dict[int, list[int]] = {}
         for row in indices:
@@ -208,8 +207,6 @@ class RunManifest:
 
 
 def _group_of(group_starts: list[int], position: int) -> int:
-    import bisect
-
     return bisect.bisect_right(group_starts, position) - 1
 
 

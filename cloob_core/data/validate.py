@@ -348,6 +348,8 @@ def run_gate(config: CloobConfig, *, manifest: str | None = None, shards: str | 
         checks, raw = _validate(context, gx, "manifest", facts.aggregates, aggregate_expectations(gxe, config),
                                 redactor)
         for check in checks:  # the manifest's rows that break it, not the one row of counts
+            if check.column == "rows":
+                check.observed = f"{len(run_manifest)} rows"
             if check.column in facts.counts:
                 count = facts.counts[check.column]
                 check.unexpected = count or None
