@@ -19,7 +19,7 @@ from functools import partial
 from cloob_core import lease
 from cloob_core.config import PACKAGED_SETS, CloobConfig
 from cloob_core.data.manifest import list_parts, read_batches
-from cloob_core.data.run_manifest import PartSource, RunManifest, write_run_manifest
+from cloob_core.data.run_manifest import PartSource, RunManifest, frame_part, write_run_manifest
 from cloob_core.data.sources import packaged_frame
 
 log = logging.getLogger(__name__)
@@ -41,14 +41,8 @@ def row_group_rows(shard_size: int, least: int = 1024) -> int:
 
 
 def _packaged_part(name: str, split: str, url_col: str, caption_col: str) -> PartSource:
-    def batches():  # a packaged set is a few thousand rows
-        import pyarrow as pa
-
-        frame, _ = packaged_frame(name, split)
-        yield pa.Table.from_pandas(frame.rename(columns={"url": url_col, "caption": caption_col}),
-                                   preserve_index=False)
-
-    return PartSource(f"packaged:{name}/{split}", None, batches)  # no fingerprint: written again each run
+    frame, _ = packaged_frame(name, split)  # a few thousand rows
+    return frame_part(f"packaged:{name}/{split}", frame.rename(columns={"url": url_col, "caption": caption_col}))
 
 
 def acquire_into(source: str, output: str, config: CloobConfig, split: str = "train") -> RunManifest:

@@ -282,11 +282,14 @@ def _build_planned(manifest: RunManifest, output: str, config: CloobConfig, reco
     def staging(name: str) -> str:
         return str(staging_dir / f".{name}.tar.{owner}.{os.getpid()}.tmp")
 
+    # the repeated URLs of the plan's rows, read once (a partition's rows are one contiguous span)
+    spans = [rows for _, _, rows in plan if rows]
+    earlier = manifest.duplicates_between(min(r[0] for r in spans), max(r[-1] for r in spans) + 1) \
+        if dl.dedup_urls and spans else {}
+
     def jobs() -> Iterator[ShardJob]:  # built as submitted: only the shards in flight are in memory
         for name, shard, rows in plan:
-            earlier = manifest.duplicates_between(rows[0], rows[-1] + 1) if dl.dedup_urls and rows else {}
-            wanted = rows if isinstance(rows, range) else set(rows)
-            duplicates = {row: row_key(first) for row, first in earlier.items() if row in wanted}
+            duplicates = {row: row_key(earlier[row]) for row in rows if row in earlier}
             yield ShardJob(name, shard, round_, manifest.rows(list(rows)), duplicates, staging(name))
 
     processes = min(dl.processes or os.cpu_count() or 1, max(1, len(plan)))

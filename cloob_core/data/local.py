@@ -11,7 +11,7 @@ from cloob_core.config import PACKAGED_SETS, CloobConfig
 from cloob_core.data.acquire import acquire_into, row_group_rows
 from cloob_core.data.download import download
 from cloob_core.data.manifest import ManifestError
-from cloob_core.data.run_manifest import PartSource, RunManifest, write_run_manifest
+from cloob_core.data.run_manifest import RunManifest, frame_part, write_run_manifest
 from cloob_core.data.sources import FolderSource, PackagedSource, folder_frame, packaged_source
 from cloob_core.data.summary import OutputSummary
 
@@ -35,9 +35,6 @@ def build_shards(source: str, output: str, config: CloobConfig, *, manifest: str
 
 def _folder_manifest(root: str, folder: str, config: CloobConfig) -> RunManifest:
     """The images of ``root`` with their ``<stem>.txt`` captions as a run manifest in ``folder``."""
-    import pyarrow as pa
-
-    frame = folder_frame(Path(root))
-    part = PartSource(f"folder:{root}", None, lambda: iter([pa.Table.from_pandas(frame, preserve_index=False)]))
+    part = frame_part(f"folder:{root}", folder_frame(Path(root)))
     return write_run_manifest([part], folder, "url", "caption", row_group_rows(config.preprocess.shard_size),
                               config.engine)

@@ -219,6 +219,17 @@ class PartSource:
     batches: Any  # () -> Iterator[pa.Table]
 
 
+def frame_part(source: str, frame: Any) -> PartSource:
+    """A small in-memory table (a packaged set, a local folder's list) as one part, written again each run (no
+    fingerprint)."""
+    def batches() -> Iterator[pa.Table]:
+        import pyarrow as pa
+
+        yield pa.Table.from_pandas(frame, preserve_index=False)
+
+    return PartSource(source, None, batches)
+
+
 def part_name(source: PartSource) -> str:
     """The written part's name: a digest of where it came from and what it was then, so a changed source part gets
     a new file and an unchanged one keeps its own."""

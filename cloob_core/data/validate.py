@@ -63,12 +63,13 @@ class Check:
         target = f" [{' = '.join(columns)}]" if columns else ""
         bounds = {k: v for k, v in self.kwargs.items() if k not in ("batch_id", "column", "column_A", "column_B")}
         text = f"{mark} {self.suite}: {self.expectation}{target} {bounds or ''}".rstrip()
+        shown = f"e.g. [{', '.join(_short(e) for e in self.examples[:3])}]"
         if self.unexpected:
-            text += f" — {self.unexpected} row(s) break it, e.g. [{', '.join(_short(e) for e in self.examples[:3])}]"
+            text += f" — {self.unexpected} row(s) break it, {shown}"
         elif self.observed is not None:
             text += f" — observed {_short(self.observed)}"
         if self.examples and not self.unexpected:
-            text += f", e.g. [{', '.join(_short(e) for e in self.examples[:3])}]"
+            text += f", {shown}"
         return text + ("" if self.decides else " (a sample: informs, does not decide)")
 
 
