@@ -10,19 +10,31 @@ Throughput: the three run interleaved in one process (rounds of a few steps each
 same machine state), median samples/s per variant. Peak memory: each variant alone in its own process (max
 RSS on the CPU; max allocated on CUDA).
 
+``--stage``: the training stage against its step. ``cloob train`` with the default settings on real shards
+(decoding, augmenting, tokenising in its data-loader workers on the same cores) against open_clip_train's step
+alone on random tensors, same model and batch, at torch's default threads; both measured quiet, then both under
+``--load`` busy processes (the loaded machine of a shared CI runner or laptop). The stage's rate is the median of
+its log windows after the first (steady state); the whole run's rate is printed beside it.
+
     python benchmarks/bench_train.py [--model cloob-tiny] [--batch 256] [--steps 5] [--rounds 12]
+    python benchmarks/bench_train.py --stage [--shards data/shards] [--stage-steps 150] [--load 6]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import re
 import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 
 def build_variant(variant: str, model_name: str, batch: int):
@@ -94,16 +106,85 @@ def peak_memory(variant: str, model_name: str, batch: int, steps: int) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+WINDOW = re.compile(r"step \d+/\d+ loss \S+ lr \S+ ([\d.]+) samples/s")
+BUSY = "import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end: pass"
+
+
+@contextlib.contextmanager
+def load(processes: int, seconds: float) -> Iterator[None]:
+    """``processes`` busy loops, each stopping by itself after ``seconds`` (and killed on exit)."""
+    busy = [subprocess.Popen([sys.executable, "-c", BUSY.format(seconds=seconds)]) for _ in range(processes)]
+    try:
+        time.sleep(1 if processes else 0)
+        yield
+    finally:
+        for process in busy:
+            process.kill()
+            process.wait()
+
+
+def step_alone(model_name: str, batch: int, steps: int) -> float:
+    """open_clip_train's step on random tensors, in its own process at torch's default threads: samples/s."""
+    code = ("import sys, time; sys.path.insert(0, {here!r}); from bench_train import build_variant, _sync\n"
+            "step, device = build_variant('open_clip_train', {model!r}, {batch})\nstep(); step(); _sync(device)\n"
+            "t = time.perf_counter()\nfor _ in range({steps}): step()\n_sync(device)\n"
+            "print({steps} * {batch} / (time.perf_counter() - t))")
+    here = str(Path(__file__).parent)
+    out = subprocess.run([sys.executable, "-c", code.format(here=here, model=model_name, batch=batch, steps=steps)],
+                         check=True, capture_output=True, text=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def training_stage(shards: str, model_name: str, steps: int) -> tuple[float, float]:
+    """``cloob train`` with the default settings: (median samples/s of its windows after the first, whole run)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        run = subprocess.run([sys.executable, "-c", "from cloob_core.cli import main; raise SystemExit(main())",
+                              "train", "--shards", shards, "--output", scratch + "/run", "--steps", str(steps),
+                              "--set", f"model.architecture={model_name}", "--no-progress", "--no-tensorboard",
+                              "--checkpoint-every", str(steps)], capture_output=True, text=True)
+        if run.returncode:
+            raise SystemExit(f"cloob train failed: {run.stderr[-2000:]}")
+        windows = [float(rate) for rate in WINDOW.findall(run.stderr)]
+        whole = json.loads((Path(scratch) / "run" / "metrics.json").read_text())
+    return statistics.median(windows[1:]), whole["samples_per_second"]
+
+
+def stage_versus_step(args: argparse.Namespace) -> None:
+    from cloob_core.config import CloobConfig
+
+    batch = CloobConfig().train.batch_size
+    print(f"training stage vs its step: {args.model}, batch {batch} (the default), `cloob train` on {args.shards} "
+          f"for {args.stage_steps} steps; open_clip_train's step alone on random tensors, torch's default threads")
+    print(f"  {'machine':<24} {'step alone':>11} {'stage':>9} {'stage, whole run':>17} {'stage / step':>13}")
+    for label, processes in (("quiet", 0), (f"under a load of {args.load}", args.load)):
+        if label != "quiet" and not processes:
+            continue
+        with load(processes, seconds=1800):
+            anchor = step_alone(args.model, batch, args.step_steps)
+            stage, whole = training_stage(args.shards, args.model, args.stage_steps)
+            anchor = (anchor + step_alone(args.model, batch, args.step_steps)) / 2  # before and after the stage
+        print(f"  {label:<24} {anchor:>11.1f} {stage:>9.1f} {whole:>17.1f} {stage / anchor:>13.2f}")
+    print("  (samples/s; goal: stage / step >= 0.9)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="cloob-tiny")
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--steps", type=int, default=5, help="steps per variant per round")
     parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--stage", action="store_true", help="the training stage against its step alone")
+    parser.add_argument("--shards", default="data/shards", help="--stage: real shards (`dvc repro download`)")
+    parser.add_argument("--stage-steps", type=int, default=150)
+    parser.add_argument("--step-steps", type=int, default=20, help="--stage: steps of the step alone")
+    parser.add_argument("--load", type=int, default=6, help="--stage: busy processes of the loaded run (0: none)")
     parser.add_argument("--memory-of", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.memory_of:
         print(json.dumps({"peak_bytes": peak_memory(args.memory_of, args.model, args.batch, 3)}))
+        return
+    if args.stage:
+        stage_versus_step(args)
         return
 
     variants = ("ours_cloob", "ours_clip", "open_clip_train")

@@ -245,6 +245,9 @@ class TrainConfig(_Section):
                               "batch_size and be a multiple of the number of ranks. Fixes the data order "
                               "whatever the world size, which makes resume exact.")
     workers: int = Field(2, ge=0, description="Data-loader worker processes per rank.")
+    threads: int = Field(0, ge=0, description="torch threads of each rank's main process; 0: derived from the "
+                         "cores it may use (affinity, cgroup quota), the workers and the device (docs/training.md, "
+                         "Threads).")
     data_timeout_s: float = Field(600.0, gt=0, description="Seconds to wait for the next batch from the "
                                   "data-loader workers before failing: a read or a decoder that hangs.")
     shuffle_buffer: int = Field(1000, ge=0, description="Samples in each stream's shuffle buffer.")

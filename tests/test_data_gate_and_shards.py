@@ -17,11 +17,8 @@ from cloob_core.config import load_config
 from cloob_core.data.local import build_shards
 from cloob_core.data.shard_files import shard_list
 from cloob_core.data.validate import run_gate
+from cloob_core.training.images import TrainImages
 from cloob_core.training.streams import StreamChunks
-
-
-def to_array(image):
-    return np.asarray(image)
 
 
 @pytest.fixture(scope="module")
@@ -155,14 +152,14 @@ def test_the_training_reader_skips_corrupt_samples_and_tars_with_a_count(mnist_s
     truncated = tmp_path / "truncated.tar"
     truncated.write_bytes(good.read_bytes()[: 20 * 1024 + 100])
     stream = StreamChunks(urls=[str(corrupt), str(truncated)], streams=1, owned=[0], chunk_size=1, start_step=0,
-                          positions={}, transform=lambda image: torch.from_numpy(to_array(image).copy()),
+                          positions={}, images=TrainImages(28, augment=False),
                           tokenizer=lambda texts: torch.zeros(len(texts), 4), seed=0, shuffle_buffer=0)
     with caplog.at_level(logging.WARNING, logger="cloob_core.data.shard_files"):
         first_pass = list(itertools.takewhile(lambda chunk: chunk.position[0] == 0, stream))
     assert sum(chunk.skipped for chunk in first_pass) == 2  # the bad image, the caption-less sample
     assert sum("skipping unreadable data" in record.getMessage() for record in caplog.records) >= 3  # + the cut
     assert 8 <= len(first_pass) < 10 + 200
-    assert all(chunk.images.shape == (1, 28, 28, 3) for chunk in first_pass)
+    assert all(chunk.images.shape == (1, 3, 28, 28) for chunk in first_pass)
 
 
 @pytest.mark.parametrize("stage", ["download", "validate", "shards", "merge-stats"])

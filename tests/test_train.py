@@ -61,7 +61,8 @@ def test_a_tiny_model_learns_and_exports_for_open_clip(shards, tmp_path):
     images = torch.randn(4, 3, 32, 32)
     trained = result.model.eval()
     with torch.no_grad():
-        assert torch.allclose(model.eval().encode_image(images, normalize=True), trained.encode_image(images))
+        assert torch.allclose(model.eval().encode_image(images, normalize=True), trained.encode_image(images),
+                              atol=1e-6)  # the trained model runs channels-last: conv rounding differs
 
 
 def test_sigkill_mid_run_then_resume_is_bit_identical(shards, tmp_path):
@@ -274,11 +275,12 @@ def test_a_restricted_negative_run_resumes_exactly_with_its_schedule_and_queue(s
 
 def test_a_poly_view_run_draws_image_and_text_views(shards, tmp_path, capsys):
     from cloob_core.data.shard_files import shard_list
+    from cloob_core.training.images import TrainImages
     from cloob_core.training.streams import StreamChunks, draw_captions, sample_captions
 
     urls, _ = shard_list(str(shards))
     chunks = StreamChunks(urls=urls, streams=4, owned=[0], chunk_size=4, start_step=0, positions={},
-                          transform=lambda image: torch.zeros(3, 8, 8), tokenizer=lambda texts: texts, seed=0,
+                          images=TrainImages(8), tokenizer=lambda texts: texts, seed=0,
                           shuffle_buffer=10, image_views=3, text_views=2)
     chunk = next(iter(chunks))
     assert chunk.images.shape == (12, 3, 8, 8) and len(chunk.tokens) == 8  # sample-major: 4 samples x views

@@ -59,6 +59,7 @@ from cloob_core.data.writer import (
 from cloob_core.errors import StageError
 from cloob_core.io import json_bytes
 from cloob_core.pushgateway import push_download_summary
+from cloob_core.threads import usable_cores
 
 log = logging.getLogger(__name__)
 
@@ -292,7 +293,7 @@ def _build_planned(manifest: RunManifest, output: str, config: CloobConfig, reco
             duplicates = {row: row_key(earlier[row]) for row in rows if row in earlier}
             yield ShardJob(name, shard, round_, manifest.rows(list(rows)), duplicates, staging(name))
 
-    processes = min(dl.processes or os.cpu_count() or 1, max(1, len(plan)))
+    processes = min(dl.processes or usable_cores(), max(1, len(plan)))
     bar = _Progress(sum(len(rows) for _, _, rows in plan), progress and bool(plan), _CONTEXT)
     done = 0
     try:

@@ -25,6 +25,7 @@ from cloob_core.evaluation.class_sets import packaged_class_set, packaged_class_
 from cloob_core.io import file_digest, read_torch
 from cloob_core.model.dual_encoder import register_project_configs, without_random_init_warning
 from cloob_core.model.export import INFO_FILE, load_exported, load_weights
+from cloob_core.threads import plan_threads
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,7 @@ def load_model(model: str | None = None, architecture: str | None = None, weight
     name and a state-dict file (read with weights_only=True)."""
     register_project_configs()
     torch_device = device_named(device)
+    plan_threads(device_type=torch_device.type).apply()  # no workers: every usable core to torch
     if architecture and architecture not in open_clip.list_models():
         raise ConfigError(f"unknown architecture {architecture!r}: not one of open_clip's configurations or ours "
                           "(cloob_core/model/configs)")

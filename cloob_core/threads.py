@@ -1,0 +1,85 @@
+"""How a stage shares the cores it may use between torch's thread pools and its data-loader workers.
+
+"The cores" are the ones this process may run on: its CPU affinity and, in a container, its cgroup CPU quota
+(joblib's loky reads both, and ``LOKY_MAX_CPU_COUNT``): a pod limited to 4 CPUs on a 64-core node gets 4, not the
+64 torch would start by default. Ranks of one node (``LOCAL_WORLD_SIZE``) split them evenly.
+
+Why this is set and not left to torch: on a 2-core machine the default (one intra-op thread per core in the main
+process, beside data-loader workers decoding on the same cores) spends the step's time waiting, and on a loaded
+machine OpenMP's spinning threads collapse it (docs/training.md, "Threads"). The budget:
+
+- on the CPU, the step gets every core of its share: decoding at the default input size costs a tenth of the
+  step's time per sample, so the workers fit in the gaps;
+- on a GPU, the step's threads only launch kernels: the workers get the cores, the step what is left (at least 1);
+- evaluation has no workers: all cores to torch.
+
+``LOKY_MAX_CPU_COUNT`` caps the cores of every stage; ``train.threads`` sets the training step's threads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+# libgomp's threads spin this many times at a barrier before they sleep (its default, 300,000, is ~1 ms): a thread
+# spinning while its partner waits for a core that another process holds is what collapses a loaded machine.
+# 10,000 lost nothing on a quiet machine and kept the step at its single-thread speed under a load of 6 on 2 cores
+# (docs/performance.md). Read when torch loads libgomp, hence set on import of cloob_core; a value the user set wins.
+SPIN_COUNT = "10000"
+
+
+def limit_spinning() -> None:
+    os.environ.setdefault("GOMP_SPINCOUNT", SPIN_COUNT)
+
+
+def usable_cores() -> int:
+    """Cores this process may use: CPU affinity, cgroup quota (rounded up) and ``LOKY_MAX_CPU_COUNT``."""
+    from joblib.externals.loky import cpu_count
+
+    return max(1, cpu_count())
+
+
+def local_ranks(environ: dict[str, str] | None = None) -> int:
+    """Processes of this job on this node (torchrun's ``LOCAL_WORLD_SIZE``; SLURM's tasks per node)."""
+    env = os.environ if environ is None else environ
+    for key in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
+        if env.get(key, "").isdigit() and int(env[key]) > 0:
+            return int(env[key])
+    return 1
+
+
+@dataclass(frozen=True)
+class ThreadBudget:
+    cores: int  # this process's share of the usable cores
+    torch_threads: int  # torch intra-op (and inter-op) threads of the main process
+    workers: int  # data-loader worker processes (one torch thread each)
+
+    def apply(self) -> ThreadBudget:
+        import torch
+
+        torch.set_num_threads(self.torch_threads)
+        if torch.get_num_interop_threads() != self.torch_threads:
+            # settable once, before any inter-op work: a second stage in one process keeps the first's
+            with contextlib.suppress(RuntimeError):
+                torch.set_num_interop_threads(self.torch_threads)
+        log.info("threads: %d core(s) for this process, %d torch thread(s), %d data-loader worker(s)", self.cores,
+                 self.torch_threads, self.workers)
+        return self
+
+
+def plan_threads(torch_threads: int = 0, *, workers: int = 0, device_type: str = "cpu", cores: int | None = None,
+                 ranks_here: int | None = None) -> ThreadBudget:
+    """The budget of one process: ``torch_threads`` as configured (0: derived, see the module); ``cores`` and
+    ``ranks_here`` default to :func:`usable_cores` and :func:`local_ranks`."""
+    share = max(1, (cores or usable_cores()) // (ranks_here or local_ranks()))
+    if torch_threads:
+        threads = torch_threads
+    elif device_type == "cuda":
+        threads = max(1, share - workers)
+    else:
+        threads = share
+    return ThreadBudget(cores=share, torch_threads=threads, workers=workers)
