@@ -22,10 +22,36 @@ if [ "$(sed -n 1p "$stamp" 2>/dev/null || true)" = "$want" ] && [[ ",$have_extra
   exit 0
 fi
 
-echo "setup: installing cloob-pipelines${extras:+[$extras]} into .venv (first run takes a few minutes)"
-.venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade "pip>=24"
-.venv/bin/python -m pip install --quiet --disable-pip-version-check \
-  -c requirements/constraints.txt -e "$spec"
+echo "setup: installing cloob-pipelines${extras:+[$extras]} into .venv"
+# uv installs the ~200 pinned packages in about 30 s where pip takes about 2 minutes (docs/development.md). It is
+# used when it is on PATH or pip can install it into .venv, with pip's configured index, extra indexes, local
+# wheel folders and CA file passed on (and pip's rule of taking the best match over all of them); else pip.
+uv=$(command -v uv || true)
+if [ -z "$uv" ] && .venv/bin/python -m pip install --quiet --disable-pip-version-check \
+    -c requirements/constraints.txt uv >/dev/null 2>&1; then
+  uv=.venv/bin/uv
+fi
+pip_setting() { .venv/bin/python -m pip config get "global.$1" 2>/dev/null || true; }
+installed=""
+if [ -n "$uv" ]; then
+  args=(--index-strategy unsafe-best-match)
+  index=${PIP_INDEX_URL:-$(pip_setting index-url)}
+  [ -n "$index" ] && args+=(--default-index "$index")
+  for url in ${PIP_EXTRA_INDEX_URL:-$(pip_setting extra-index-url)}; do args+=(--index "$url"); done
+  for link in ${PIP_FIND_LINKS:-$(pip_setting find-links)}; do args+=(--find-links "$link"); done
+  cert=${PIP_CERT:-$(pip_setting cert)}
+  if SSL_CERT_FILE="${SSL_CERT_FILE:-$cert}" VIRTUAL_ENV="$PWD/.venv" "$uv" pip install --quiet "${args[@]}" \
+      -c requirements/constraints.txt -e "$spec"; then
+    installed=uv
+  else
+    echo "setup: uv could not install; falling back to pip"
+  fi
+fi
+if [ -z "$installed" ]; then
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade "pip>=24"
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check \
+    -c requirements/constraints.txt -e "$spec"
+fi
 merged=$(printf '%s\n' "$have_extras" "$extras" | tr ',' '\n' | sed '/^$/d' | sort -u | paste -sd, -)
 printf '%s\n%s\n' "$want" "$merged" > "$stamp"
 echo "setup: done"
