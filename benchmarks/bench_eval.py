@@ -7,7 +7,11 @@ train, refits on all of train and scores on test:
   eigen-spectrum, weak class signal), so the problem is ill-conditioned, as real probes are;
 - ``isotropic``: unit vectors, class-conditional Gaussians with white noise: the easy case for a first-order solver;
 - ``unnormalised``: not L2-normalised (an offset of 1 and a scale of 3), class means plus anisotropic power-law
-  noise; with 100 classes nearly separable, so the weakest lambdas win and take the most iterations.
+  noise; with 100 classes nearly separable, so the weakest lambdas win and take the most iterations;
+- ``illconditioned``: a Gaussian mixture whose noise covariance has a power-law spectrum of condition number
+  ``CONDITION`` (1e4) in a random basis, class means with the same spectrum (equal signal-to-noise in every
+  direction): the weights that matter are large where the features are small, so an unpreconditioned L-BFGS
+  needs many iterations.
 scikit-learn runs at CLIP's published setting (default tol 1e-4, max_iter 1000), and at each further ``--sklearn-tol``.
 CLIP_benchmark's probe is reported when `clip_benchmark` is importable.
 
@@ -24,12 +28,19 @@ import torch
 
 from cloob_core.evaluation.linear_probe import INITIAL_INDICES, LAMBDA_GRID, SPANS, accuracy, linear_probe
 
-KINDS = ("embedding", "isotropic", "unnormalised")
+KINDS = ("embedding", "isotropic", "unnormalised", "illconditioned")
+CONDITION = 1e4  # of the ``illconditioned`` kind's noise covariance
 
 
 def features(n: int, d: int, classes: int, kind: str, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
     labels = torch.randint(0, classes, (n,), generator=generator)
+    if kind == "illconditioned":
+        exponent = torch.log(torch.tensor(CONDITION)) / torch.log(torch.tensor(float(d)))
+        scales = torch.arange(1, d + 1, dtype=torch.float32) ** (-exponent / 2)  # variances: rank^-exponent
+        rotation, _ = torch.linalg.qr(torch.randn(d, d, generator=generator))
+        centers = torch.randn(classes, d, generator=generator) * scales * 0.15  # equal signal-to-noise everywhere
+        return (centers[labels] + torch.randn(n, d, generator=generator) * scales) @ rotation.T, labels
     if kind == "isotropic":
         centers = torch.randn(classes, d, generator=generator)
         x = centers[labels] * 0.02 + torch.randn(n, d, generator=generator) / d**0.5 * 3
