@@ -1,7 +1,8 @@
 """Training-step throughput on the CPU: our CLOOB step, our CLIP step, and open_clip_train's CLIP step.
 
 All three train the same model configuration with the same AdamW settings on the same random batch:
-- ours, CLOOB: `CLOOBModel` + `CLOOBLoss` through `cloob_core.training.step` (the step `cloob train` runs);
+- ours, CLOOB: `CLOOBModel` + `CLOOBLoss` through `cloob_core.training.step` (the step `cloob train` runs,
+  channels-last);
 - ours, CLIP: the same with our `ClipLoss` (InfoNCE);
 - open_clip_train: `open_clip.create_model` + `open_clip.ClipLoss(output_dict=True)` + the loop body of
   open_clip_train's `train_one_epoch` (autocast, sum of losses, backward, step, clamp logit_scale).
@@ -71,8 +72,9 @@ def build_variant(variant: str, model_name: str, batch: int):
             optimizer.step()
             with torch.no_grad():
                 model.logit_scale.clamp_(0, math.log(100))
-    else:
-        model = build_model(config.model).to(device)
+    else:  # as the loop runs it: channels-last, on the CPU too
+        model = build_model(config.model).to(device, memory_format=torch.channels_last)
+        images = images.contiguous(memory_format=torch.channels_last)
         objective = build_objective("cloob", beta=8.0) if variant == "ours_cloob" else build_objective("clip")
         parts = StepParts(model=model, objective=objective, optimizer=build_optimizer(model, config.optim),
                           scaler=torch.amp.GradScaler(device.type, enabled=False), device_type=device.type)
