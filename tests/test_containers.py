@@ -56,6 +56,16 @@ def test_the_image_has_no_compiler_and_its_packages_are_consistent(image):
     assert "No broken requirements found" in in_image(image, "pip check")
 
 
+def test_a_cpu_quota_sets_the_thread_budget(image):
+    """A container limited to one CPU by a cgroup quota (what a pod's limits.cpu sets) plans one torch thread,
+    however many cores the host shows it; without the quota it plans one per core."""
+    code = ("from cloob_core.threads import plan_threads, usable_cores; "
+            "print(usable_cores(), plan_threads().torch_threads)")
+    assert in_image(image, f'python -c "{code}"', "--cpus", "1").split() == ["1", "1"]
+    cores = str(len(os.sched_getaffinity(0)))
+    assert in_image(image, f'python -c "{code}"').split() == [cores, cores]
+
+
 def test_no_credentials_are_baked_into_the_image(image):
     history = docker("history", "--no-trunc", "--format", "{{.CreatedBy}}", image).stdout
     config = docker("image", "inspect", "--format", "{{json .Config.Env}}", image).stdout

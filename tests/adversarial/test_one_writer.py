@@ -44,7 +44,11 @@ def test_a_second_training_into_the_same_output_is_refused_naming_the_first(mnis
                "--checkpoint-every", "2", "--keep-checkpoints", "1"]
     first = subprocess.Popen([*command, "--steps", "16"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for(lambda: any(output.glob("checkpoints/step-*.pt")), "first checkpoint", processes=(first,))
-    second = subprocess.run([*command, "--steps", "4"], capture_output=True, text=True, timeout=300)
+    os.kill(first.pid, signal.SIGSTOP)  # still holding its lease, however fast it would have finished
+    try:
+        second = subprocess.run([*command, "--steps", "4"], capture_output=True, text=True, timeout=300)
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
     assert second.returncode == 2
     line = Outcome(second.returncode, second.stdout, second.stderr).error_line()
     assert f"{output} is being written by another run (host " in line and f"pid {first.pid}, started " in line
