@@ -8,6 +8,7 @@ resolved from ``secrets``. The job's status conditions follow the processes, as 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import socket
@@ -72,12 +73,27 @@ class FakeTrainingCluster(JsonApiServer):
                 replica = spec["pytorchReplicaSpecs"].get(role)
                 if replica:
                     container = replica["template"]["spec"]["containers"][0]
-                    nodes += [(container["command"], container.get("env", []), int(spec["nprocPerNode"]))
-                              ] * int(replica["replicas"])
+                    env = self._with_resources(container.get("env", []), container.get("resources", {}))
+                    nodes += [(container["command"], env, int(spec["nprocPerNode"]))] * int(replica["replicas"])
             return nodes
         trainer = spec["trainer"]
-        return [(trainer["command"], trainer.get("env", []), int(trainer["numProcPerNode"]))] * int(
-            trainer["numNodes"])
+        env = self._with_resources(trainer.get("env", []), trainer.get("resourcesPerNode", {}))
+        return [(trainer["command"], env, int(trainer["numProcPerNode"]))] * int(trainer["numNodes"])
+
+    @staticmethod
+    def _with_resources(env: list[dict], resources: dict) -> list[dict]:
+        """As the kubelet does: a ``resourceFieldRef`` to ``requests.cpu`` is the request in divisor units, rounded
+        up (at least 1)."""
+        resolved = []
+        for entry in env:
+            ref = entry.get("valueFrom", {}).get("resourceFieldRef")
+            if ref is not None:
+                assert ref["resource"] == "requests.cpu", ref
+                request = str(resources.get("requests", {}).get("cpu", "1"))
+                cores = int(request[:-1]) / 1000 if request.endswith("m") else float(request)
+                entry = {"name": entry["name"], "value": str(max(1, math.ceil(cores / float(ref.get("divisor", 1)))))}
+            resolved.append(entry)
+        return resolved
 
     def _resolve(self, env: list[dict]) -> dict[str, str]:
         resolved = {}

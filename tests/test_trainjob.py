@@ -49,7 +49,11 @@ def test_a_pytorchjob_has_a_master_workers_gpus_shm_and_secrets_by_reference(mon
         assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}} in pod["volumes"]
         assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
         assert pod["nodeSelector"] == {"pool": "h100"} and pod["tolerations"][0]["key"] == "nvidia.com/gpu"
-        refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"] if "valueFrom" in e}
+        refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"]
+                if "secretKeyRef" in e.get("valueFrom", {})}
+        cores = {"name": "LOKY_MAX_CPU_COUNT", "valueFrom": {"resourceFieldRef": {"resource": "requests.cpu",
+                                                                                "divisor": "1"}}}
+        assert cores in container["env"]  # the thread budget follows the pod's CPU request
         assert set(refs) == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL"}
         assert all(ref["name"] == "cloob-s3" for ref in refs.values())
         assert {"name": "CLOOB_PARAMS", "value": PARAMS} in container["env"]

@@ -69,7 +69,11 @@ def worker_script(settings: ClusterSettings, shards: str, workdir: str) -> str:
 
 def _env(settings: ClusterSettings, params_text: str) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [{"name": PARAMS_ENV, "value": params_text},
-                                 {"name": "PYTHONUNBUFFERED", "value": "1"}]
+                                 {"name": "PYTHONUNBUFFERED", "value": "1"},
+                                 # the thread budget's cores (cloob_core/threads.py): the pod's CPU request, rounded
+                                 # up, not the node's cores (a request sets no cgroup quota to read)
+                                 {"name": "LOKY_MAX_CPU_COUNT",
+                                  "valueFrom": {"resourceFieldRef": {"resource": "requests.cpu", "divisor": "1"}}}]
     if settings.s3_secret:
         env += [{"name": key, "valueFrom": {"secretKeyRef": {"name": settings.s3_secret, "key": key,
                                                              "optional": True}}} for key in SECRET_KEYS]
