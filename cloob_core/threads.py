@@ -8,8 +8,9 @@ Why this is set and not left to torch: on a 2-core machine the default (one intr
 process, beside data-loader workers decoding on the same cores) spends the step's time waiting, and on a loaded
 machine OpenMP's spinning threads collapse it (docs/training.md, "Threads"). The budget:
 
-- on the CPU, the step gets every core of its share: decoding at the default input size costs a tenth of the
-  step's time per sample, so the workers fit in the gaps;
+- on the CPU, the step gets every core of its share and the workers run in its gaps: with the default model the
+  workers cost about a third of the step's time per sample, and leaving them a core of two was slower (520
+  against 640 samples/s, docs/performance.md "The training stage");
 - on a GPU, the step's threads only launch kernels: the workers get the cores, the step what is left (at least 1);
 - evaluation has no workers: all cores to torch.
 
