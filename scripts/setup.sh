@@ -34,7 +34,9 @@ fi
 pip_setting() { .venv/bin/python -m pip config get "global.$1" 2>/dev/null || true; }
 installed=""
 if [ -n "$uv" ]; then
-  args=(--index-strategy unsafe-best-match)
+  # --compile-bytecode: pip compiles at install, uv does not, and with PYTHONDONTWRITEBYTECODE set (as on CI) every
+  # process would otherwise compile torch again (about 10 s each)
+  args=(--index-strategy unsafe-best-match --compile-bytecode)
   index=${PIP_INDEX_URL:-$(pip_setting index-url)}
   [ -n "$index" ] && args+=(--default-index "$index")
   for url in ${PIP_EXTRA_INDEX_URL:-$(pip_setting extra-index-url)}; do args+=(--index "$url"); done
