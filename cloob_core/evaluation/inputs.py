@@ -23,7 +23,7 @@ from cloob_core import storage
 from cloob_core.config import PACKAGED_SETS, PACKAGED_SOURCES, ConfigError
 from cloob_core.evaluation.class_sets import packaged_class_set, packaged_class_sets
 from cloob_core.io import file_digest, read_torch
-from cloob_core.model.dual_encoder import register_project_configs, without_random_init_warning
+from cloob_core.model.dual_encoder import image_stats, register_project_configs, without_random_init_warning
 from cloob_core.model.export import INFO_FILE, load_exported, load_weights
 from cloob_core.threads import plan_threads
 
@@ -90,10 +90,10 @@ def eval_model(net: open_clip.CLIP, architecture: str, source: str, fingerprint:
                device: torch.device) -> EvalModel:
     """``net`` on ``device`` in eval mode, with its tokenizer and the preprocessing its config asks for."""
     net = net.to(device).eval()
-    preprocess = getattr(net.visual, "preprocess_cfg", {}) or {}
+    mean, std = image_stats(net.visual)
     size = net.visual.image_size
-    transform = open_clip.image_transform(size if isinstance(size, int) else size[0], is_train=False,
-                                          mean=preprocess.get("mean"), std=preprocess.get("std"))
+    transform = open_clip.image_transform(size if isinstance(size, int) else size[0], is_train=False, mean=mean,
+                                          std=std)
     return EvalModel(model=net, tokenizer=open_clip.get_tokenizer(architecture), transform=transform,
                      architecture=architecture, source=source, fingerprint=fingerprint, inv_tau=inv_tau)
 

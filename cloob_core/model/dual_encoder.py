@@ -110,6 +110,13 @@ def build_model(config: ModelConfig) -> CLOOBModel:
     return CLOOBModel(config)
 
 
+def image_stats(visual: nn.Module) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The per-channel mean and std an image tower's config asks for (open_clip's OpenAI values by default)."""
+    preprocess = getattr(visual, "preprocess_cfg", {}) or {}
+    return (tuple(preprocess.get("mean") or open_clip.OPENAI_DATASET_MEAN),
+            tuple(preprocess.get("std") or open_clip.OPENAI_DATASET_STD))
+
+
 def build_tokenizer(architecture: str):
     """open_clip's tokenizer for ``architecture``; its BPE vocabulary ships inside the package (offline)."""
     register_project_configs()

@@ -15,7 +15,7 @@ import open_clip
 import torch
 
 from cloob_core.io import UnreadableFile, read_json, read_torch, write_json, write_torch
-from cloob_core.model.dual_encoder import CLOOBModel, without_random_init_warning
+from cloob_core.model.dual_encoder import CLOOBModel, image_stats, without_random_init_warning
 from cloob_core.model.files import INFO_FILE, STATE_FILE
 
 
@@ -25,7 +25,7 @@ def export_model(model: CLOOBModel, folder: Path, extra: dict[str, Any]) -> Path
     write_torch(folder / STATE_FILE, {k: v.detach().cpu() for k, v in model.encoder.state_dict().items()})
     config = open_clip.get_model_config(architecture)
     write_json(folder / f"{architecture}.json", config)
-    preprocess = getattr(model.encoder.visual, "preprocess_cfg", {}) or {}
+    mean, std = image_stats(model.encoder.visual)
     info = {
         "architecture": architecture,
         "open_clip_config": f"{architecture}.json",
@@ -33,8 +33,8 @@ def export_model(model: CLOOBModel, folder: Path, extra: dict[str, Any]) -> Path
         "tokenizer": architecture,  # open_clip.get_tokenizer(<this>), once the config beside it is registered
         "context_length": int(config["text_cfg"].get("context_length", 77)),  # what that tokenizer pads to
         "image_size": model.image_size,
-        "image_mean": list(preprocess.get("mean", open_clip.OPENAI_DATASET_MEAN)),
-        "image_std": list(preprocess.get("std", open_clip.OPENAI_DATASET_STD)),
+        "image_mean": list(mean),
+        "image_std": list(std),
         "inv_tau": float(model.inv_tau),
         "open_clip_version": open_clip.__version__,
         **extra,

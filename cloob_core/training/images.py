@@ -27,6 +27,8 @@ import open_clip
 import torch
 from PIL import Image
 
+from cloob_core.model.dual_encoder import image_stats
+
 TRIES = 10  # torchvision's RandomResizedCrop: random draws before the centre-crop fallback
 RATIO = (3 / 4, 4 / 3)  # torchvision's default aspect ratios, which open_clip's training transform keeps
 
@@ -94,10 +96,8 @@ class Normalize:
     std: tuple[float, ...]
 
     @classmethod
-    def of(cls, model: torch.nn.Module) -> Normalize:
-        preprocess = getattr(model, "preprocess_cfg", {}) or {}
-        return cls(tuple(preprocess.get("mean") or open_clip.OPENAI_DATASET_MEAN),
-                   tuple(preprocess.get("std") or open_clip.OPENAI_DATASET_STD))
+    def of(cls, visual: torch.nn.Module) -> Normalize:
+        return cls(*image_stats(visual))
 
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
         mean = torch.tensor(self.mean, device=images.device).view(1, -1, 1, 1) * 255
