@@ -24,7 +24,10 @@ import argparse
 import time
 import warnings
 
+# isort: off
+import cloob_core  # noqa: F401  (before torch: it caps OpenMP's spinning, which libgomp reads when it loads)
 import torch
+# isort: on
 
 from cloob_core.evaluation.linear_probe import INITIAL_INDICES, LAMBDA_GRID, SPANS, accuracy, linear_probe
 

@@ -17,8 +17,8 @@ from cloob_core.evaluation.diagnostics import (
     matched_vs_unmatched,
     positive_probability,
 )
-from cloob_core.evaluation.linear_probe import LAMBDA_GRID, accuracy, fit_logistic, search_lambda
-from cloob_core.evaluation.logistic import FeatureGeometry, fit_logistic_batch
+from cloob_core.evaluation.linear_probe import LAMBDA_GRID, accuracy, fit_logistic, path_start, search_lambda
+from cloob_core.evaluation.logistic import ProbeFit, RotatedFeatures, fit_logistic_batch
 from cloob_core.evaluation.retrieval import retrieval_metrics
 
 
@@ -77,18 +77,18 @@ def test_probabilities_match_scikit_learn_on_ill_conditioned_embeddings(lam):
 
 
 def test_objective_gradient_is_the_gradient_of_the_plain_objective():
-    """The written-out gradient (centred features and bias, chunked rows) against autograd of
-    ``mean CE(x W^T + b) + lam/(2n) ||W||^2`` with ``b = b' - W mu``."""
+    """The written-out gradient (rotated, centred features and bias, chunked rows) against autograd of
+    ``mean CE(x W^T + b) + lam/(2n) ||W||^2`` with ``W = W' V^T`` and ``b = b' - W mu``."""
     x, y = cone(5, 300, 16, 4)
     x = x.double()
     lams = torch.tensor([0.5, 7.0], dtype=torch.float64)
-    geometry = FeatureGeometry.of(x)
-    objective = logistic._Objective(x - geometry.mean, y, 4, lams, geometry)
+    geometry = RotatedFeatures(x)
+    objective = logistic._Objective(geometry.exact, y, 4, lams, geometry.spectrum)
     theta = torch.randn(2, 4 * 16 + 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     loss, grad = objective(theta, torch.arange(2))
     for k in range(2):
         params = theta[k].clone().requires_grad_(True)
-        weight, centred_bias = params[: 4 * 16].view(4, 16), params[4 * 16 :]
+        weight, centred_bias = params[: 4 * 16].view(4, 16) @ geometry.basis.T, params[4 * 16 :]
         plain = torch.nn.functional.cross_entropy(x @ weight.T + centred_bias - weight @ geometry.mean, y)
         plain = plain + lams[k] / (2 * len(y)) * weight.pow(2).sum()
         plain.backward()
@@ -256,3 +256,60 @@ def test_the_warm_started_search_scores_every_lambda_as_a_cold_fit_does():
         assert abs(accuracy(cold, x[800:], y[800:]) - score) * 800 <= near_ties + 1e-6, lam
     assert result.fit.lam == result.lam
     assert 0.5 < result.validation_accuracy < 1.0  # not a degenerate case where every lambda ties
+
+
+def test_float32_cross_entropy_resolves_a_well_classified_row():
+    """A row classified by a margin of 20 has loss ~2e-9: the usual ``logsumexp - picked`` rounds it to 0 in
+    float32; taken relative to the margins it keeps float32's relative precision, and so does its gradient."""
+    logits = torch.tensor([[30.0, 10.0, 5.0], [1.0, 3.0, 2.0]], dtype=torch.float64)
+    truth = torch.tensor([0, 2])
+    exact = torch.nn.functional.cross_entropy(logits, truth, reduction="none")
+    expected_residual = torch.softmax(logits, 1) - torch.nn.functional.one_hot(truth, 3)
+    assert float(torch.nn.functional.cross_entropy(logits.float(), truth, reduction="none")[0]) == 0.0
+    margins = (logits - logits.gather(1, truth[:, None])).float().unsqueeze(1)  # [m, k=1, C]
+    loss, residual = logistic._cross_entropy(margins, truth.view(2, 1, 1))
+    torch.testing.assert_close(loss.squeeze(1).double(), exact, rtol=1e-6, atol=0)
+    torch.testing.assert_close(residual.squeeze(1).double(), expected_residual, rtol=1e-6, atol=1e-30)
+
+
+def test_the_deferred_two_loop_equals_nocedals_two_loop():
+    """With a ring buffer wrapped around, skipped pairs (rho 0) and two problems with their own scales."""
+    generator = torch.Generator().manual_seed(3)
+    classes, d, history = 3, 4, 5
+    size = classes * d + classes
+    objective = logistic._Objective(torch.zeros(10, d), torch.zeros(10, dtype=torch.long), classes,
+                                    torch.tensor([0.5, 2.0]), torch.rand(d, generator=generator))
+    state = logistic._LBFGS(2, size, history, classes, torch.device("cpu"))
+    state.scale = torch.tensor([0.7, 1.3], dtype=torch.float64)
+    pairs = []
+    for step in range(8):  # wraps the buffer of 5
+        s = torch.randn(2, size, dtype=torch.float64, generator=generator)
+        y = s * 2 + 0.1 * torch.randn(2, size, dtype=torch.float64, generator=generator)
+        rho = 1 / (s * y).sum(1) * (0.0 if step == 6 else 1.0)  # step 6 skipped
+        state._store(state.stored % history, torch.arange(2), s, y, rho)
+        state.stored += 1
+        pairs.append((s, y, rho))
+    grad = torch.randn(2, size, dtype=torch.float64, generator=generator)
+    q, alphas = grad.clone(), []
+    for s, y, rho in reversed(pairs[-history:]):
+        alphas.append(rho * (s * q).sum(1))
+        q -= alphas[-1][:, None] * y
+    r = objective.precondition(q.float(), torch.arange(2)).double() * state.scale[:, None]
+    for (s, y, rho), alpha in zip(pairs[-history:], reversed(alphas), strict=True):
+        r += (alpha - rho * (y * r).sum(1))[:, None] * s
+    torch.testing.assert_close(state._two_loop(grad, torch.arange(2), objective), r, rtol=1e-6, atol=1e-9)
+    torch.testing.assert_close(state._two_loop(grad[1:], torch.tensor([1]), objective), r[1:], rtol=1e-6, atol=1e-9)
+
+
+def test_path_starts_interpolate_between_fits_and_extrapolate_beyond_them():
+    def fit(value: float, lam: float) -> ProbeFit:
+        return ProbeFit(torch.full((2, 3), value), torch.full((2,), -value), lam, 1)
+
+    fits = {10: fit(1.0, LAMBDA_GRID[10]), 20: fit(3.0, LAMBDA_GRID[20])}
+    between = path_start(fits, 15)
+    assert torch.equal(between.weight, torch.full((2, 3), 2.0)) and torch.equal(between.bias, torch.full((2,), -2.0))
+    assert between.lam == pytest.approx(LAMBDA_GRID[15])
+    assert torch.equal(path_start(fits, 30).weight, torch.full((2, 3), 5.0))  # beyond: along the same line
+    assert torch.equal(path_start(fits, 0).weight, torch.full((2, 3), -1.0))
+    assert path_start(fits, 20) is fits[20]
+    assert path_start({4: fits[10]}, 30) is fits[10] and path_start({}, 3) is None

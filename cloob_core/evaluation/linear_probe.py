@@ -2,9 +2,11 @@
 image features, fit with L-BFGS, with the L2 strength chosen by CLIP's parametric binary search.
 
 The fits are scikit-learn's ``LogisticRegression(C=1/lambda)`` objective, minimised in torch on the features'
-device (see ``logistic.py``) to each lambda's own optimum, so the path to it is free: the first round walks down
-from the strongest lambda, each fit starting from the previous one's model; later rounds start each new lambda
-from its nearest fitted neighbour (as one batch), and the final refit from the search's model at the chosen lambda.
+device (see ``logistic.py``) to each lambda's own optimum, so the path to it is free. The first round walks down
+from the strongest lambda, each fit starting from the path extrapolated through the previous ones (with few
+classes it runs as one batch instead: ``NARROW_COLUMNS``). Later rounds start each new lambda from the path
+interpolated between its fitted neighbours, as one batch. The final refit starts from the search's path at the
+lambda that weighs as much on the search's rows as the chosen one does on all of them.
 
 The search: 97 values of lambda, log-spaced over [1e-6, 1e6] (8 per decade). Evaluate every 16th (1e-6, 1e-4,
 ..., 1e6) on the validation split, then around the best one at distance 8, 4, 2 and 1 grid steps, keeping the
@@ -14,12 +16,13 @@ best; ties go to the larger lambda (the simpler model).
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
-from cloob_core.evaluation.logistic import TOLERANCE, FeatureGeometry, ProbeFit, fit_logistic, fit_logistic_batch
+from cloob_core.evaluation.logistic import TOLERANCE, ProbeFit, RotatedFeatures, fit_logistic, fit_logistic_batch
 
 log = logging.getLogger(__name__)
 LAMBDA_GRID = torch.logspace(-6, 6, 97, dtype=torch.float64).tolist()
@@ -38,8 +41,14 @@ class SearchResult:
     fit: ProbeFit  # the chosen lambda's model on the search's training split
     tried: dict[float, float] = field(default_factory=dict)  # lambda -> validation accuracy
     warnings: list[str] = field(default_factory=list)
+    path: dict[int, ProbeFit] = field(default_factory=dict)  # every fit of the search, by grid index
+    rows: int = 0  # the search's training rows
 
 
+# A first round whose fits together have at most this many classes runs as one batch from zero instead of walking
+# the path: a matmul that narrow is bound by reading the features, so the batch costs little more per iteration
+# than one fit (10 classes: 0.48 s instead of 0.64 s on 4,000 x 512 features; 100 classes: 2.8 s instead of 1.7).
+NARROW_COLUMNS = 128
 UNSEARCHED_LAMBDA = 1.0  # scikit-learn's LogisticRegression default, C = 1
 
 
@@ -47,18 +56,14 @@ def search_lambda(train_x: Tensor, train_y: Tensor, val_x: Tensor, val_y: Tensor
                   max_iter: int = 1000, tolerance: float = TOLERANCE) -> SearchResult:
     """CLIP's parametric binary search over ``LAMBDA_GRID``; see the module docstring. Every fit converges
     (``tolerance``), so each lambda is judged by the model it defines, whatever the path to it: a new lambda
-    starts from the model of the nearest one already fitted (a warm start along the regularisation path, tens of
-    iterations instead of hundreds for the refinement rounds' neighbours)."""
+    starts from the regularisation path through the ones already fitted (``path_start``)."""
     scores: dict[int, float] = {}
     fits: dict[int, ProbeFit] = {}
-    geometry = FeatureGeometry.of(train_x)  # once for all rounds
-
-    def nearest(index: int) -> ProbeFit | None:
-        return fits[min(fits, key=lambda i: (abs(i - index), -i))] if fits else None
+    rotated = RotatedFeatures(train_x)  # once for all rounds
 
     def fit(new: list[int]) -> None:
         batch = fit_logistic_batch(train_x, train_y, num_classes, [LAMBDA_GRID[i] for i in new], max_iter=max_iter,
-                                   tolerance=tolerance, geometry=geometry, starts=[nearest(i) for i in new])
+                                   tolerance=tolerance, rotated=rotated, starts=[path_start(fits, i) for i in new])
         for index, model in zip(new, batch, strict=True):
             fits[index], scores[index] = model, accuracy(model, val_x, val_y)
             log.debug("lambda %.3g: validation accuracy %.4f (%d iterations)", model.lam, scores[index],
@@ -66,9 +71,9 @@ def search_lambda(train_x: Tensor, train_y: Tensor, val_x: Tensor, val_y: Tensor
 
     def best(indices: list[int]) -> int:
         new = [i for i in indices if i not in scores]
-        if fits and new:
+        if fits or len(new) * num_classes <= NARROW_COLUMNS:
             fit(new)
-        elif new:  # the first round walks the path from the strongest lambda down, each fit starting from the last
+        else:  # the first round walks the path from the strongest lambda down, each fit starting from the last
             for index in sorted(new, reverse=True):
                 fit([index])
         return max(indices, key=lambda i: (scores[i], i))  # ties: the larger lambda
@@ -78,7 +83,28 @@ def search_lambda(train_x: Tensor, train_y: Tensor, val_x: Tensor, val_y: Tensor
         candidates = sorted({max(peak - span, 0), peak, min(peak + span, len(LAMBDA_GRID) - 1)})
         peak = best(candidates)
     return SearchResult(LAMBDA_GRID[peak], scores[peak], fits[peak],
-                        {LAMBDA_GRID[i]: s for i, s in sorted(scores.items())})
+                        {LAMBDA_GRID[i]: s for i, s in sorted(scores.items())}, path=fits, rows=len(train_y))
+
+
+def path_start(fits: dict[int, ProbeFit], index: float) -> ProbeFit | None:
+    """A start for grid point ``index`` on the regularisation path through the fitted ones: interpolated between
+    the nearest fits on either side, else extrapolated from the two nearest on one side, linearly in log lambda
+    (the grid's spacing). Weakly regularised weights grow about linearly in log(1/lambda) as the classes
+    separate, so this lands much nearer the optimum than the nearest fit alone; any start converges to the same
+    optimum."""
+    if index in fits:
+        return fits[index]
+    below = sorted(i for i in fits if i < index)
+    above = sorted(i for i in fits if i > index)
+    if below and above:
+        near, far = below[-1], above[0]
+    elif len(below) >= 2 or len(above) >= 2:
+        near, far = (below[-1], below[-2]) if below else (above[0], above[1])
+    else:
+        return fits.get((below or above or [None])[0]) if fits else None
+    t = (index - near) / (far - near)  # in (0, 1) between, negative beyond ``near``
+    a, b = fits[near], fits[far]
+    return ProbeFit((1 - t) * a.weight + t * b.weight, (1 - t) * a.bias + t * b.bias, a.lam * (b.lam / a.lam) ** t, 0)
 
 
 def few_shot_indices(labels: Tensor, k: int, generator: torch.Generator) -> Tensor:
@@ -123,6 +149,10 @@ def linear_probe(train_x: Tensor, train_y: Tensor, num_classes: int, *, val_x: T
     else:
         search = search_lambda(train_x, train_y, val_x, val_y, num_classes, max_iter)
         final_x, final_y = torch.cat([train_x, val_x]), torch.cat([train_y, val_y])
-    fit = fit_logistic(final_x, final_y, num_classes, search.lam, max_iter=max_iter, start=search.fit)
+    # The penalty is lam/(2n) per row: on n' rows, lam weighs as much as lam * n/n' did on the search's n, so the
+    # search's path there is the nearer start.
+    shift = math.log(len(final_y) / search.rows) / math.log(LAMBDA_GRID[1] / LAMBDA_GRID[0])
+    start = path_start(search.path, LAMBDA_GRID.index(search.lam) - shift)
+    fit = fit_logistic(final_x, final_y, num_classes, search.lam, max_iter=max_iter, start=start)
     search.warnings += warnings
     return fit, search
