@@ -31,7 +31,10 @@ SPANS = (8, 4, 2, 1)
 
 
 def accuracy(fit: ProbeFit, features: Tensor, labels: Tensor) -> float:
-    return float((fit.predict_scores(features).argmax(dim=1) == labels).float().mean())
+    """In the features' precision: the search scores every lambda, and a float64 copy of the features for each
+    would cost as much as some of the fits."""
+    scores = features @ fit.weight.T.to(features.dtype) + fit.bias.to(features.dtype)
+    return float((scores.argmax(dim=1) == labels).float().mean())
 
 
 @dataclass
