@@ -251,6 +251,10 @@ class TrainConfig(_Section):
     data_timeout_s: float = Field(600.0, gt=0, description="Seconds to wait for the next batch from the "
                                   "data-loader workers before failing: a read or a decoder that hangs.")
     shuffle_buffer: int = Field(1000, ge=0, description="Samples in each stream's shuffle buffer.")
+    sample_cache_mb: int = Field(256, ge=0, description="Decoded samples (pixels and tokens) each data-loader "
+                                 "worker keeps for the next passes, in MiB; 0 keeps none. The stream is the same "
+                                 "either way; a small set then skips its tars, JPEG decoding and tokeniser "
+                                 "after the first pass (docs/training.md, \"The sample cache\").")
     augment: bool = Field(True, description="open_clip's training transform (random resized crop) instead of "
                           "the evaluation one.")
     seed: int = Field(0, description="Seed of initialisation, data order and augmentation.")

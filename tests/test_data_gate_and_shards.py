@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import logging
@@ -160,6 +161,49 @@ def test_the_training_reader_skips_corrupt_samples_and_tars_with_a_count(mnist_s
     assert sum("skipping unreadable data" in record.getMessage() for record in caplog.records) >= 3  # + the cut
     assert 8 <= len(first_pass) < 10 + 200
     assert all(chunk.images.shape == (1, 3, 28, 28) for chunk in first_pass)
+
+
+def test_the_sample_cache_changes_nothing_in_the_stream_and_serves_later_passes_from_memory(mnist_shards, tmp_path):
+    """Three passes over a shard with a corrupt image and a caption-less sample, a good shard and a truncated one,
+    with random crops and a shuffle buffer: the same chunks with the cache as without. After the first pass the
+    good shard's tar is moved away, and the cached stream goes on as if it were there."""
+    import shutil
+
+    out, _ = mnist_shards
+    with tarfile.open(out / "00002.tar") as tar:
+        members = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]
+    corrupt = tmp_path / "corrupt.tar"
+    with tarfile.open(corrupt, "w") as tar:
+        for index, (member, data) in enumerate(members[:30]):
+            if index == 0:
+                data = b"\xff\xd8\xff not a jpeg"
+            if index == 5:
+                continue
+            member.size = len(data)
+            tar.addfile(member, io.BytesIO(data))
+    good = tmp_path / "good.tar"
+    shutil.copy(out / "00001.tar", good)
+    truncated = tmp_path / "truncated.tar"
+    truncated.write_bytes((out / "00000.tar").read_bytes()[: 20 * 1024 + 100])
+
+    def stream(cache_bytes: int) -> StreamChunks:
+        return StreamChunks(urls=[str(corrupt), str(good), str(truncated)], streams=1, owned=[0], chunk_size=8,
+                            start_step=0, positions={}, images=TrainImages(16),
+                            tokenizer=lambda texts: torch.tensor([[len(t), sum(t.encode())] for t in texts]),
+                            seed=3, shuffle_buffer=50, cache_bytes=cache_bytes)
+
+    expected = list(itertools.takewhile(lambda chunk: chunk.position[0] < 3, stream(0)))
+    cached = stream(1 << 30)
+    for index, chunk in enumerate(itertools.takewhile(lambda chunk: chunk.position[0] < 3, cached)):
+        reference = expected[index]
+        assert (chunk.step, chunk.position, chunk.skipped) == (reference.step, reference.position, reference.skipped)
+        assert torch.equal(chunk.images, reference.images) and torch.equal(chunk.tokens, reference.tokens)
+        if chunk.position[0] == 1 and good.exists():
+            good.rename(tmp_path / "moved.tar")
+    assert index == len(expected) - 1 and not good.exists()
+    # each pass: the bad image, the caption-less sample and the truncated tar's cut sample (no caption)
+    assert sum(chunk.skipped for chunk in expected) == 3 * 3
+    assert 28 * 28 * 3 * 400 < cached.cache.used < 2 << 20  # the good shard's 400 decoded images and the rest
 
 
 @pytest.mark.parametrize("stage", ["download", "validate", "shards", "merge-stats"])

@@ -168,7 +168,7 @@ def _batches(config: CloobConfig, setup: _Setup, urls: list[str], state: Trainin
                            chunk_size=_check_batch(config, setup.env), start_step=state.step,
                            positions=state.positions, images=setup.images, tokenizer=setup.tokenizer,
                            seed=cfg.seed, shuffle_buffer=cfg.shuffle_buffer, image_views=cfg.image_views,
-                           text_views=cfg.text_views)
+                           text_views=cfg.text_views, cache_bytes=cfg.sample_cache_mb << 20)
     loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=cfg.workers,
                                          pin_memory=setup.device.type == "cuda",
                                          prefetch_factor=4 if cfg.workers else None,

@@ -32,9 +32,11 @@ import webdataset as wds
 from cloob_core.data.shard_files import SkipCounter, register_s3
 from cloob_core.errors import StageError
 from cloob_core.training.images import TrainImages
+from cloob_core.training.sample_cache import TOKENS, SampleCache
 
 log = logging.getLogger(__name__)
 Position = tuple[int, int]  # (pass, samples of that pass consumed)
+IMAGE_KEYS = ("jpg", "jpeg", "png", "webp")
 
 
 class UnreadableData(StageError):
@@ -58,14 +60,15 @@ def rank_streams(streams: int, rank: int, world_size: int) -> list[int]:
 
 
 def raw_stream(urls: list[str], stream: int, seed: int, shuffle_buffer: int, start: Position,
-               handler: SkipCounter) -> Iterator[tuple[Position, dict[str, Any]]]:
-    """Undecoded samples of one stream, forever, each with the stream position after it."""
+               handler: SkipCounter, cache: SampleCache) -> Iterator[tuple[Position, dict[str, Any]]]:
+    """Samples of one stream, forever, each with the stream position after it (undecoded, unless ``cache``
+    kept them decoded from an earlier pass)."""
     register_s3()
     first_pass, skip = start
     for pass_ in count(first_pass):
         order = list(urls)
         random.Random(wds.utils.make_seed(seed, pass_, stream)).shuffle(order)
-        samples = wds.tarfile_to_samples(handler=handler)(iter({"url": url} for url in order))
+        samples = cache.read(order, handler)
         if shuffle_buffer > 1:
             rng = random.Random(wds.utils.make_seed(seed, pass_, stream, 1))
             samples = wds.filters._shuffle(samples, shuffle_buffer, min(shuffle_buffer, 100), rng)
@@ -113,23 +116,23 @@ class StreamChunks(torch.utils.data.IterableDataset):
 
     def __init__(self, *, urls: list[str], streams: int, owned: list[int], chunk_size: int, start_step: int,
                  positions: dict[int, Position], images: TrainImages, tokenizer: Callable, seed: int,
-                 shuffle_buffer: int, image_views: int = 1, text_views: int = 1):
+                 shuffle_buffer: int, image_views: int = 1, text_views: int = 1, cache_bytes: int = 0):
         super().__init__()
         self.per_stream = stream_shards(urls, streams)
         self.owned, self.chunk_size, self.start_step = owned, chunk_size, start_step
         self.positions, self.images, self.tokenizer = positions, images, tokenizer
         self.seed, self.shuffle_buffer = seed, shuffle_buffer
-        self.image_views, self.text_views = image_views, text_views
+        self.image_views, self.text_views, self.cache_bytes = image_views, text_views, cache_bytes
 
     def __iter__(self) -> Iterator[Chunk]:
         info = torch.utils.data.get_worker_info()
         mine = self.owned if info is None else self.owned[info.id :: info.num_workers]
         if not mine:
             return
-        handler = SkipCounter()
+        handler, self.cache = SkipCounter(), SampleCache(self.cache_bytes)  # one cache per worker
         sources = {
             v: raw_stream(self.per_stream[v], v, self.seed, self.shuffle_buffer, self.positions.get(v, (0, 0)),
-                          handler)
+                          handler, self.cache)
             for v in mine
         }
         decoded_in = {v: self.positions.get(v, (0, 0))[0] for v in mine}  # the last pass that decoded a sample
@@ -145,8 +148,8 @@ class StreamChunks(torch.utils.data.IterableDataset):
         seed = wds.utils.make_seed(self.seed, step, stream)  # augmentation resumes exactly
         torch.manual_seed(seed)  # the caption draws
         crops = random.Random(seed)
-        images, texts, position, skipped, samples = [], [], None, 0, 0
-        while samples < self.chunk_size:
+        images, texts, kept, position, skipped = [], [], [], None, 0
+        while len(kept) < self.chunk_size:
             try:
                 position, sample = next(source)
             except UnreadableData as err:
@@ -158,7 +161,7 @@ class StreamChunks(torch.utils.data.IterableDataset):
                     f"without one decodable sample ({handler.skipped} skipped: {handler.reasons}); check them "
                     f"with `cloob data validate`"))
             try:
-                image = self.images.decode(_first(sample, ("jpg", "jpeg", "png", "webp")))
+                image = self.cache.image(sample, IMAGE_KEYS, self.images.decode)
                 views = [self.images.crop(image, crops) for _ in range(self.image_views)]  # independent draws
                 captions = ([_text(sample)] if self.text_views == 1  # the metadata is parsed only when needed
                             else draw_captions(sample_captions(sample), self.text_views))
@@ -168,10 +171,20 @@ class StreamChunks(torch.utils.data.IterableDataset):
                 continue
             images.extend(views)
             texts.extend(captions)
-            samples += 1
+            kept.append(sample)
             decoded_in[stream] = position[0]
-        tokens = self.tokenizer(texts)  # sample-major: a sample's views are adjacent, as the objectives expect
-        return Chunk(step, stream, torch.stack(images), tokens, position, skipped)
+        return Chunk(step, stream, torch.stack(images), self._tokens(kept, texts), position, skipped)
+
+    def _tokens(self, samples: list[dict[str, Any]], texts: list[str]) -> torch.Tensor:
+        """Sample-major tokens (a sample's views adjacent, as the objectives expect). With one text view the
+        caption is the sample's own, so its row is kept with the sample for the next pass."""
+        if self.text_views > 1:
+            return self.tokenizer(texts)
+        missing = [i for i, sample in enumerate(samples) if TOKENS not in sample]
+        if missing:
+            for i, row in zip(missing, self.tokenizer([texts[i] for i in missing]), strict=True):
+                self.cache.keep_tokens(samples[i], row.clone())  # not a view pinning the whole batch
+        return torch.stack([sample[TOKENS] for sample in samples])
 
 
 def _text(sample: dict[str, Any]) -> str:
@@ -199,13 +212,6 @@ def draw_captions(captions: list[str], views: int) -> list[str]:
         return captions[:1]
     order = torch.randperm(len(captions)).tolist()
     return [captions[order[i % len(order)]] for i in range(views)]
-
-
-def _first(sample: dict[str, Any], keys: tuple[str, ...]) -> bytes:
-    for key in keys:
-        if key in sample:
-            return sample[key]
-    raise KeyError(f"sample {sample.get('__key__')} has none of {keys}")
 
 
 @dataclass
