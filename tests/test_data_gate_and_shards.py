@@ -166,7 +166,7 @@ def test_the_training_reader_skips_corrupt_samples_and_tars_with_a_count(mnist_s
 def test_the_sample_cache_changes_nothing_in_the_stream_and_serves_later_passes_from_memory(mnist_shards, tmp_path):
     """Three passes over a shard with a corrupt image and a caption-less sample, a good shard and a truncated one,
     with random crops and a shuffle buffer: the same chunks with the cache as without. After the first pass the
-    good shard's tar is moved away, and the cached stream goes on as if it were there."""
+    good and the corrupt shards' tars are moved away, and the cached stream goes on as if they were there."""
     import shutil
 
     out, _ = mnist_shards
@@ -200,7 +200,8 @@ def test_the_sample_cache_changes_nothing_in_the_stream_and_serves_later_passes_
         assert torch.equal(chunk.images, reference.images) and torch.equal(chunk.tokens, reference.tokens)
         if chunk.position[0] == 1 and good.exists():
             good.rename(tmp_path / "moved.tar")
-    assert index == len(expected) - 1 and not good.exists()
+            corrupt.rename(tmp_path / "moved-corrupt.tar")  # its bad image is not a bad tar: kept too
+    assert index == len(expected) - 1 and not good.exists() and not corrupt.exists()
     # each pass: the bad image, the caption-less sample and the truncated tar's cut sample (no caption)
     assert sum(chunk.skipped for chunk in expected) == 3 * 3
     assert 28 * 28 * 3 * 400 < cached.cache.used < 2 << 20  # the good shard's 400 decoded images and the rest

@@ -12,7 +12,8 @@ stage"), so three things are done here instead of by the torchvision transform:
 - the crop is drawn by torchvision's algorithm (ten tries, then a centre crop) on Python floats from a generator
   seeded per chunk, instead of a dozen one-element torch tensors per try;
 - ToTensor and Normalize run once per batch, on the device: uint8 is a quarter of the bytes through the
-  data-loader's shared memory and the host-to-device copy.
+  data-loader's pipe and the host-to-device copy, and the batch is built channels-last (pixel-major, as PIL
+  gives it) with one copy.
 """
 
 from __future__ import annotations
@@ -47,12 +48,12 @@ class TrainImages:
             image.draft("RGB", self._needed(*image.size))
         return image.convert("RGB")
 
-    def crop(self, image: Image.Image, rng: random.Random) -> torch.Tensor:
-        """One view: a [3, size, size] uint8 tensor."""
+    def crop(self, image: Image.Image, rng: random.Random) -> np.ndarray:
+        """One view: [size, size, 3] uint8 (read-only; ``stack_views`` copies it once, into the batch)."""
         left, top, width, height = self._box(*image.size, rng)
         view = image.crop((left, top, left + width, top + height)).resize((self.size, self.size),
                                                                         Image.Resampling.BICUBIC)
-        return torch.from_numpy(np.asarray(view).copy()).permute(2, 0, 1)
+        return np.asarray(view)
 
     def _box(self, width: int, height: int, rng: random.Random) -> tuple[int, int, int, int]:
         if not self.augment:  # open_clip's evaluation transform: shorter side to size, centre crop
@@ -86,6 +87,12 @@ class TrainImages:
             least_w = least_h = min(width, height)
         side = self.size + 1  # a pixel of slack for the crop's rounding
         return math.ceil(width * side / max(least_w, 1)), math.ceil(height * side / max(least_h, 1))
+
+
+def stack_views(views: list[np.ndarray]) -> torch.Tensor:
+    """Views from ``TrainImages.crop`` as one [N, 3, size, size] uint8 tensor in channels-last memory (the
+    layout the model trains in), with one copy."""
+    return torch.from_numpy(np.stack(views)).permute(0, 3, 1, 2)
 
 
 @dataclass(frozen=True)

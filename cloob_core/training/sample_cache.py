@@ -40,17 +40,25 @@ class SampleCache:
         for url in urls:
             if url in self._shards:
                 yield from self._shards[url]
-                continue
-            keep, skipped, fresh = self.used < self.budget, handler.skipped, []
-            for sample in wds.tarfile_to_samples(handler=handler)(iter([{"url": url}])):
-                if keep:
-                    fresh.append(sample)
-                yield sample
-            if keep and handler.skipped == skipped:  # a shard with unreadable members is read again each pass
-                for sample in fresh:
-                    sample[KEPT] = True
-                    self.used += _size(sample)
-                self._shards[url] = fresh
+            else:
+                yield from self._read_tar(url, handler)
+
+    def _read_tar(self, url: str, handler: SkipCounter) -> Iterator[dict[str, Any]]:
+        keep, unreadable, fresh = self.used < self.budget, [], []
+
+        def counted(err: Exception) -> bool:
+            unreadable.append(err)
+            return handler(err)
+
+        for sample in wds.tarfile_to_samples(handler=counted)(iter([{"url": url}])):
+            if keep:
+                fresh.append(sample)
+            yield sample
+        if keep and not unreadable:  # a shard with unreadable members is read again each pass
+            for sample in fresh:
+                sample[KEPT] = True
+                self.used += _size(sample)
+            self._shards[url] = fresh
 
     def image(self, sample: dict[str, Any], keys: tuple[str, ...], decode: Callable[[bytes], Image.Image]
               ) -> Image.Image:

@@ -31,7 +31,7 @@ import webdataset as wds
 
 from cloob_core.data.shard_files import SkipCounter, register_s3
 from cloob_core.errors import StageError
-from cloob_core.training.images import TrainImages
+from cloob_core.training.images import TrainImages, stack_views
 from cloob_core.training.sample_cache import TOKENS, SampleCache
 
 log = logging.getLogger(__name__)
@@ -104,10 +104,13 @@ class Chunk:
         """From a worker, the tensors travel inside the pickle as numpy arrays. torch's own route (a file
         descriptor per tensor, handed over by a thread of the worker that must first win the worker's GIL from
         the decoding loop) held the main process up to 5 ms per tensor: a tenth of the stage's time at 32 px."""
-        return {**self.__dict__, "images": self.images.numpy(), "tokens": self.tokens.numpy()}
+        images = self.images.permute(0, 2, 3, 1) if self.images.dim() == 4 else self.images  # channels-last: no copy
+        return {**self.__dict__, "images": images.numpy(), "tokens": self.tokens.numpy()}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state, images=torch.from_numpy(state["images"]), tokens=torch.from_numpy(state["tokens"]))
+        images = torch.from_numpy(state["images"])
+        self.__dict__.update(state, images=images.permute(0, 3, 1, 2) if images.dim() == 4 else images,
+                             tokens=torch.from_numpy(state["tokens"]))
 
 
 class StreamChunks(torch.utils.data.IterableDataset):
@@ -173,7 +176,7 @@ class StreamChunks(torch.utils.data.IterableDataset):
             texts.extend(captions)
             kept.append(sample)
             decoded_in[stream] = position[0]
-        return Chunk(step, stream, torch.stack(images), self._tokens(kept, texts), position, skipped)
+        return Chunk(step, stream, stack_views(images), self._tokens(kept, texts), position, skipped)
 
     def _tokens(self, samples: list[dict[str, Any]], texts: list[str]) -> torch.Tensor:
         """Sample-major tokens (a sample's views adjacent, as the objectives expect). With one text view the
