@@ -16,6 +16,9 @@ scikit-learn runs at CLIP's published setting (default tol 1e-4, max_iter 1000),
 CLIP_benchmark's probe is reported when `clip_benchmark` is importable.
 
     python benchmarks/bench_eval.py [--n 10000] [--d 512] [--classes 10 100] [--kinds ...] [--sklearn-tol 1e-8]
+                                    [--load 6]
+
+``--load N`` runs everything beside N busy processes (``busy_load.py``, as ``bench_train.py --stage``).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import warnings
 import cloob_core  # noqa: F401  (before torch: it caps OpenMP's spinning, which libgomp reads when it loads)
 import torch
 # isort: on
+from busy_load import load
 
 from cloob_core.evaluation.linear_probe import INITIAL_INDICES, LAMBDA_GRID, SPANS, accuracy, linear_probe
 
@@ -123,12 +127,18 @@ def main() -> None:
     parser.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)
     parser.add_argument("--sklearn-tol", type=float, nargs="*", default=[],
                         help="further scikit-learn runs at these tolerances (max_iter 20000), e.g. 1e-8")
+    parser.add_argument("--load", type=int, default=0, help="busy processes beside the whole run (0: quiet)")
     args = parser.parse_args()
+    with load(args.load, seconds=4 * 3600):
+        compare(args)
+
+
+def compare(args: argparse.Namespace) -> None:
     warnings.filterwarnings("ignore")
     warm_up()
     print(f"linear probe with CLIP's lambda search, {args.n} x {args.d} features (80% train, 20% test), CPU, "
-          f"{torch.get_num_threads()} threads")
-    print(f"  {'features':<12} {'classes':>7}  {'probe':<34} {'seconds':>8} {'lambda':>9} {'test acc':>9} "
+          f"{torch.get_num_threads()} threads, " + (f"under a load of {args.load}" if args.load else "quiet"))
+    print(f"  {'features':<14} {'classes':>7}  {'probe':<34} {'seconds':>8} {'lambda':>9} {'test acc':>9} "
           f"{'ours faster':>11} {'acc diff':>9}")
     sklearn_runs = [("scikit-learn L-BFGS, CLIP's setting", 1e-4, 1000)]
     sklearn_runs += [(f"scikit-learn L-BFGS, tol {tol:g}", tol, 20_000) for tol in args.sklearn_tol]
@@ -139,13 +149,13 @@ def main() -> None:
             started = time.perf_counter()
             fit, search = linear_probe(x[:cut], y[:cut], classes)
             ours_s, ours_acc = time.perf_counter() - started, accuracy(fit, x[cut:], y[cut:])
-            print(f"  {kind:<12} {classes:>7}  {'ours (torch L-BFGS)':<34} {ours_s:>8.2f} {search.lam:>9.3g} "
+            print(f"  {kind:<14} {classes:>7}  {'ours (torch L-BFGS)':<34} {ours_s:>8.2f} {search.lam:>9.3g} "
                   f"{100 * ours_acc:>8.2f}%")
             for label, tol, max_iter in sklearn_runs:
                 started = time.perf_counter()
                 sk_lambda, sk_acc = sklearn_probe(x[:cut], y[:cut], x[cut:], y[cut:], tol, max_iter)
                 sk_s = time.perf_counter() - started
-                print(f"  {kind:<12} {classes:>7}  {label:<34} {sk_s:>8.2f} {sk_lambda:>9.3g} {100 * sk_acc:>8.2f}% "
+                print(f"  {kind:<14} {classes:>7}  {label:<34} {sk_s:>8.2f} {sk_lambda:>9.3g} {100 * sk_acc:>8.2f}% "
                       f"{sk_s / ours_s:>10.1f}x {100 * (ours_acc - sk_acc):>+8.2f}pt")
     try:
         import clip_benchmark  # noqa: F401

@@ -24,7 +24,6 @@ its log windows after the first (steady state); the whole run's rate is printed 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import re
@@ -34,8 +33,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
+
+from busy_load import load
 
 
 def build_variant(variant: str, model_name: str, batch: int):
@@ -109,20 +109,6 @@ def peak_memory(variant: str, model_name: str, batch: int, steps: int) -> int:
 
 
 WINDOW = re.compile(r"step \d+/\d+ loss \S+ lr \S+ ([\d.]+) samples/s")
-BUSY = "import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end: pass"
-
-
-@contextlib.contextmanager
-def load(processes: int, seconds: float) -> Iterator[None]:
-    """``processes`` busy loops, each stopping by itself after ``seconds`` (and killed on exit)."""
-    busy = [subprocess.Popen([sys.executable, "-c", BUSY.format(seconds=seconds)]) for _ in range(processes)]
-    try:
-        time.sleep(1 if processes else 0)
-        yield
-    finally:
-        for process in busy:
-            process.kill()
-            process.wait()
 
 
 def step_alone(model_name: str, batch: int, steps: int) -> float:
