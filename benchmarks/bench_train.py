@@ -164,7 +164,7 @@ def main() -> None:
     parser.add_argument("--stage", action="store_true", help="the training stage against its step alone")
     parser.add_argument("--shards", default="data/shards", help="--stage: real shards (`dvc repro download`)")
     parser.add_argument("--stage-steps", type=int, default=150)
-    parser.add_argument("--step-steps", type=int, default=20, help="--stage: steps of the step alone")
+    parser.add_argument("--step-steps", type=int, default=60, help="--stage: steps of the step alone")
     parser.add_argument("--load", type=int, default=6, help="--stage: busy processes of the loaded run (0: none)")
     parser.add_argument("--memory-of", help=argparse.SUPPRESS)
     args = parser.parse_args()
