@@ -76,7 +76,7 @@ def search_lambda(train_x: Tensor, train_y: Tensor, val_x: Tensor, val_y: Tensor
         new = [i for i in indices if i not in scores]
         if fits or len(new) * num_classes <= NARROW_COLUMNS:
             fit(new)
-        else:  # the first round walks the path from the strongest lambda down, each fit starting from the last
+        else:  # the first round walks the path from the strongest lambda down, extrapolating it to the next
             for index in sorted(new, reverse=True):
                 fit([index])
         return max(indices, key=lambda i: (scores[i], i))  # ties: the larger lambda
@@ -95,16 +95,16 @@ def path_start(fits: dict[int, ProbeFit], index: float) -> ProbeFit | None:
     (the grid's spacing). Weakly regularised weights grow about linearly in log(1/lambda) as the classes
     separate, so this lands much nearer the optimum than the nearest fit alone; any start converges to the same
     optimum."""
-    if index in fits:
-        return fits[index]
+    if not fits or index in fits:
+        return fits.get(index)  # a float equal to a fitted index finds it
     below = sorted(i for i in fits if i < index)
     above = sorted(i for i in fits if i > index)
     if below and above:
         near, far = below[-1], above[0]
     elif len(below) >= 2 or len(above) >= 2:
         near, far = (below[-1], below[-2]) if below else (above[0], above[1])
-    else:
-        return fits.get((below or above or [None])[0]) if fits else None
+    else:  # a single fit
+        return fits[(below or above)[0]]
     t = (index - near) / (far - near)  # in (0, 1) between, negative beyond ``near``
     a, b = fits[near], fits[far]
     return ProbeFit((1 - t) * a.weight + t * b.weight, (1 - t) * a.bias + t * b.bias, a.lam * (b.lam / a.lam) ** t, 0)

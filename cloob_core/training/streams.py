@@ -125,14 +125,15 @@ class StreamChunks(torch.utils.data.IterableDataset):
         self.owned, self.chunk_size, self.start_step = owned, chunk_size, start_step
         self.positions, self.images, self.tokenizer = positions, images, tokenizer
         self.seed, self.shuffle_buffer = seed, shuffle_buffer
-        self.image_views, self.text_views, self.cache_bytes = image_views, text_views, cache_bytes
+        self.image_views, self.text_views = image_views, text_views
+        self.cache = SampleCache(cache_bytes)  # each data-loader worker fills its own copy
 
     def __iter__(self) -> Iterator[Chunk]:
         info = torch.utils.data.get_worker_info()
         mine = self.owned if info is None else self.owned[info.id :: info.num_workers]
         if not mine:
             return
-        handler, self.cache = SkipCounter(), SampleCache(self.cache_bytes)  # one cache per worker
+        handler = SkipCounter()
         sources = {
             v: raw_stream(self.per_stream[v], v, self.seed, self.shuffle_buffer, self.positions.get(v, (0, 0)),
                           handler, self.cache)
@@ -151,8 +152,8 @@ class StreamChunks(torch.utils.data.IterableDataset):
         seed = wds.utils.make_seed(self.seed, step, stream)  # augmentation resumes exactly
         torch.manual_seed(seed)  # the caption draws
         crops = random.Random(seed)
-        images, texts, kept, position, skipped = [], [], [], None, 0
-        while len(kept) < self.chunk_size:
+        images, texts, taken, position, skipped = [], [], [], None, 0
+        while len(taken) < self.chunk_size:
             try:
                 position, sample = next(source)
             except UnreadableData as err:
@@ -174,9 +175,9 @@ class StreamChunks(torch.utils.data.IterableDataset):
                 continue
             images.extend(views)
             texts.extend(captions)
-            kept.append(sample)
+            taken.append(sample)
             decoded_in[stream] = position[0]
-        return Chunk(step, stream, stack_views(images), self._tokens(kept, texts), position, skipped)
+        return Chunk(step, stream, stack_views(images), self._tokens(taken, texts), position, skipped)
 
     def _tokens(self, samples: list[dict[str, Any]], texts: list[str]) -> torch.Tensor:
         """Sample-major tokens (a sample's views adjacent, as the objectives expect). With one text view the
