@@ -291,7 +291,7 @@ class _LBFGS:
         solve on [K, m, m] scalars, and the vectors are touched by four batched products instead of 4m vector
         operations."""
         if self.stored == 0:
-            return objective.precondition(grad.to(objective.features.dtype), idx).to(DTYPE) * self.scale[idx, None]
+            return self._initial(grad, idx, objective)
         steps, changes, rho, gram = self._history(idx)
         order = torch.tensor([(self.stored - 1 - j) % self.history for j in range(min(self.stored, self.history))],
                              device=grad.device)  # slots, newest first
@@ -303,7 +303,7 @@ class _LBFGS:
         alpha = torch.linalg.solve_triangular(unit + ordered_rho * newer, ordered_rho * step_dots, upper=False,
                                               unitriangular=True)
         q = grad - torch.bmm(self._by_slot(alpha, order).transpose(1, 2), changes).squeeze(1)
-        r = objective.precondition(q.to(objective.features.dtype), idx).to(DTYPE) * self.scale[idx, None]
+        r = self._initial(q, idx, objective)
         # beta_i = rho_i (y_i . r + sum over older j of (alpha_j - beta_j) s_j . y_i)
         older = ordered_gram.transpose(1, 2).triu(1)
         change_dots = torch.bmm(changes, r.unsqueeze(2))[:, order]
@@ -311,6 +311,10 @@ class _LBFGS:
                                              ordered_rho * (change_dots + older @ alpha), upper=True,
                                              unitriangular=True)
         return r + torch.bmm(self._by_slot(alpha - beta, order).transpose(1, 2), steps).squeeze(1)
+
+    def _initial(self, vector: Tensor, idx: Tensor, objective: _Objective) -> Tensor:
+        """The initial inverse Hessian, ``scale * precondition``, applied to ``vector``."""
+        return objective.precondition(vector.to(objective.features.dtype), idx).to(DTYPE) * self.scale[idx, None]
 
     def _by_slot(self, ordered: Tensor, order: Tensor) -> Tensor:
         """[K, m, 1] values in ``order`` to [K, history, 1] by slot, 0 for slots not in it."""
