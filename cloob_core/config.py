@@ -245,6 +245,10 @@ class TrainConfig(_Section):
                               "batch_size and be a multiple of the number of ranks. Fixes the data order "
                               "whatever the world size, which makes resume exact.")
     workers: int = Field(2, ge=0, description="Data-loader worker processes per rank.")
+    prefetch: Literal["auto", "during_step", "between_steps"] = Field(
+        "auto", description="When the workers prepare the next batch: during_step overlaps them with the step; "
+        "between_steps holds them while it runs (on the CPU a worker that wakes mid-step stalls the step's "
+        "threads); auto: between_steps on the CPU, during_step on a GPU (docs/training.md, Threads).")
     threads: int = Field(0, ge=0, description="torch threads of each rank's main process; 0: derived from the "
                          "cores it may use (affinity, cgroup quota), the workers and the device (docs/training.md, "
                          "Threads).")

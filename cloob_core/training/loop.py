@@ -13,7 +13,7 @@ import random
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ from cloob_core.training.monitor import Monitor, Snapshot
 from cloob_core.training.optim import build_optimizer, build_scheduler
 from cloob_core.training.step import StepParts, accumulate_gradients, optimizer_step
 from cloob_core.training.streams import Batch, Chunk, StreamChunks, UnreadableData, assemble, rank_streams
+from cloob_core.training.worker_gate import WorkerGate
 
 log = logging.getLogger(__name__)
 
@@ -161,20 +162,26 @@ def _resume(config: CloobConfig, output: Path, resume: str | None, parts: Traina
     return state
 
 
-def _batches(config: CloobConfig, setup: _Setup, urls: list[str], state: TrainingState) -> Iterator[Batch]:
+def _batches(config: CloobConfig, setup: _Setup, urls: list[str], state: TrainingState) -> Generator[Batch, None, None]:
     cfg = config.train
     owned = rank_streams(cfg.data_streams, setup.env.rank, setup.env.world_size)
+    gate = WorkerGate(cfg.workers) if cfg.workers and _between_steps(cfg.prefetch, setup.device) else None
     dataset = StreamChunks(urls=urls, streams=cfg.data_streams, owned=owned,
                            chunk_size=_check_batch(config, setup.env), start_step=state.step,
                            positions=state.positions, images=setup.images, tokenizer=setup.tokenizer,
                            seed=cfg.seed, shuffle_buffer=cfg.shuffle_buffer, image_views=cfg.image_views,
-                           text_views=cfg.text_views, cache_bytes=cfg.sample_cache_mb << 20)
+                           text_views=cfg.text_views, cache_bytes=cfg.sample_cache_mb << 20, gate=gate)
     loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=cfg.workers,
                                          pin_memory=setup.device.type == "cuda",
                                          prefetch_factor=4 if cfg.workers else None,
                                          timeout=cfg.data_timeout_s if cfg.workers else 0,
                                          worker_init_fn=_signals_to_the_main_process)
-    return assemble(_bounded(iter(loader), cfg.data_timeout_s), owned)  # workers fork here, before any thread
+    batches = assemble(_bounded(iter(loader), cfg.data_timeout_s), owned)  # workers fork here, before any thread
+    return batches if gate is None else gate.batches(batches)
+
+
+def _between_steps(prefetch: str, device: torch.device) -> bool:
+    return prefetch == "between_steps" or (prefetch == "auto" and device.type == "cpu")
 
 
 def _signals_to_the_main_process(_worker_id: int) -> None:
@@ -356,6 +363,7 @@ def _train(config: CloobConfig, output: Path, resume: str | None, progress: bool
         with _StopSignal() as stop:
             last_loss = _run_steps(config, setup, batches, state, monitor, output, stop)
     finally:
+        batches.close()  # ends the data-loader workers now, whatever stopped the loop
         monitor.close()
     seconds = time.perf_counter() - started
     metrics = {

@@ -33,6 +33,7 @@ from cloob_core.data.shard_files import SkipCounter, register_s3
 from cloob_core.errors import StageError
 from cloob_core.training.images import TrainImages, stack_views
 from cloob_core.training.sample_cache import TOKENS, SampleCache
+from cloob_core.training.worker_gate import WorkerGate
 
 log = logging.getLogger(__name__)
 Position = tuple[int, int]  # (pass, samples of that pass consumed)
@@ -119,7 +120,8 @@ class StreamChunks(torch.utils.data.IterableDataset):
 
     def __init__(self, *, urls: list[str], streams: int, owned: list[int], chunk_size: int, start_step: int,
                  positions: dict[int, Position], images: TrainImages, tokenizer: Callable, seed: int,
-                 shuffle_buffer: int, image_views: int = 1, text_views: int = 1, cache_bytes: int = 0):
+                 shuffle_buffer: int, image_views: int = 1, text_views: int = 1, cache_bytes: int = 0,
+                 gate: WorkerGate | None = None):
         super().__init__()
         self.per_stream = stream_shards(urls, streams)
         self.owned, self.chunk_size, self.start_step = owned, chunk_size, start_step
@@ -127,6 +129,7 @@ class StreamChunks(torch.utils.data.IterableDataset):
         self.seed, self.shuffle_buffer = seed, shuffle_buffer
         self.image_views, self.text_views = image_views, text_views
         self.cache = SampleCache(cache_bytes)  # each data-loader worker fills its own copy
+        self.gate = gate
 
     def __iter__(self) -> Iterator[Chunk]:
         info = torch.utils.data.get_worker_info()
@@ -141,6 +144,8 @@ class StreamChunks(torch.utils.data.IterableDataset):
         }
         decoded_in = {v: self.positions.get(v, (0, 0))[0] for v in mine}  # the last pass that decoded a sample
         for step in count(self.start_step):
+            if self.gate is not None:
+                self.gate.wait()
             for v in mine:
                 chunk = self._chunk(step, v, sources[v], handler, decoded_in)
                 yield chunk
