@@ -248,7 +248,8 @@ class TrainConfig(_Section):
     prefetch: Literal["auto", "during_step", "between_steps"] = Field(
         "auto", description="When the workers prepare the next batch: during_step overlaps them with the step; "
         "between_steps holds them while it runs (on the CPU a worker that wakes mid-step stalls the step's "
-        "threads); auto: between_steps on the CPU, during_step on a GPU (docs/training.md, Threads).")
+        "threads); auto: on the CPU, whichever of the two the run measures faster, on a GPU during_step "
+        "(docs/training.md, Threads).")
     threads: int = Field(0, ge=0, description="torch threads of each rank's main process; 0: derived from the "
                          "cores it may use (affinity, cgroup quota), the workers and the device (docs/training.md, "
                          "Threads).")

@@ -1,6 +1,6 @@
-"""The worker gate (``train.prefetch: between_steps``): data-loader workers make a step's chunks only when the
-main process asks for that step's batch, and they end with the loader, or on their own when the main process
-dies."""
+"""The worker gate (``train.prefetch``): held, data-loader workers make a step's chunks only when the main process
+asks for that step's batch; released, they prefetch; the tuner keeps the way the run measures faster; and the
+workers end with the loader, or on their own when the main process dies."""
 
 from __future__ import annotations
 
@@ -12,10 +12,11 @@ import textwrap
 import time
 from itertools import count
 
+import pytest
 import torch
 
 from cloob_core.training.loop import _signals_to_the_main_process
-from cloob_core.training.worker_gate import WorkerGate
+from cloob_core.training.worker_gate import PrefetchTuner, WorkerGate
 
 WORKERS, CHUNKS = 2, 3  # chunks per worker and step
 
@@ -43,7 +44,7 @@ def _steps(items):
         yield [next(items) for _ in range(WORKERS * CHUNKS)]
 
 
-def _made_while_the_step_runs(gate: WorkerGate | None) -> list[int]:
+def _made_while_the_step_runs(gate: WorkerGate | None, steps: int = 3) -> list[int]:
     """Items made after each batch was handed over, while the caller 'trains' for 0.3 s."""
     made = torch.zeros(WORKERS, dtype=torch.long).share_memory_()
     loader = torch.utils.data.DataLoader(_Counted(gate, made), batch_size=None, num_workers=WORKERS,
@@ -51,7 +52,7 @@ def _made_while_the_step_runs(gate: WorkerGate | None) -> list[int]:
     batches = _steps(iter(loader))
     batches = batches if gate is None else gate.batches(batches)
     ahead = []
-    for step in range(3):
+    for step in range(steps):
         assert next(batches) == [step] * WORKERS * CHUNKS
         handed = int(made.sum())
         time.sleep(0.3)
@@ -63,6 +64,61 @@ def _made_while_the_step_runs(gate: WorkerGate | None) -> list[int]:
 def test_gated_workers_make_nothing_while_the_step_runs():
     assert _made_while_the_step_runs(WorkerGate(WORKERS)) == [0, 0, 0]
     assert sum(_made_while_the_step_runs(None)) > 0  # the test can tell: ungated, the loader prefetches
+
+
+class _Schedule(PrefetchTuner):
+    """Held at the steps given, released at the others; records nothing."""
+
+    def __init__(self, held: set[int]) -> None:
+        super().__init__()
+        self.steps = held
+
+    def held(self, step: int) -> bool:
+        return step in self.steps
+
+    def record(self, step: int, seconds: float) -> None:
+        pass
+
+
+def test_released_workers_prefetch_and_held_again_they_stop_once_their_lead_is_used():
+    ahead = _made_while_the_step_runs(WorkerGate(WORKERS, _Schedule({0, 1, 4, 5, 6, 7, 8})), steps=9)
+    assert ahead[:2] == [0, 0]
+    assert ahead[2] + ahead[3] > 0  # released: the loader prefetches
+    assert ahead[6:] == [0, 0, 0]  # held again: the lead made while released is used up, then nothing ahead
+
+
+def _decide(held_ms: float, released_ms: float, outlier_ms: float = 0.0, **shape) -> PrefetchTuner:
+    """A whole trial in which every held step takes ``held_ms`` and every released one ``released_ms``, except the
+    held steps settling after a switch, which take ``outlier_ms`` when it is given."""
+    tuner = PrefetchTuner(**shape)
+    for step in range(tuner.warmup + tuner.block * tuner.blocks):
+        settling = step >= tuner.warmup and (step - tuner.warmup) % tuner.block < tuner.settle
+        ms = held_ms if tuner.held(step) else released_ms
+        ms = outlier_ms if settling and tuner.held(step) and outlier_ms else ms
+        tuner.record(step, ms / 1e3)
+    return tuner
+
+
+def test_the_tuner_keeps_the_faster_way_and_alternates_them_while_it_measures():
+    tuner = PrefetchTuner(warmup=4, block=3, settle=1, blocks=4, every=20)
+    assert [tuner.held(step) for step in range(18)] == [True] * 4 + [True, True, True, False, False, False] * 2 + \
+        [True] * 2
+    assert not _decide(200, 180).chosen_held
+    assert _decide(180, 200).chosen_held
+    assert _decide(180, 200, outlier_ms=1e4, block=4, settle=3).chosen_held  # settling steps are not counted
+
+
+def test_the_tuner_measures_again_every_so_many_steps():
+    tuner = _decide(200, 180, warmup=2, block=2, settle=0, blocks=2, every=10)
+    assert [tuner.held(step) for step in range(6, 16)] == [False] * 6 + [True, True, False, False]
+    for step in range(6, 16):  # held is faster now
+        tuner.record(step, 0.1 if tuner.held(step) else 0.3)
+    assert tuner.chosen_held
+
+
+def test_an_inconsistent_tuner_is_refused():
+    with pytest.raises(ValueError, match="inconsistent tuner"):
+        PrefetchTuner(block=8, settle=8)
 
 
 def test_closing_the_batches_lets_the_loader_end_its_workers():

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from cloob_core import lease, storage
-from cloob_core.config import CloobConfig, ConfigError
+from cloob_core.config import CloobConfig, ConfigError, TrainConfig
 from cloob_core.data.shard_files import shard_list
 from cloob_core.errors import StageError
 from cloob_core.io import write_json, write_text
@@ -40,7 +40,7 @@ from cloob_core.training.monitor import Monitor, Snapshot
 from cloob_core.training.optim import build_optimizer, build_scheduler
 from cloob_core.training.step import StepParts, accumulate_gradients, optimizer_step
 from cloob_core.training.streams import Batch, Chunk, StreamChunks, UnreadableData, assemble, rank_streams
-from cloob_core.training.worker_gate import WorkerGate
+from cloob_core.training.worker_gate import PrefetchTuner, WorkerGate
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +165,7 @@ def _resume(config: CloobConfig, output: Path, resume: str | None, parts: Traina
 def _batches(config: CloobConfig, setup: _Setup, urls: list[str], state: TrainingState) -> Generator[Batch, None, None]:
     cfg = config.train
     owned = rank_streams(cfg.data_streams, setup.env.rank, setup.env.world_size)
-    gate = WorkerGate(cfg.workers) if cfg.workers and _between_steps(cfg.prefetch, setup.device) else None
+    gate = _gate(cfg, setup.device)
     dataset = StreamChunks(urls=urls, streams=cfg.data_streams, owned=owned,
                            chunk_size=_check_batch(config, setup.env), start_step=state.step,
                            positions=state.positions, images=setup.images, tokenizer=setup.tokenizer,
@@ -180,8 +180,11 @@ def _batches(config: CloobConfig, setup: _Setup, urls: list[str], state: Trainin
     return batches if gate is None else gate.batches(batches)
 
 
-def _between_steps(prefetch: str, device: torch.device) -> bool:
-    return prefetch == "between_steps" or (prefetch == "auto" and device.type == "cpu")
+def _gate(cfg: TrainConfig, device: torch.device) -> WorkerGate | None:
+    """``train.prefetch``: ``auto`` tunes the gate on the CPU and leaves a GPU's workers free (worker_gate.py)."""
+    if not cfg.workers or cfg.prefetch == "during_step" or (cfg.prefetch == "auto" and device.type != "cpu"):
+        return None
+    return WorkerGate(cfg.workers, PrefetchTuner() if cfg.prefetch == "auto" else None)
 
 
 def _signals_to_the_main_process(_worker_id: int) -> None:
