@@ -8,7 +8,7 @@ import warnings
 import pytest
 import torch
 
-from cloob_core.evaluation import logistic
+from cloob_core.evaluation import linear_probe, logistic
 from cloob_core.evaluation.diagnostics import (
     ajne_statistic,
     alignment,
@@ -122,6 +122,61 @@ def test_lambda_search_visits_clips_grid_and_breaks_ties_towards_more_regularisa
     assert result.lam == max(lam for lam, acc in result.tried.items() if acc == best)
     assert len(result.tried) <= 7 + 2 * 4  # the initial decades, then two neighbours per halving
     assert math.log10(result.lam) * 8 == pytest.approx(round(math.log10(result.lam) * 8))
+
+
+def test_a_fit_added_while_the_solver_runs_reaches_its_own_optimum_and_stop_ends_the_rest():
+    x, y = separable(9, 400, 16, 4, 1.0)  # lambda 1e-6 takes about 190 iterations, 1e-2 70
+    solver = logistic.LogisticSolver(x, y, 4)
+    reported = []
+
+    def on_fit(problem: int, fit: ProbeFit) -> None:
+        reported.append(fit.lam)
+        if fit.lam == 100.0:  # the strong lambda finishes first: one more joins the weak one still iterating
+            solver.add([1e-2])
+        elif fit.lam == 1e-2:
+            solver.stop()
+
+    solver.add([100.0, 1e-6])
+    fits = solver.run(on_fit)
+    assert reported == [100.0, 1e-2]  # 1e-6 was still iterating: stopped, never reported
+    assert sorted(fits) == [0, 2]
+    alone = fit_logistic(x, y, 4, 1e-2)
+    torch.testing.assert_close(torch.softmax(fits[2].predict_scores(x), 1), torch.softmax(alone.predict_scores(x), 1),
+                               rtol=0, atol=1e-4)
+
+
+def _clips_search(score) -> tuple[int, set[int]]:
+    """CLIP's search written out plainly: the chosen grid index and the indices it visits."""
+    tried = {i: score(i) for i in range(0, 97, 16)}
+    peak = max(tried, key=lambda i: (tried[i], i))
+    for span in (8, 4, 2, 1):
+        around = {max(peak - span, 0), peak, min(peak + span, 96)}
+        tried.update({i: score(i) for i in around if i not in tried})
+        peak = max(around, key=lambda i: (tried[i], i))
+    return peak, set(tried)
+
+
+@pytest.mark.parametrize("profile", ["peak at lambda 1", "a bump at lambda 1, the weakest best"])
+def test_the_fits_the_search_guesses_it_will_need_never_change_its_answer(monkeypatch, profile):
+    """Scores scripted by lambda: with few classes the search fits the later rounds around the best lambda so far
+    while the first round's weak ones still iterate. Where a weak one then wins, those guesses are wasted, and
+    the search must still visit and choose exactly what CLIP's does."""
+    def score(index: int) -> float:
+        if profile == "peak at lambda 1":
+            return 1 - abs(index - 45) / 100
+        return 0.9 if index == 0 else 0.8 - abs(index - 48) / 100  # 1e-2 loses to 1, then 1e-6 beats both
+
+    monkeypatch.setattr(linear_probe, "accuracy", lambda fit, *_: score(LAMBDA_GRID.index(fit.lam)))
+    x, y = separable(9, 400, 16, 4, 1.0)  # the weak lambdas take 70-190 iterations: time for guesses
+    result = search_lambda(x, y, x, y, 4)
+    peak, visited = _clips_search(score)
+    assert result.lam == LAMBDA_GRID[peak]
+    assert set(result.tried) == {LAMBDA_GRID[i] for i in visited}
+    fitted = {LAMBDA_GRID.index(fit.lam) for fit in result.path.values()}
+    if profile == "peak at lambda 1":
+        assert fitted == visited  # every guess was needed
+    else:
+        assert fitted > visited  # the guesses around lambda 1 were fitted, and not used
 
 
 def pairs(owners: list[int]) -> torch.Tensor:
@@ -279,7 +334,8 @@ def test_the_deferred_two_loop_equals_nocedals_two_loop():
     size = classes * d + classes
     objective = logistic._Objective(torch.zeros(10, d), torch.zeros(10, dtype=torch.long), classes,
                                     torch.tensor([0.5, 2.0]), torch.rand(d, generator=generator))
-    state = logistic._LBFGS(2, size, history, classes, torch.device("cpu"))
+    state = logistic._LBFGS(size, history, classes, torch.device("cpu"))
+    state.add(torch.zeros(2, size, dtype=torch.float64))
     state.scale = torch.tensor([0.7, 1.3], dtype=torch.float64)
     pairs = []
     for step in range(8):  # wraps the buffer of 5

@@ -5,8 +5,9 @@ The fits are scikit-learn's ``LogisticRegression(C=1/lambda)`` objective, minimi
 device (see ``logistic.py``) to each lambda's own optimum, so the path to it is free. The first round walks down
 from the strongest lambda, each fit starting from the path extrapolated through the previous ones (with few
 classes it runs as one batch instead: ``NARROW_COLUMNS``). Later rounds start each new lambda from the path
-interpolated between its fitted neighbours, as one batch. The final refit starts from the search's path at the
-lambda that weighs as much on the search's rows as the chosen one does on all of them.
+interpolated between its fitted neighbours; with few classes they run while the first round's weakest lambdas
+are still iterating, on the guess that those lose (``search_lambda``). The final refit starts from the search's
+path at the lambda that weighs as much on the search's rows as the chosen one does on all of them.
 
 The search: 97 values of lambda, log-spaced over [1e-6, 1e6] (8 per decade). Evaluate every 16th (1e-6, 1e-4,
 ..., 1e6) on the validation split, then around the best one at distance 8, 4, 2 and 1 grid steps, keeping the
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from cloob_core.evaluation.logistic import TOLERANCE, ProbeFit, RotatedFeatures, fit_logistic, fit_logistic_batch
+from cloob_core.evaluation.logistic import TOLERANCE, LogisticSolver, ProbeFit, fit_logistic
 
 log = logging.getLogger(__name__)
 LAMBDA_GRID = torch.logspace(-6, 6, 97, dtype=torch.float64).tolist()
@@ -51,6 +52,7 @@ class SearchResult:
 # A first round whose fits together have at most this many classes runs as one batch from zero instead of walking
 # the path: a matmul that narrow is bound by reading the features, so the batch costs little more per iteration
 # than one fit (10 classes: 0.48 s instead of 0.64 s on 4,000 x 512 features; 100 classes: 2.8 s instead of 1.7).
+# Fits the search may need next join a batch only while it stays this narrow.
 NARROW_COLUMNS = 128
 UNSEARCHED_LAMBDA = 1.0  # scikit-learn's LogisticRegression default, C = 1
 
@@ -59,34 +61,67 @@ def search_lambda(train_x: Tensor, train_y: Tensor, val_x: Tensor, val_y: Tensor
                   max_iter: int = 1000, tolerance: float = TOLERANCE) -> SearchResult:
     """CLIP's parametric binary search over ``LAMBDA_GRID``; see the module docstring. Every fit converges
     (``tolerance``), so each lambda is judged by the model it defines, whatever the path to it: a new lambda
-    starts from the regularisation path through the ones already fitted (``path_start``)."""
+    starts from the regularisation path through the ones already fitted (``path_start``).
+
+    The decisions read only the scores of the lambdas the search visits (``_walk``). The fits run on one solver,
+    each started as soon as it is known to be needed; and while the batch is narrow, also those the search will
+    need if the first round's weak lambdas, still iterating, lose to the best one so far, once a weaker lambda has
+    already lost to it (they usually do). Beside them those fits cost little, and any fit is its lambda's optimum,
+    so a wrong guess costs time, never an answer."""
     scores: dict[int, float] = {}
     fits: dict[int, ProbeFit] = {}
-    rotated = RotatedFeatures(train_x)  # once for all rounds
+    running: dict[int, int] = {}  # solver problem -> grid index
+    solver = LogisticSolver(train_x, train_y, num_classes, max_iter=max_iter, tolerance=tolerance)
+    narrow = len(INITIAL_INDICES) * num_classes <= NARROW_COLUMNS
 
-    def fit(new: list[int]) -> None:
-        batch = fit_logistic_batch(train_x, train_y, num_classes, [LAMBDA_GRID[i] for i in new], max_iter=max_iter,
-                                   tolerance=tolerance, rotated=rotated, starts=[path_start(fits, i) for i in new])
-        for index, model in zip(new, batch, strict=True):
-            fits[index], scores[index] = model, accuracy(model, val_x, val_y)
-            log.debug("lambda %.3g: validation accuracy %.4f (%d iterations)", model.lam, scores[index],
-                      model.iterations)
+    def start(indices: list[int], guess: bool = False) -> None:
+        new = [i for i in indices if i not in fits and i not in running.values()]
+        if not new or (guess and (len(running) + len(new)) * num_classes > NARROW_COLUMNS):
+            return
+        problems = solver.add([LAMBDA_GRID[i] for i in new], [path_start(fits, i) for i in new])
+        running.update(zip(problems, new, strict=True))
 
-    def best(indices: list[int]) -> int:
-        new = [i for i in indices if i not in scores]
-        if fits or len(new) * num_classes <= NARROW_COLUMNS:
-            fit(new)
-        else:  # the first round walks the path from the strongest lambda down, extrapolating it to the next
-            for index in sorted(new, reverse=True):
-                fit([index])
-        return max(indices, key=lambda i: (scores[i], i))  # ties: the larger lambda
+    def schedule() -> None:
+        needed, peak, _ = _walk(scores, INITIAL_INDICES)
+        if peak is not None:
+            solver.stop()
+            return
+        first_round = all(i in INITIAL_INDICES for i in needed)
+        start(needed if narrow or not first_round else [max(needed)])  # wide: walk down from the strongest
+        known = [i for i in INITIAL_INDICES if i in scores]
+        if narrow and known and min(known) < max(known, key=lambda i: (scores[i], i)):
+            start(_walk(scores, known)[0], guess=True)
 
-    peak = best(INITIAL_INDICES)
+    def on_fit(problem: int, fit: ProbeFit) -> None:
+        index = running.pop(problem)
+        fits[index], scores[index] = fit, accuracy(fit, val_x, val_y)
+        log.debug("lambda %.3g: validation accuracy %.4f (%d iterations)", fit.lam, scores[index], fit.iterations)
+        schedule()
+
+    schedule()
+    solver.run(on_fit)
+    _, peak, visited = _walk(scores, INITIAL_INDICES)
+    assert peak is not None  # every fit the walk needs has run
+    return SearchResult(LAMBDA_GRID[peak], scores[peak], fits[peak], {LAMBDA_GRID[i]: scores[i] for i in visited},
+                        path=fits, rows=len(train_y))
+
+
+def _walk(scores: dict[int, float], first_round: list[int]) -> tuple[list[int], int | None, list[int]]:
+    """The search from the scores known so far, with ``first_round`` as its first round: the grid points it needs
+    next and no peak, or none and its peak; and the points it has visited."""
+    visited = sorted(first_round)
+    missing = [i for i in first_round if i not in scores]
+    if missing or not first_round:
+        return missing, None, visited
+    peak = max(first_round, key=lambda i: (scores[i], i))  # ties: the larger lambda
     for span in SPANS:
         candidates = sorted({max(peak - span, 0), peak, min(peak + span, len(LAMBDA_GRID) - 1)})
-        peak = best(candidates)
-    return SearchResult(LAMBDA_GRID[peak], scores[peak], fits[peak],
-                        {LAMBDA_GRID[i]: s for i, s in sorted(scores.items())}, path=fits, rows=len(train_y))
+        visited = sorted({*visited, *candidates})
+        missing = [i for i in candidates if i not in scores]
+        if missing:
+            return missing, None, visited
+        peak = max(candidates, key=lambda i: (scores[i], i))
+    return [], peak, visited
 
 
 def path_start(fits: dict[int, ProbeFit], index: float) -> ProbeFit | None:

@@ -14,7 +14,7 @@ goes on in float64 only where float32 stops resolving progress before it has con
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -176,67 +176,136 @@ def fit_logistic_batch(features: Tensor, labels: Tensor, num_classes: int, lams:
                        max_iter: int = 1000, tolerance: float = TOLERANCE, history: int = 10,
                        rotated: RotatedFeatures | None = None,
                        starts: Sequence[ProbeFit | None] | None = None) -> list[ProbeFit]:
-    """Fit one model per lambda; each stops when its L-BFGS step would move no logit by more than ``tolerance``
-    (see ``TOLERANCE``), when no step along its direction is acceptable any more (rounding level), or after
-    ``max_iter`` iterations.
+    """Fit one model per lambda (see ``LogisticSolver``); ``rotated`` (of ``features``) may be passed when calls
+    share features."""
+    solver = LogisticSolver(features, labels, num_classes, max_iter=max_iter, tolerance=tolerance, history=history,
+                            rotated=rotated)
+    problems = solver.add(lams, starts)
+    fits = solver.run()
+    return [fits[p] for p in problems]
+
+
+class LogisticSolver:
+    """One model per lambda on shared features, fitted by one batched L-BFGS; each stops when its L-BFGS step would
+    move no logit by more than ``tolerance`` (see ``TOLERANCE``), when no step along its direction is acceptable
+    any more (rounding level), or after ``max_iter`` iterations.
 
     Converged, the result is the optimum lambda defines, whatever the path to it: so a fit may start from another
-    lambda's model (``starts``, a warm start along the regularisation path) and still give the same answer.
+    lambda's model (a warm start along the regularisation path) and still give the same answer.
     (scikit-learn's default tol=1e-4 stops weakly regularised fits of nearly separable features well before it,
-    and their accuracy then depends on where the solver stopped.) ``rotated`` (of ``features``) may be passed when
-    calls share features.
+    and their accuracy then depends on where the solver stopped.)
 
-    The iterations run in float32 (half the memory traffic) until the fit converges or float32 stops resolving
+    Lambdas may be added while it runs: ``run`` hands each fit to ``on_fit`` as it finishes, which may ``add``
+    more, and they join the batch at the next iteration. A search so starts the fits it will need next beside
+    the weak lambdas still iterating, whose products have room for more columns.
+
+    The iterations run in float32 (half the memory traffic) until a fit converges or float32 stops resolving its
     progress; the same L-BFGS state then continues in float64 for the fits float32 could not finish.
     """
-    device = features.device
-    rotated = rotated or RotatedFeatures(features)
-    lam_tensor = torch.tensor(lams, dtype=DTYPE, device=device)
-    rough = _Objective(rotated.rough, labels, num_classes, lam_tensor.float(), rotated.spectrum.float())
-    state = _LBFGS(len(lams), num_classes * features.shape[1] + num_classes, history, num_classes, device)
-    for i, start in enumerate(starts or []):
-        if start is not None:
-            state.theta[i] = rotated.to_rotated(start)
-    state.run(rough, tolerance, max_iter, ROUGH_HALVINGS)
-    if state.unfinished(max_iter):
-        state.run(_Objective(rotated.exact, labels, num_classes, lam_tensor, rotated.spectrum), tolerance, max_iter)
-    weight, bias = rough.split(state.theta)
-    fits = []
-    for i, lam in enumerate(lams):
-        plain_weight, plain_bias = rotated.from_rotated(weight[i], bias[i])
-        fits.append(ProbeFit(plain_weight, plain_bias, float(lam), int(state.iterations[i])))
-    return fits
+
+    def __init__(self, features: Tensor, labels: Tensor, num_classes: int, *, max_iter: int = 1000,
+                 tolerance: float = TOLERANCE, history: int = 10, rotated: RotatedFeatures | None = None) -> None:
+        self.rotated = rotated or RotatedFeatures(features)
+        self.labels, self.classes, self.max_iter, self.tolerance = labels, num_classes, max_iter, tolerance
+        self.lams = torch.zeros(0, dtype=DTYPE, device=features.device)
+        self.rough = _Objective(self.rotated.rough, labels, num_classes, self.lams.float(),
+                                self.rotated.spectrum.float())
+        self._exact: _Objective | None = None
+        self.state = _LBFGS(num_classes * features.shape[1] + num_classes, history, num_classes, features.device)
+
+    def add(self, lams: Sequence[float], starts: Sequence[ProbeFit | None] | None = None) -> list[int]:
+        """New problems (their numbers), each starting from its ``starts`` model or from zero."""
+        first = len(self.lams)
+        self.lams = torch.cat([self.lams, torch.tensor(lams, dtype=DTYPE, device=self.lams.device)])
+        self.rough.lams = self.lams.float()
+        if self._exact is not None:
+            self._exact.lams = self.lams
+        theta = torch.zeros(len(lams), self.state.size, dtype=DTYPE, device=self.lams.device)
+        for i, start in enumerate(starts or []):
+            if start is not None:
+                theta[i] = self.rotated.to_rotated(start)
+        self.state.add(theta)
+        return list(range(first, len(self.lams)))
+
+    def stop(self) -> None:
+        """End the problems still running, unreported (from ``on_fit``: the fits they were for are not needed)."""
+        self.state.final[:] = True
+
+    def run(self, on_fit: Callable[[int, ProbeFit], None] | None = None) -> dict[int, ProbeFit]:
+        """Iterate until every problem has finished (or ``stop``); the fits by problem number."""
+        fits: dict[int, ProbeFit] = {}
+
+        def report(problems: Tensor) -> None:
+            for problem in problems.tolist():
+                fits[problem] = self._fit(problem)
+                if on_fit is not None:
+                    on_fit(problem, fits[problem])
+
+        while bool(self.state.runnable(exact=False).any() or self.state.runnable(exact=True).any()):
+            self.state.run(self.rough, self.tolerance, self.max_iter, ROUGH_HALVINGS, report, exact=False)
+            if bool(self.state.runnable(exact=True).any()):
+                self.state.run(self.exact, self.tolerance, self.max_iter, MAX_HALVINGS, report, exact=True)
+        return fits
+
+    @property
+    def exact(self) -> _Objective:
+        if self._exact is None:
+            self._exact = _Objective(self.rotated.exact, self.labels, self.classes, self.lams, self.rotated.spectrum)
+        return self._exact
+
+    def _fit(self, problem: int) -> ProbeFit:
+        weight, bias = self.rough.split(self.state.theta[problem : problem + 1])
+        plain_weight, plain_bias = self.rotated.from_rotated(weight[0], bias[0])
+        return ProbeFit(plain_weight, plain_bias, float(self.lams[problem]), int(self.state.iterations[problem]))
 
 
 class _LBFGS:
-    """L-BFGS state of K problems (float64, whatever precision the objective evaluates in)."""
+    """L-BFGS state of K problems (float64, whatever precision the objective evaluates in); problems may be added
+    while it runs."""
 
-    def __init__(self, problems: int, size: int, history: int, num_classes: int, device: torch.device) -> None:
-        self.theta = torch.zeros(problems, size, dtype=DTYPE, device=device)
-        self.steps = torch.zeros(problems, history, size, dtype=DTYPE, device=device)
+    def __init__(self, size: int, history: int, num_classes: int, device: torch.device) -> None:
+        self.size, self.history, self.stored, self.classes = size, history, 0, num_classes
+        self.theta = torch.zeros(0, size, dtype=DTYPE, device=device)
+        self.steps = torch.zeros(0, history, size, dtype=DTYPE, device=device)
         self.changes = torch.zeros_like(self.steps)
-        self.inverse_curvature = torch.zeros(problems, history, dtype=DTYPE, device=device)  # 0: empty slot
-        self.gram = torch.zeros(problems, history, history, dtype=DTYPE, device=device)  # [i, j]: s_i . y_j
-        # At W = 0 the softmax Hessian is ~ (1/C) Sigma per class: C times the preconditioner is a Newton step.
-        self.scale = torch.full((problems,), float(num_classes), dtype=DTYPE, device=device)
-        self.iterations = torch.zeros(problems, dtype=torch.long, device=device)
+        self.inverse_curvature = torch.zeros(0, history, dtype=DTYPE, device=device)  # 0: empty slot
+        self.gram = torch.zeros(0, history, history, dtype=DTYPE, device=device)  # [i, j]: s_i . y_j
+        self.scale = torch.zeros(0, dtype=DTYPE, device=device)
+        self.iterations = torch.zeros(0, dtype=torch.long, device=device)
         # The step estimates the way to the optimum only once it is scaled by measured curvature: until then (the
         # first step, from zero or from a warm start) it is not a convergence test.
-        self.measured = torch.zeros(problems, dtype=torch.bool, device=device)
-        self.converged = torch.zeros(problems, dtype=torch.bool, device=device)
-        self.history, self.stored = history, 0
+        self.measured = torch.zeros(0, dtype=torch.bool, device=device)
+        self.final = torch.zeros(0, dtype=torch.bool, device=device)  # converged, stalled in float64 or out of steps
+        self.needs_exact = torch.zeros(0, dtype=torch.bool, device=device)  # stalled in float32
 
-    def run(self, objective: _Objective, tolerance: float, max_iter: int, halvings: int = MAX_HALVINGS) -> None:
-        """Iterate the problems not yet converged (by an earlier run) until they pass the test, stall or run out."""
+    def add(self, theta: Tensor) -> None:
+        k = len(theta)
+
+        def grown(tensor: Tensor, value: float | bool = 0) -> Tensor:
+            return torch.cat([tensor, torch.full((k, *tensor.shape[1:]), value, dtype=tensor.dtype,
+                                                 device=tensor.device)])
+
+        self.theta = torch.cat([self.theta, theta])
+        self.steps, self.changes = grown(self.steps), grown(self.changes)
+        self.inverse_curvature, self.gram = grown(self.inverse_curvature), grown(self.gram)
+        # At W = 0 the softmax Hessian is ~ (1/C) Sigma per class: C times the preconditioner is a Newton step.
+        self.scale = grown(self.scale, float(self.classes))
+        self.iterations = grown(self.iterations)
+        self.measured, self.final, self.needs_exact = grown(self.measured), grown(self.final), grown(self.needs_exact)
+
+    def runnable(self, exact: bool) -> Tensor:
+        return ~self.final & (self.needs_exact == exact)
+
+    def run(self, objective: _Objective, tolerance: float, max_iter: int, halvings: int,
+            report: Callable[[Tensor], None], exact: bool) -> None:
+        """Iterate this phase's problems (float32 or float64) until each passes the test, stalls or runs out;
+        after each iteration ``report`` gets the problems that finished in it, and may add problems, which join
+        a float32 phase at once and a float64 one at the next float32 phase."""
         dtype, tiny = objective.features.dtype, torch.finfo(DTYPE).tiny
-        active = ~self.converged & (self.iterations < max_iter)
-        if not self.unfinished(max_iter):
-            return
-        loss = torch.zeros(len(self.theta), dtype=DTYPE, device=self.theta.device)
-        grad = torch.zeros_like(self.theta)
-        pending = torch.nonzero(active).flatten()
-        start_loss, start_grad = objective(self.theta[pending].to(dtype), pending)
-        loss[pending], grad[pending] = start_loss.to(DTYPE), start_grad.to(DTYPE)
+        active = torch.zeros(0, dtype=torch.bool, device=self.theta.device)
+        loss = torch.zeros(0, dtype=DTYPE, device=self.theta.device)
+        grad = torch.zeros(0, self.size, dtype=DTYPE, device=self.theta.device)
+        active, loss, grad = self._join(objective, active, loss, grad, exact)
         while bool(active.any()):
             idx = torch.nonzero(active).flatten()
             g = grad[idx]
@@ -246,29 +315,48 @@ class _LBFGS:
             if uphill.any():
                 direction[uphill], slope[uphill] = -g[uphill], -(g[uphill] * g[uphill]).sum(dim=1)
             converged = self.measured[idx] & ~uphill & (objective.logit_change(direction.to(dtype)) <= tolerance)
-            if converged.any():
-                active[idx[converged]] = False
-                self.converged[idx[converged]] = True
-                idx, g, direction, slope = idx[~converged], g[~converged], direction[~converged], slope[~converged]
-                if len(idx) == 0:
-                    break
-            new_theta, new_loss, new_grad, moved = _backtrack(objective, self.theta[idx], loss[idx], g, direction,
-                                                               slope, idx, halvings)
-            s, y = new_theta - self.theta[idx], new_grad - g
-            sy, y_my = (s * y).sum(dim=1), (y * objective.precondition(y.to(dtype), idx).to(DTYPE)).sum(dim=1)
-            curved = moved & (sy > 1e-10 * y_my)
-            slot = self.stored % self.history
-            self.stored += 1
-            self._store(slot, idx, s, y, torch.where(curved, 1.0 / sy.clamp(min=tiny), 0.0))
-            self.scale[idx] = torch.where(curved, sy / y_my.clamp(min=tiny), self.scale[idx])
-            self.measured[idx] |= curved
-            self.theta[idx], loss[idx], grad[idx] = new_theta, new_loss, new_grad
-            self.iterations[idx] += 1
-            done = ~moved | (self.iterations[idx] >= max_iter)
-            active[idx[done]] = False
+            finished = [idx[converged]]
+            self.final[idx[converged]] = True
+            idx, g, direction, slope = idx[~converged], g[~converged], direction[~converged], slope[~converged]
+            if len(idx):
+                new_theta, new_loss, new_grad, moved = _backtrack(objective, self.theta[idx], loss[idx], g,
+                                                                   direction, slope, idx, halvings)
+                s, y = new_theta - self.theta[idx], new_grad - g
+                sy, y_my = (s * y).sum(dim=1), (y * objective.precondition(y.to(dtype), idx).to(DTYPE)).sum(dim=1)
+                curved = moved & (sy > 1e-10 * y_my)
+                slot = self.stored % self.history
+                self.stored += 1
+                self._store(slot, idx, s, y, torch.where(curved, 1.0 / sy.clamp(min=tiny), 0.0))
+                self.scale[idx] = torch.where(curved, sy / y_my.clamp(min=tiny), self.scale[idx])
+                self.measured[idx] |= curved
+                self.theta[idx], loss[idx], grad[idx] = new_theta, new_loss, new_grad
+                self.iterations[idx] += 1
+                out_of_steps = self.iterations[idx] >= max_iter
+                stalled = ~moved & ~out_of_steps
+                ended = out_of_steps | stalled if exact else out_of_steps  # float32 hands a stalled fit on
+                self.needs_exact[idx[stalled]] = True
+                self.final[idx[ended]] = True
+                finished.append(idx[ended])
+            finished_now = torch.cat(finished)
+            if len(finished_now):
+                report(finished_now)  # may add problems or end the others
+            active, loss, grad = self._join(objective, active, loss, grad, exact)
 
-    def unfinished(self, max_iter: int) -> bool:
-        return bool((~self.converged & (self.iterations < max_iter)).any())
+    def _join(self, objective: _Objective, active: Tensor, loss: Tensor, grad: Tensor,
+              exact: bool) -> tuple[Tensor, Tensor, Tensor]:
+        """``active`` (this phase's running problems) brought up to date: finished ones out, problems added since
+        the last call in, with their starting losses and gradients."""
+        known = len(active)
+        total = len(self.theta)
+        if total > known:
+            active = torch.cat([active, self.runnable(exact)[known:]])
+            loss = torch.cat([loss, torch.zeros(total - known, dtype=DTYPE, device=loss.device)])
+            grad = torch.cat([grad, torch.zeros(total - known, self.size, dtype=DTYPE, device=grad.device)])
+            new = known + torch.nonzero(active[known:]).flatten()
+            if len(new):
+                start_loss, start_grad = objective(self.theta[new].to(objective.features.dtype), new)
+                loss[new], grad[new] = start_loss.to(DTYPE), start_grad.to(DTYPE)
+        return active & ~self.final & (self.needs_exact == exact), loss, grad
 
     def _store(self, slot: int, idx: Tensor, s: Tensor, y: Tensor, rho: Tensor) -> None:
         self.steps[idx, slot], self.changes[idx, slot], self.inverse_curvature[idx, slot] = s, y, rho
