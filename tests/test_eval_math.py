@@ -83,7 +83,8 @@ def test_objective_gradient_is_the_gradient_of_the_plain_objective():
     x = x.double()
     lams = torch.tensor([0.5, 7.0], dtype=torch.float64)
     geometry = RotatedFeatures(x)
-    objective = logistic._Objective(geometry.exact, y, 4, lams, geometry.spectrum)
+    objective = logistic._Objective(geometry.exact, y, 4, geometry.spectrum)
+    objective.lams = lams
     theta = torch.randn(2, 4 * 16 + 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     loss, grad = objective(theta, torch.arange(2))
     for k in range(2):
@@ -124,13 +125,14 @@ def test_lambda_search_visits_clips_grid_and_breaks_ties_towards_more_regularisa
     assert math.log10(result.lam) * 8 == pytest.approx(round(math.log10(result.lam) * 8))
 
 
-def test_a_fit_added_while_the_solver_runs_reaches_its_own_optimum_and_stop_ends_the_rest():
+def test_a_fit_added_while_the_solver_runs_reaches_its_own_optimum_and_finished_ones_are_dropped():
     x, y = separable(9, 400, 16, 4, 1.0)  # lambda 1e-6 takes about 190 iterations, 1e-2 70
     solver = logistic.LogisticSolver(x, y, 4)
-    reported = []
+    reported, rows = [], []
 
     def on_fit(problem: int, fit: ProbeFit) -> None:
         reported.append(fit.lam)
+        rows.append(len(solver.state.theta))
         if fit.lam == 100.0:  # the strong lambda finishes first: one more joins the weak one still iterating
             solver.add([1e-2])
         elif fit.lam == 1e-2:
@@ -139,6 +141,8 @@ def test_a_fit_added_while_the_solver_runs_reaches_its_own_optimum_and_stop_ends
     solver.add([100.0, 1e-6])
     fits = solver.run(on_fit)
     assert reported == [100.0, 1e-2]  # 1e-6 was still iterating: stopped, never reported
+    assert rows == [2, 2]  # a finished fit's L-BFGS memory is dropped: 100's by the time 1e-2 finishes
+    assert len(solver.state.theta) == 0
     assert sorted(fits) == [0, 2]
     alone = fit_logistic(x, y, 4, 1e-2)
     torch.testing.assert_close(torch.softmax(fits[2].predict_scores(x), 1), torch.softmax(alone.predict_scores(x), 1),
@@ -333,9 +337,11 @@ def test_the_deferred_two_loop_equals_nocedals_two_loop():
     classes, d, history = 3, 4, 5
     size = classes * d + classes
     objective = logistic._Objective(torch.zeros(10, d), torch.zeros(10, dtype=torch.long), classes,
-                                    torch.tensor([0.5, 2.0]), torch.rand(d, generator=generator))
+                                    torch.rand(d, generator=generator))
+    objective.lams = torch.tensor([0.5, 2.0])
     state = logistic._LBFGS(size, history, classes, torch.device("cpu"))
-    state.add(torch.zeros(2, size, dtype=torch.float64))
+    state.add(torch.zeros(2, size, dtype=torch.float64), torch.tensor([0.5, 2.0], dtype=torch.float64),
+              torch.arange(2))
     state.scale = torch.tensor([0.7, 1.3], dtype=torch.float64)
     pairs = []
     for step in range(8):  # wraps the buffer of 5

@@ -124,8 +124,9 @@ class _Objective:
     Centred, the sums over rows do not cancel a large common mean, so float32 resolves the gradient much closer to
     the optimum."""
 
-    def __init__(self, rotated: Tensor, labels: Tensor, num_classes: int, lams: Tensor, spectrum: Tensor) -> None:
-        self.features, self.labels, self.classes, self.lams = rotated, labels, num_classes, lams
+    def __init__(self, rotated: Tensor, labels: Tensor, num_classes: int, spectrum: Tensor) -> None:
+        self.features, self.labels, self.classes = rotated, labels, num_classes
+        self.lams = torch.zeros(0, dtype=rotated.dtype, device=rotated.device)  # by row, set by the L-BFGS state
         self.spectrum = spectrum
         self.n, self.dim = rotated.shape
 
@@ -197,7 +198,8 @@ class LogisticSolver:
 
     Lambdas may be added while it runs: ``run`` hands each fit to ``on_fit`` as it finishes, which may ``add``
     more, and they join the batch at the next iteration. A search so starts the fits it will need next beside
-    the weak lambdas still iterating, whose products have room for more columns.
+    the weak lambdas still iterating, whose products have room for more columns. A finished fit's L-BFGS memory
+    is dropped, so memory follows the problems running, not all the search has fitted.
 
     The iterations run in float32 (half the memory traffic) until a fit converges or float32 stops resolving its
     progress; the same L-BFGS state then continues in float64 for the fits float32 could not finish.
@@ -207,25 +209,22 @@ class LogisticSolver:
                  tolerance: float = TOLERANCE, history: int = 10, rotated: RotatedFeatures | None = None) -> None:
         self.rotated = rotated or RotatedFeatures(features)
         self.labels, self.classes, self.max_iter, self.tolerance = labels, num_classes, max_iter, tolerance
-        self.lams = torch.zeros(0, dtype=DTYPE, device=features.device)
-        self.rough = _Objective(self.rotated.rough, labels, num_classes, self.lams.float(),
-                                self.rotated.spectrum.float())
+        self.rough = _Objective(self.rotated.rough, labels, num_classes, self.rotated.spectrum.float())
         self._exact: _Objective | None = None
         self.state = _LBFGS(num_classes * features.shape[1] + num_classes, history, num_classes, features.device)
+        self.problems = 0
 
     def add(self, lams: Sequence[float], starts: Sequence[ProbeFit | None] | None = None) -> list[int]:
         """New problems (their numbers), each starting from its ``starts`` model or from zero."""
-        first = len(self.lams)
-        self.lams = torch.cat([self.lams, torch.tensor(lams, dtype=DTYPE, device=self.lams.device)])
-        self.rough.lams = self.lams.float()
-        if self._exact is not None:
-            self._exact.lams = self.lams
-        theta = torch.zeros(len(lams), self.state.size, dtype=DTYPE, device=self.lams.device)
+        device = self.state.theta.device
+        theta = torch.zeros(len(lams), self.state.size, dtype=DTYPE, device=device)
         for i, start in enumerate(starts or []):
             if start is not None:
                 theta[i] = self.rotated.to_rotated(start)
-        self.state.add(theta)
-        return list(range(first, len(self.lams)))
+        numbers = list(range(self.problems, self.problems + len(lams)))
+        self.problems += len(lams)
+        self.state.add(theta, torch.tensor(lams, dtype=DTYPE, device=device), torch.tensor(numbers, device=device))
+        return numbers
 
     def stop(self) -> None:
         """End the problems still running, unreported (from ``on_fit``: the fits they were for are not needed)."""
@@ -235,11 +234,12 @@ class LogisticSolver:
         """Iterate until every problem has finished (or ``stop``); the fits by problem number."""
         fits: dict[int, ProbeFit] = {}
 
-        def report(problems: Tensor) -> None:
-            for problem in problems.tolist():
-                fits[problem] = self._fit(problem)
+        def report(rows: Tensor) -> None:
+            for row in rows.tolist():
+                number = int(self.state.numbers[row])
+                fits[number] = self._fit(row)
                 if on_fit is not None:
-                    on_fit(problem, fits[problem])
+                    on_fit(number, fits[number])
 
         while bool(self.state.runnable(exact=False).any() or self.state.runnable(exact=True).any()):
             self.state.run(self.rough, self.tolerance, self.max_iter, ROUGH_HALVINGS, report, exact=False)
@@ -250,22 +250,24 @@ class LogisticSolver:
     @property
     def exact(self) -> _Objective:
         if self._exact is None:
-            self._exact = _Objective(self.rotated.exact, self.labels, self.classes, self.lams, self.rotated.spectrum)
+            self._exact = _Objective(self.rotated.exact, self.labels, self.classes, self.rotated.spectrum)
         return self._exact
 
-    def _fit(self, problem: int) -> ProbeFit:
-        weight, bias = self.rough.split(self.state.theta[problem : problem + 1])
+    def _fit(self, row: int) -> ProbeFit:
+        weight, bias = self.rough.split(self.state.theta[row : row + 1])
         plain_weight, plain_bias = self.rotated.from_rotated(weight[0], bias[0])
-        return ProbeFit(plain_weight, plain_bias, float(self.lams[problem]), int(self.state.iterations[problem]))
+        return ProbeFit(plain_weight, plain_bias, float(self.state.lams[row]), int(self.state.iterations[row]))
 
 
 class _LBFGS:
-    """L-BFGS state of K problems (float64, whatever precision the objective evaluates in); problems may be added
-    while it runs."""
+    """L-BFGS state of K problems, one row each (float64, whatever precision the objective evaluates in).
+    Problems may be added while it runs; finished ones are dropped at the next iteration."""
 
     def __init__(self, size: int, history: int, num_classes: int, device: torch.device) -> None:
         self.size, self.history, self.stored, self.classes = size, history, 0, num_classes
         self.theta = torch.zeros(0, size, dtype=DTYPE, device=device)
+        self.lams = torch.zeros(0, dtype=DTYPE, device=device)
+        self.numbers = torch.zeros(0, dtype=torch.long, device=device)  # the solver's problem numbers
         self.steps = torch.zeros(0, history, size, dtype=DTYPE, device=device)
         self.changes = torch.zeros_like(self.steps)
         self.inverse_curvature = torch.zeros(0, history, dtype=DTYPE, device=device)  # 0: empty slot
@@ -278,14 +280,18 @@ class _LBFGS:
         self.final = torch.zeros(0, dtype=torch.bool, device=device)  # converged, stalled in float64 or out of steps
         self.needs_exact = torch.zeros(0, dtype=torch.bool, device=device)  # stalled in float32
 
-    def add(self, theta: Tensor) -> None:
+    _ROWS = ("theta", "lams", "numbers", "steps", "changes", "inverse_curvature", "gram", "scale", "iterations",
+             "measured", "final", "needs_exact")
+
+    def add(self, theta: Tensor, lams: Tensor, numbers: Tensor) -> None:
         k = len(theta)
 
         def grown(tensor: Tensor, value: float | bool = 0) -> Tensor:
             return torch.cat([tensor, torch.full((k, *tensor.shape[1:]), value, dtype=tensor.dtype,
                                                  device=tensor.device)])
 
-        self.theta = torch.cat([self.theta, theta])
+        self.theta, self.lams, self.numbers = torch.cat([self.theta, theta]), torch.cat([self.lams, lams]), \
+            torch.cat([self.numbers, numbers])
         self.steps, self.changes = grown(self.steps), grown(self.changes)
         self.inverse_curvature, self.gram = grown(self.inverse_curvature), grown(self.gram)
         # At W = 0 the softmax Hessian is ~ (1/C) Sigma per class: C times the preconditioner is a Newton step.
@@ -299,8 +305,8 @@ class _LBFGS:
     def run(self, objective: _Objective, tolerance: float, max_iter: int, halvings: int,
             report: Callable[[Tensor], None], exact: bool) -> None:
         """Iterate this phase's problems (float32 or float64) until each passes the test, stalls or runs out;
-        after each iteration ``report`` gets the problems that finished in it, and may add problems, which join
-        a float32 phase at once and a float64 one at the next float32 phase."""
+        after each iteration ``report`` gets the rows that finished in it, and may add problems, which join a
+        float32 phase at once and a float64 one at the next float32 phase."""
         dtype, tiny = objective.features.dtype, torch.finfo(DTYPE).tiny
         active = torch.zeros(0, dtype=torch.bool, device=self.theta.device)
         loss = torch.zeros(0, dtype=DTYPE, device=self.theta.device)
@@ -344,10 +350,16 @@ class _LBFGS:
 
     def _join(self, objective: _Objective, active: Tensor, loss: Tensor, grad: Tensor,
               exact: bool) -> tuple[Tensor, Tensor, Tensor]:
-        """``active`` (this phase's running problems) brought up to date: finished ones out, problems added since
-        the last call in, with their starting losses and gradients."""
-        known = len(active)
-        total = len(self.theta)
+        """``active`` (this phase's running rows), ``loss`` and ``grad`` brought up to date: finished rows dropped
+        (reported already), problems added since the last call in, with their starting losses and gradients."""
+        keep = ~self.final
+        if not bool(keep.all()):
+            for name in self._ROWS:
+                setattr(self, name, getattr(self, name)[keep])
+            known = keep[: len(active)]
+            active, loss, grad = active[known], loss[known], grad[known]
+        objective.lams = self.lams.to(objective.features.dtype)
+        known, total = len(active), len(self.theta)
         if total > known:
             active = torch.cat([active, self.runnable(exact)[known:]])
             loss = torch.cat([loss, torch.zeros(total - known, dtype=DTYPE, device=loss.device)])
@@ -356,7 +368,7 @@ class _LBFGS:
             if len(new):
                 start_loss, start_grad = objective(self.theta[new].to(objective.features.dtype), new)
                 loss[new], grad[new] = start_loss.to(DTYPE), start_grad.to(DTYPE)
-        return active & ~self.final & (self.needs_exact == exact), loss, grad
+        return active & self.runnable(exact), loss, grad
 
     def _store(self, slot: int, idx: Tensor, s: Tensor, y: Tensor, rho: Tensor) -> None:
         self.steps[idx, slot], self.changes[idx, slot], self.inverse_curvature[idx, slot] = s, y, rho
