@@ -284,20 +284,14 @@ class _LBFGS:
              "measured", "final", "needs_exact")
 
     def add(self, theta: Tensor, lams: Tensor, numbers: Tensor) -> None:
-        k = len(theta)
-
-        def grown(tensor: Tensor, value: float | bool = 0) -> Tensor:
-            return torch.cat([tensor, torch.full((k, *tensor.shape[1:]), value, dtype=tensor.dtype,
-                                                 device=tensor.device)])
-
-        self.theta, self.lams, self.numbers = torch.cat([self.theta, theta]), torch.cat([self.lams, lams]), \
-            torch.cat([self.numbers, numbers])
-        self.steps, self.changes = grown(self.steps), grown(self.changes)
-        self.inverse_curvature, self.gram = grown(self.inverse_curvature), grown(self.gram)
-        # At W = 0 the softmax Hessian is ~ (1/C) Sigma per class: C times the preconditioner is a Newton step.
-        self.scale = grown(self.scale, float(self.classes))
-        self.iterations = grown(self.iterations)
-        self.measured, self.final, self.needs_exact = grown(self.measured), grown(self.final), grown(self.needs_exact)
+        given = {"theta": theta, "lams": lams, "numbers": numbers}
+        for name in self._ROWS:
+            rows = getattr(self, name)
+            # At W = 0 the softmax Hessian is ~ (1/C) Sigma per class: C times the preconditioner is a Newton step.
+            fill = float(self.classes) if name == "scale" else 0
+            new = given[name] if name in given else torch.full((len(theta), *rows.shape[1:]), fill, dtype=rows.dtype,
+                                                               device=rows.device)
+            setattr(self, name, torch.cat([rows, new]))
 
     def runnable(self, exact: bool) -> Tensor:
         return ~self.final & (self.needs_exact == exact)
@@ -358,9 +352,10 @@ class _LBFGS:
                 setattr(self, name, getattr(self, name)[keep])
             known = keep[: len(active)]
             active, loss, grad = active[known], loss[known], grad[known]
-        objective.lams = self.lams.to(objective.features.dtype)
+            objective.lams = self.lams.to(objective.features.dtype)
         known, total = len(active), len(self.theta)
         if total > known:
+            objective.lams = self.lams.to(objective.features.dtype)
             active = torch.cat([active, self.runnable(exact)[known:]])
             loss = torch.cat([loss, torch.zeros(total - known, dtype=DTYPE, device=loss.device)])
             grad = torch.cat([grad, torch.zeros(total - known, self.size, dtype=DTYPE, device=grad.device)])
