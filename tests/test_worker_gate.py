@@ -116,6 +116,14 @@ def test_the_tuner_measures_again_every_so_many_steps():
     assert tuner.chosen_held
 
 
+def test_a_repeated_trial_keeps_its_blocks_when_the_period_is_not_a_multiple_of_a_block():
+    tuner = _decide(200, 180, warmup=2, block=4, settle=2, blocks=2, every=10)  # trials at steps 2-9, 12-19
+    assert not tuner.chosen_held
+    for step in range(10, 20):  # held is faster now, but its settling steps (12 and 13) are outliers against it
+        tuner.record(step, 1.0 if step in (12, 13) else 0.1 if tuner.held(step) else 0.3)
+    assert tuner.chosen_held
+
+
 def test_an_inconsistent_tuner_is_refused():
     with pytest.raises(ValueError, match="inconsistent tuner"):
         PrefetchTuner(block=8, settle=8)

@@ -45,25 +45,26 @@ class PrefetchTuner:
         self.chosen_held = True
         self._times: dict[bool, list[float]] = {True: [], False: []}
 
-    def _trial_block(self, step: int) -> int | None:
-        """The trial block ``step`` falls in, or None outside a trial."""
+    def _trial(self, step: int) -> tuple[int, int] | None:
+        """The trial block ``step`` falls in and its place in that block, or None outside a trial."""
         if step < self.warmup:
             return None
         offset = (step - self.warmup) % self.every
-        return offset // self.block if offset < self.block * self.blocks else None
+        return divmod(offset, self.block) if offset < self.block * self.blocks else None
 
     def held(self, step: int) -> bool:
-        block = self._trial_block(step)
-        return self.chosen_held if block is None else block % 2 == 0
+        trial = self._trial(step)
+        return self.chosen_held if trial is None else trial[0] % 2 == 0
 
     def record(self, step: int, seconds: float) -> None:
         """The time of ``step``, asked for by ``held(step)``; the trial's last step decides."""
-        block = self._trial_block(step)
-        if block is None:
+        trial = self._trial(step)
+        if trial is None:
             return
-        if (step - self.warmup) % self.block >= self.settle:
+        block, place = trial
+        if place >= self.settle:
             self._times[block % 2 == 0].append(seconds)
-        if block == self.blocks - 1 and (step - self.warmup) % self.block == self.block - 1:
+        if (block, place) == (self.blocks - 1, self.block - 1):
             held, released = (statistics.median(self._times[way]) for way in (True, False))
             self.chosen_held = held <= released
             self._times = {True: [], False: []}
