@@ -16,7 +16,7 @@ scikit-learn runs at CLIP's published setting (default tol 1e-4, max_iter 1000),
 CLIP_benchmark's probe is reported when `clip_benchmark` is importable.
 
     python benchmarks/bench_eval.py [--n 10000] [--d 512] [--classes 10 100] [--kinds ...] [--sklearn-tol 1e-8]
-                                    [--load 6]
+                                    [--load 6] [--repeat 3]
 
 ``--load N`` runs everything beside N busy processes (``busy_load.py``, as ``bench_train.py --stage``).
 """
@@ -24,8 +24,10 @@ CLIP_benchmark's probe is reported when `clip_benchmark` is importable.
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 import warnings
+from functools import partial
 
 # isort: off
 import cloob_core  # noqa: F401  (before torch: it caps OpenMP's spinning, which libgomp reads when it loads)
@@ -94,6 +96,25 @@ def sklearn_probe(train_x, train_y, test_x, test_y, tol: float, max_iter: int, s
     return LAMBDA_GRID[peak], final.score(test_x.numpy(), test_y.numpy())
 
 
+def ours_probe(x: torch.Tensor, y: torch.Tensor, cut: int, classes: int) -> tuple[float, float]:
+    fit, search = linear_probe(x[:cut], y[:cut], classes)
+    return search.lam, accuracy(fit, x[cut:], y[cut:])
+
+
+def time_alternately(probes: list, repeat: int) -> tuple[list[list[float]], list[tuple[float, float]]]:
+    """Each probe ``repeat`` times, in turn, the order reversed every other round so that no probe always runs
+    first or last after the others; their seconds, and each one's (lambda, test accuracy), which do not vary."""
+    seconds: list[list[float]] = [[] for _ in probes]
+    results: list[tuple[float, float]] = [(0.0, 0.0)] * len(probes)
+    for round_ in range(repeat):
+        order = range(len(probes)) if round_ % 2 == 0 else reversed(range(len(probes)))
+        for i in order:
+            started = time.perf_counter()
+            results[i] = probes[i]()
+            seconds[i].append(time.perf_counter() - started)
+    return seconds, results
+
+
 def warm_up() -> None:
     """Pay both libraries' one-time costs (imports, thread pools) before any clock starts."""
     x, y = features(400, 16, 4, "isotropic")
@@ -128,6 +149,9 @@ def main() -> None:
     parser.add_argument("--sklearn-tol", type=float, nargs="*", default=[],
                         help="further scikit-learn runs at these tolerances (max_iter 20000), e.g. 1e-8")
     parser.add_argument("--load", type=int, default=0, help="busy processes beside the whole run (0: quiet)")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="runs of each probe per case, taken in turn; the median is reported (this machine's "
+                             "speed drifts by a third within minutes)")
     args = parser.parse_args()
     with load(args.load, seconds=4 * 3600):
         compare(args)
@@ -138,25 +162,27 @@ def compare(args: argparse.Namespace) -> None:
     warm_up()
     print(f"linear probe with CLIP's lambda search, {args.n} x {args.d} features (80% train, 20% test), CPU, "
           f"{torch.get_num_threads()} threads, " + (f"under a load of {args.load}" if args.load else "quiet"))
-    print(f"  {'features':<14} {'classes':>7}  {'probe':<34} {'seconds':>8} {'lambda':>9} {'test acc':>9} "
-          f"{'ours faster':>11} {'acc diff':>9}")
+    print(f"seconds: median of {args.repeat} run(s) of each probe, taken in turn (the order alternating), and "
+          "their range")
+    print(f"  {'features':<14} {'classes':>7}  {'probe':<34} {'seconds':>8} {'range':>13} {'lambda':>9} "
+          f"{'test acc':>9} {'ours faster':>11} {'acc diff':>9}")
     sklearn_runs = [("scikit-learn L-BFGS, CLIP's setting", 1e-4, 1000)]
     sklearn_runs += [(f"scikit-learn L-BFGS, tol {tol:g}", tol, 20_000) for tol in args.sklearn_tol]
     for kind in args.kinds:
         for classes in args.classes:
             x, y = features(args.n, args.d, classes, kind)
             cut = int(0.8 * args.n)
-            started = time.perf_counter()
-            fit, search = linear_probe(x[:cut], y[:cut], classes)
-            ours_s, ours_acc = time.perf_counter() - started, accuracy(fit, x[cut:], y[cut:])
-            print(f"  {kind:<14} {classes:>7}  {'ours (torch L-BFGS)':<34} {ours_s:>8.2f} {search.lam:>9.3g} "
-                  f"{100 * ours_acc:>8.2f}%")
-            for label, tol, max_iter in sklearn_runs:
-                started = time.perf_counter()
-                sk_lambda, sk_acc = sklearn_probe(x[:cut], y[:cut], x[cut:], y[cut:], tol, max_iter)
-                sk_s = time.perf_counter() - started
-                print(f"  {kind:<14} {classes:>7}  {label:<34} {sk_s:>8.2f} {sk_lambda:>9.3g} {100 * sk_acc:>8.2f}% "
-                      f"{sk_s / ours_s:>10.1f}x {100 * (ours_acc - sk_acc):>+8.2f}pt")
+            probes = [("ours (torch L-BFGS)", partial(ours_probe, x, y, cut, classes))]
+            probes += [(label, partial(sklearn_probe, x[:cut], y[:cut], x[cut:], y[cut:], tol, max_iter))
+                       for label, tol, max_iter in sklearn_runs]
+            seconds, results = time_alternately([probe for _, probe in probes], args.repeat)
+            ours_s, (_, ours_acc) = statistics.median(seconds[0]), results[0]
+            for (label, _), times, (lam, acc) in zip(probes, seconds, results, strict=True):
+                row = (f"  {kind:<14} {classes:>7}  {label:<34} {statistics.median(times):>8.2f} "
+                       f"{min(times):>6.2f}-{max(times):<6.2f} {lam:>9.3g} {100 * acc:>8.2f}%")
+                if times is not seconds[0]:
+                    row += f" {statistics.median(times) / ours_s:>10.1f}x {100 * (ours_acc - acc):>+8.2f}pt"
+                print(row, flush=True)
     try:
         import clip_benchmark  # noqa: F401
 

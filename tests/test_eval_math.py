@@ -83,7 +83,7 @@ def test_objective_gradient_is_the_gradient_of_the_plain_objective():
     x = x.double()
     lams = torch.tensor([0.5, 7.0], dtype=torch.float64)
     geometry = RotatedFeatures(x)
-    objective = logistic._Objective(geometry.exact, y, 4, geometry.spectrum)
+    objective = logistic._Objective(geometry.exact, y, 4)
     objective.lams = lams
     theta = torch.randn(2, 4 * 16 + 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     loss, grad = objective(theta, torch.arange(2))
@@ -332,35 +332,41 @@ def test_float32_cross_entropy_resolves_a_well_classified_row():
 
 
 def test_the_deferred_two_loop_equals_nocedals_two_loop():
-    """With a ring buffer wrapped around, skipped pairs (rho 0) and two problems with their own scales."""
+    """Driven as the solver drives it (each step a multiple of the direction, the new gradient the old plus the
+    change): the kept Gram matrix, whose newest row and column come from the directions' inner products and not
+    from passes over the history, is ``S^T Y``, and the direction is Nocedal's; with the ring buffer wrapped
+    around, a skipped pair (rho 0), two problems with their own scales, and one problem alone."""
     generator = torch.Generator().manual_seed(3)
     classes, d, history = 3, 4, 5
     size = classes * d + classes
-    objective = logistic._Objective(torch.zeros(10, d), torch.zeros(10, dtype=torch.long), classes,
-                                    torch.rand(d, generator=generator))
-    objective.lams = torch.tensor([0.5, 2.0])
-    state = logistic._LBFGS(size, history, classes, torch.device("cpu"))
+    state = logistic._LBFGS(history, classes, torch.rand(d, generator=generator, dtype=torch.float64), 10)
     state.add(torch.zeros(2, size, dtype=torch.float64), torch.tensor([0.5, 2.0], dtype=torch.float64),
               torch.arange(2))
     state.scale = torch.tensor([0.7, 1.3], dtype=torch.float64)
-    pairs = []
+    curvature = torch.rand(size, dtype=torch.float64, generator=generator) + 0.5
+    grad, pairs, everyone = torch.randn(2, size, dtype=torch.float64, generator=generator), [], torch.arange(2)
     for step in range(8):  # wraps the buffer of 5
-        s = torch.randn(2, size, dtype=torch.float64, generator=generator)
-        y = s * 2 + 0.1 * torch.randn(2, size, dtype=torch.float64, generator=generator)
-        rho = 1 / (s * y).sum(1) * (0.0 if step == 6 else 1.0)  # step 6 skipped
-        state._store(state.stored % history, torch.arange(2), s, y, rho)
-        state.stored += 1
+        direction, pair_dots = state._direction(grad, everyone, slice(None))
+        length = torch.rand(2, 1, dtype=torch.float64, generator=generator) + 0.5
+        s = length * direction
+        y = s * curvature + 0.1 * torch.randn(2, size, dtype=torch.float64, generator=generator)
+        sy = (s * y).sum(1)
+        rho = 1 / sy * (0.0 if step == 6 else 1.0)  # step 6 skipped
+        state._store(everyone, slice(None), s, y, sy, rho, length * pair_dots, torch.ones(2, dtype=torch.bool))
         pairs.append((s, y, rho))
-    grad = torch.randn(2, size, dtype=torch.float64, generator=generator)
+        grad = grad + y
     q, alphas = grad.clone(), []
     for s, y, rho in reversed(pairs[-history:]):
         alphas.append(rho * (s * q).sum(1))
         q -= alphas[-1][:, None] * y
-    r = objective.precondition(q.float(), torch.arange(2)).double() * state.scale[:, None]
+    r = state._precondition(q, slice(None)) * state.scale[:, None]
     for (s, y, rho), alpha in zip(pairs[-history:], reversed(alphas), strict=True):
         r += (alpha - rho * (y * r).sum(1))[:, None] * s
-    torch.testing.assert_close(state._two_loop(grad, torch.arange(2), objective), r, rtol=1e-6, atol=1e-9)
-    torch.testing.assert_close(state._two_loop(grad[1:], torch.tensor([1]), objective), r[1:], rtol=1e-6, atol=1e-9)
+    torch.testing.assert_close(state._direction(grad[1:], torch.tensor([1]), torch.tensor([1]))[0], -r[1:],
+                               rtol=1e-6, atol=1e-9)
+    torch.testing.assert_close(state._direction(grad, everyone, slice(None))[0], -r, rtol=1e-6, atol=1e-9)
+    torch.testing.assert_close(state.gram, torch.bmm(state.steps, state.changes.transpose(1, 2)), rtol=1e-9,
+                               atol=1e-9)
 
 
 def test_path_starts_interpolate_between_fits_and_extrapolate_beyond_them():

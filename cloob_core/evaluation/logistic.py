@@ -124,10 +124,9 @@ class _Objective:
     Centred, the sums over rows do not cancel a large common mean, so float32 resolves the gradient much closer to
     the optimum."""
 
-    def __init__(self, rotated: Tensor, labels: Tensor, num_classes: int, spectrum: Tensor) -> None:
+    def __init__(self, rotated: Tensor, labels: Tensor, num_classes: int) -> None:
         self.features, self.labels, self.classes = rotated, labels, num_classes
         self.lams = torch.zeros(0, dtype=rotated.dtype, device=rotated.device)  # by row, set by the L-BFGS state
-        self.spectrum = spectrum
         self.n, self.dim = rotated.shape
 
     def split(self, theta: Tensor) -> tuple[Tensor, Tensor]:
@@ -156,21 +155,6 @@ class _Objective:
         loss = loss / n + lams / (2 * n) * weight.pow(2).sum(dim=(1, 2))
         grad_weight = grad_weight.view(k, c, d) / n + (lams / n).view(k, 1, 1) * weight
         return loss, torch.cat([grad_weight.reshape(k, c * d), grad_bias / n], dim=1)
-
-    def logit_change(self, step: Tensor) -> Tensor:
-        """Largest root-mean-square change of one class's logit over the training rows that ``step`` makes:
-        ``sqrt(d_c^T Sigma d_c + db'_c^2)``, the centred bias being the change at the mean row."""
-        weight, bias = self.split(step)
-        return ((weight.pow(2) * self.spectrum).sum(dim=2) + bias.pow(2)).sqrt().amax(dim=1)
-
-    def precondition(self, vector: Tensor, problems: Tensor) -> Tensor:
-        """``(Sigma + tau_k I)^-1`` on each class's weights (diagonal in the eigenbasis), identity on the biases;
-        ``tau_k = lam_k C / n`` is the penalty's share of the Hessian at the start (softmax factor ~1/C), floored
-        at 1e-6 of the top eigenvalue so that directions the features do not span stay at rounding level."""
-        weight, bias = self.split(vector)
-        floor = self.lams[problems] * self.classes / self.n + 1e-6 * self.spectrum[-1].clamp(min=1e-12)
-        inverse = 1.0 / (self.spectrum.unsqueeze(0) + floor.unsqueeze(1))  # [k, d]
-        return torch.cat([(weight * inverse.unsqueeze(1)).reshape(len(vector), -1), bias], dim=1)
 
 
 def fit_logistic_batch(features: Tensor, labels: Tensor, num_classes: int, lams: Sequence[float],
@@ -209,9 +193,9 @@ class LogisticSolver:
                  tolerance: float = TOLERANCE, history: int = 10, rotated: RotatedFeatures | None = None) -> None:
         self.rotated = rotated or RotatedFeatures(features)
         self.labels, self.classes, self.max_iter, self.tolerance = labels, num_classes, max_iter, tolerance
-        self.rough = _Objective(self.rotated.rough, labels, num_classes, self.rotated.spectrum.float())
+        self.rough = _Objective(self.rotated.rough, labels, num_classes)
         self._exact: _Objective | None = None
-        self.state = _LBFGS(num_classes * features.shape[1] + num_classes, history, num_classes, features.device)
+        self.state = _LBFGS(history, num_classes, self.rotated.spectrum, len(labels))
         self.problems = 0
 
     def add(self, lams: Sequence[float], starts: Sequence[ProbeFit | None] | None = None) -> list[int]:
@@ -250,7 +234,7 @@ class LogisticSolver:
     @property
     def exact(self) -> _Objective:
         if self._exact is None:
-            self._exact = _Objective(self.rotated.exact, self.labels, self.classes, self.rotated.spectrum)
+            self._exact = _Objective(self.rotated.exact, self.labels, self.classes)
         return self._exact
 
     def _fit(self, row: int) -> ProbeFit:
@@ -261,17 +245,29 @@ class LogisticSolver:
 
 class _LBFGS:
     """L-BFGS state of K problems, one row each (float64, whatever precision the objective evaluates in).
-    Problems may be added while it runs; finished ones are dropped at the next iteration."""
+    Problems may be added while it runs; finished ones are dropped at the next iteration.
 
-    def __init__(self, size: int, history: int, num_classes: int, device: torch.device) -> None:
-        self.size, self.history, self.stored, self.classes = size, history, 0, num_classes
-        self.theta = torch.zeros(0, size, dtype=DTYPE, device=device)
+    It knows the objective's layout (``classes`` rows of ``d`` rotated weights, then the biases) and the features'
+    ``spectrum`` in the rotated basis, for its preconditioner and its convergence test."""
+
+    def __init__(self, history: int, num_classes: int, spectrum: Tensor, rows: int) -> None:
+        device = spectrum.device
+        self.history, self.stored, self.classes, self.rows = history, 0, num_classes, rows
+        self.column_slot = 0  # the slot of the pair whose column is due
+        self.spectrum = spectrum.to(DTYPE)
+        self.size = num_classes * len(spectrum) + num_classes
+        self.theta = torch.zeros(0, self.size, dtype=DTYPE, device=device)
         self.lams = torch.zeros(0, dtype=DTYPE, device=device)
         self.numbers = torch.zeros(0, dtype=torch.long, device=device)  # the solver's problem numbers
-        self.steps = torch.zeros(0, history, size, dtype=DTYPE, device=device)
+        self.inverse = torch.zeros(0, len(spectrum), dtype=DTYPE, device=device)  # the preconditioner, by row
+        self.steps = torch.zeros(0, history, self.size, dtype=DTYPE, device=device)
         self.changes = torch.zeros_like(self.steps)
         self.inverse_curvature = torch.zeros(0, history, dtype=DTYPE, device=device)  # 0: empty slot
         self.gram = torch.zeros(0, history, history, dtype=DTYPE, device=device)  # [i, j]: s_i . y_j
+        # s_i . g at the row's last direction, by slot: the next one gives the newest pair's column of ``gram``
+        # as a difference (``_fill_column``), with no pass over the history.
+        self.step_dots = torch.zeros(0, history, dtype=DTYPE, device=device)
+        self.column_due = torch.zeros(0, dtype=torch.bool, device=device)
         self.scale = torch.zeros(0, dtype=DTYPE, device=device)
         self.iterations = torch.zeros(0, dtype=torch.long, device=device)
         # The step estimates the way to the optimum only once it is scaled by measured curvature: until then (the
@@ -280,11 +276,16 @@ class _LBFGS:
         self.final = torch.zeros(0, dtype=torch.bool, device=device)  # converged, stalled in float64 or out of steps
         self.needs_exact = torch.zeros(0, dtype=torch.bool, device=device)  # stalled in float32
 
-    _ROWS = ("theta", "lams", "numbers", "steps", "changes", "inverse_curvature", "gram", "scale", "iterations",
-             "measured", "final", "needs_exact")
+    _ROWS = ("theta", "lams", "numbers", "inverse", "steps", "changes", "inverse_curvature", "gram", "step_dots",
+             "column_due", "scale", "iterations", "measured", "final", "needs_exact")
 
     def add(self, theta: Tensor, lams: Tensor, numbers: Tensor) -> None:
-        given = {"theta": theta, "lams": lams, "numbers": numbers}
+        # ``(Sigma + tau I)^-1`` on each class's weights (diagonal in the eigenbasis), identity on the biases;
+        # ``tau = lam C / n`` is the penalty's share of the Hessian at the start (softmax factor ~1/C), floored at
+        # 1e-6 of the top eigenvalue so that directions the features do not span stay at rounding level.
+        floor = lams * self.classes / self.rows + 1e-6 * self.spectrum[-1].clamp(min=1e-12)
+        given = {"theta": theta, "lams": lams, "numbers": numbers,
+                 "inverse": 1.0 / (self.spectrum.unsqueeze(0) + floor.unsqueeze(1))}
         for name in self._ROWS:
             rows = getattr(self, name)
             # At W = 0 the softmax Hessian is ~ (1/C) Sigma per class: C times the preconditioner is a Newton step.
@@ -301,37 +302,43 @@ class _LBFGS:
         """Iterate this phase's problems (float32 or float64) until each passes the test, stalls or runs out;
         after each iteration ``report`` gets the rows that finished in it, and may add problems, which join a
         float32 phase at once and a float64 one at the next float32 phase."""
-        dtype, tiny = objective.features.dtype, torch.finfo(DTYPE).tiny
+        tiny = torch.finfo(DTYPE).tiny
         active = torch.zeros(0, dtype=torch.bool, device=self.theta.device)
         loss = torch.zeros(0, dtype=DTYPE, device=self.theta.device)
         grad = torch.zeros(0, self.size, dtype=DTYPE, device=self.theta.device)
         active, loss, grad = self._join(objective, active, loss, grad, exact)
         while bool(active.any()):
             idx = torch.nonzero(active).flatten()
-            g = grad[idx]
-            direction = -self._two_loop(g, idx, objective)
+            rows = _rows(idx, len(active))  # a slice when every row runs: views, not copies
+            g = grad[rows]
+            direction, pair_dots = self._direction(g, idx, rows)
             slope = (g * direction).sum(dim=1)
             uphill = slope >= 0  # rounding broke the curvature pairs: fall back to steepest descent
             if uphill.any():
                 direction[uphill], slope[uphill] = -g[uphill], -(g[uphill] * g[uphill]).sum(dim=1)
-            converged = self.measured[idx] & ~uphill & (objective.logit_change(direction.to(dtype)) <= tolerance)
+                pair_dots[uphill] = -torch.bmm(self.changes[idx[uphill]], g[uphill].unsqueeze(2)).squeeze(2)
+            converged = self.measured[rows] & ~uphill & (self._logit_change(direction) <= tolerance)
             finished = [idx[converged]]
-            self.final[idx[converged]] = True
-            idx, g, direction, slope = idx[~converged], g[~converged], direction[~converged], slope[~converged]
+            if converged.any():
+                self.final[idx[converged]] = True
+                keep = ~converged
+                idx, g, direction, slope, pair_dots = idx[keep], g[keep], direction[keep], slope[keep], pair_dots[keep]
+                rows = _rows(idx, len(active))
             if len(idx):
-                new_theta, new_loss, new_grad, moved = _backtrack(objective, self.theta[idx], loss[idx], g,
-                                                                   direction, slope, idx, halvings)
-                s, y = new_theta - self.theta[idx], new_grad - g
-                sy, y_my = (s * y).sum(dim=1), (y * objective.precondition(y.to(dtype), idx).to(DTYPE)).sum(dim=1)
+                theta = self.theta[rows]
+                new_theta, new_loss, new_grad, step = _backtrack(objective, theta, loss[rows], g, direction, slope,
+                                                                 idx, halvings)
+                moved = step > 0
+                s, y = new_theta - theta, new_grad - g
+                sy, y_my = (s * y).sum(dim=1), (y * self._precondition(y, rows)).sum(dim=1)
                 curved = moved & (sy > 1e-10 * y_my)
-                slot = self.stored % self.history
-                self.stored += 1
-                self._store(slot, idx, s, y, torch.where(curved, 1.0 / sy.clamp(min=tiny), 0.0))
-                self.scale[idx] = torch.where(curved, sy / y_my.clamp(min=tiny), self.scale[idx])
-                self.measured[idx] |= curved
-                self.theta[idx], loss[idx], grad[idx] = new_theta, new_loss, new_grad
-                self.iterations[idx] += 1
-                out_of_steps = self.iterations[idx] >= max_iter
+                self._store(idx, rows, s, y, sy, torch.where(curved, 1.0 / sy.clamp(min=tiny), 0.0),
+                            step.unsqueeze(1) * pair_dots, moved)
+                self.scale[rows] = torch.where(curved, sy / y_my.clamp(min=tiny), self.scale[rows])
+                self.measured[rows] |= curved
+                self.theta[rows], loss[rows], grad[rows] = new_theta, new_loss, new_grad
+                self.iterations[rows] += 1
+                out_of_steps = self.iterations[rows] >= max_iter
                 stalled = ~moved & ~out_of_steps
                 ended = out_of_steps | stalled if exact else out_of_steps  # float32 hands a stalled fit on
                 self.needs_exact[idx[stalled]] = True
@@ -365,57 +372,102 @@ class _LBFGS:
                 loss[new], grad[new] = start_loss.to(DTYPE), start_grad.to(DTYPE)
         return active & self.runnable(exact), loss, grad
 
-    def _store(self, slot: int, idx: Tensor, s: Tensor, y: Tensor, rho: Tensor) -> None:
-        self.steps[idx, slot], self.changes[idx, slot], self.inverse_curvature[idx, slot] = s, y, rho
-        steps, changes, _, _ = self._history(idx)
-        self.gram[idx, slot] = torch.bmm(changes, s.unsqueeze(2)).squeeze(2)
-        self.gram[idx, :, slot] = torch.bmm(steps, y.unsqueeze(2)).squeeze(2)
+    def _store(self, idx: Tensor, rows: Tensor | slice, s: Tensor, y: Tensor, sy: Tensor, rho: Tensor,
+               row_dots: Tensor, moved: Tensor) -> None:
+        """The pair ``(s, y)`` of each problem into the next slot. Its row of ``gram``, ``s . y_j``, is
+        ``row_dots`` (from ``_direction``, as the step is a multiple of the direction); its column, ``s_i . y``,
+        is filled at the next direction from ``s_i . g`` there and here (``_fill_column``); a problem that did not
+        move stored a zero pair, and zeros."""
+        slot = self.stored % self.history
+        self.stored += 1
+        self.steps[rows, slot], self.changes[rows, slot], self.inverse_curvature[rows, slot] = s, y, rho
+        self.gram[rows, slot] = row_dots
+        self.gram[rows, slot, slot] = sy
+        self.column_due[:] = False
+        self.column_due[idx] = moved
+        self.column_slot = slot
+        self.gram[idx[~moved], :, slot] = 0.0
 
-    def _history(self, idx: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """Steps, changes, inverse curvatures and Gram matrices of problems ``idx`` (no copy when that is all)."""
-        if len(idx) == len(self.theta):
-            return self.steps, self.changes, self.inverse_curvature, self.gram
-        return self.steps[idx], self.changes[idx], self.inverse_curvature[idx], self.gram[idx]
+    def _fill_column(self, rows: Tensor | slice, step_dots: Tensor) -> None:
+        """The newest pair's column of ``gram`` (see ``_store``): ``s_i . y = s_i . g_new - s_i . g_old`` for the
+        older pairs, which the new direction's ``s_i . g_new`` gives with no pass over the history."""
+        due = self.column_due[rows]
+        if not bool(due.any()):
+            return
+        slot = self.column_slot
+        column = step_dots - self.step_dots[rows]
+        column[:, slot] = self.gram[rows, slot, slot]
+        self.gram[rows, :, slot] = torch.where(due.unsqueeze(1), column, self.gram[rows, :, slot])
+        self.column_due[rows] = False
 
-    def _two_loop(self, grad: Tensor, idx: Tensor, objective: _Objective) -> Tensor:
-        """The inverse-Hessian product with the initial matrix ``scale * precondition``; empty or skipped slots
-        have ``inverse_curvature`` 0 and drop out.
+    def _direction(self, grad: Tensor, idx: Tensor, rows: Tensor | slice) -> tuple[Tensor, Tensor]:
+        """The L-BFGS direction ``-H g`` (initial matrix ``scale * precondition``; empty or skipped slots have
+        ``inverse_curvature`` 0 and drop out), and ``y_j . direction`` by slot for the pair it will make.
 
         Nocedal's two loops, with their vector updates deferred: every inner product the loops need is one of
         ``S g``, ``Y r`` or the kept Gram matrix ``s_i . y_j``, so each loop's recursion is one unit-triangular
         solve on [K, m, m] scalars, and the vectors are touched by four batched products instead of 4m vector
         operations."""
         if self.stored == 0:
-            return self._initial(grad, idx, objective)
-        steps, changes, rho, gram = self._history(idx)
-        order = torch.tensor([(self.stored - 1 - j) % self.history for j in range(min(self.stored, self.history))],
-                             device=grad.device)  # slots, newest first
+            return -self._initial(grad, rows), torch.zeros(len(grad), self.history, dtype=DTYPE, device=grad.device)
+        steps, changes, rho = self.steps[rows], self.changes[rows], self.inverse_curvature[rows]
+        step_dots = torch.bmm(steps, grad.unsqueeze(2)).squeeze(2)
+        self._fill_column(rows, step_dots)
+        self.step_dots[rows] = step_dots
+        gram = self.gram[rows]
+        order = self._order(grad.device)  # slots, newest first
         ordered_gram, ordered_rho = gram[:, order][:, :, order], rho[:, order, None]  # [K, m, m], [K, m, 1]
         unit = torch.eye(len(order), dtype=DTYPE, device=grad.device)
         # alpha_i = rho_i (s_i . g - sum over newer j of alpha_j s_i . y_j)
         newer = ordered_gram.tril(-1)
-        step_dots = torch.bmm(steps, grad.unsqueeze(2))[:, order]
-        alpha = torch.linalg.solve_triangular(unit + ordered_rho * newer, ordered_rho * step_dots, upper=False,
-                                              unitriangular=True)
+        alpha = torch.linalg.solve_triangular(unit + ordered_rho * newer, ordered_rho * step_dots[:, order, None],
+                                              upper=False, unitriangular=True)
         q = grad - torch.bmm(self._by_slot(alpha, order).transpose(1, 2), changes).squeeze(1)
-        r = self._initial(q, idx, objective)
+        r = self._initial(q, rows)
         # beta_i = rho_i (y_i . r + sum over older j of (alpha_j - beta_j) s_j . y_i)
         older = ordered_gram.transpose(1, 2).triu(1)
-        change_dots = torch.bmm(changes, r.unsqueeze(2))[:, order]
+        change_dots = torch.bmm(changes, r.unsqueeze(2))  # [K, history, 1], by slot
         beta = torch.linalg.solve_triangular(unit + ordered_rho * older,
-                                             ordered_rho * (change_dots + older @ alpha), upper=True,
+                                             ordered_rho * (change_dots[:, order] + older @ alpha), upper=True,
                                              unitriangular=True)
-        return r + torch.bmm(self._by_slot(alpha - beta, order).transpose(1, 2), steps).squeeze(1)
+        combination = self._by_slot(alpha - beta, order)  # [K, history, 1]
+        direction = -(r + torch.bmm(combination.transpose(1, 2), steps).squeeze(1))
+        # y_j . direction = -(y_j . r + sum_i c_i s_i . y_j)
+        pair_dots = -(change_dots + torch.bmm(gram.transpose(1, 2), combination)).squeeze(2)
+        return direction, pair_dots
 
-    def _initial(self, vector: Tensor, idx: Tensor, objective: _Objective) -> Tensor:
+    def _order(self, device: torch.device) -> Tensor:
+        return torch.tensor([(self.stored - 1 - j) % self.history for j in range(min(self.stored, self.history))],
+                            device=device)
+
+    def _initial(self, vector: Tensor, rows: Tensor | slice) -> Tensor:
         """The initial inverse Hessian, ``scale * precondition``, applied to ``vector``."""
-        return objective.precondition(vector.to(objective.features.dtype), idx).to(DTYPE) * self.scale[idx, None]
+        return self._precondition(vector, rows).mul_(self.scale[rows].unsqueeze(1))
+
+    def _precondition(self, vector: Tensor, rows: Tensor | slice) -> Tensor:
+        """The preconditioner of each row's problem (``add``) applied to ``vector``, as a new tensor."""
+        out = vector.clone()
+        weights = self.classes * self.inverse.shape[1]
+        out[:, :weights].view(len(out), self.classes, -1).mul_(self.inverse[rows].unsqueeze(1))
+        return out
+
+    def _logit_change(self, step: Tensor) -> Tensor:
+        """Largest root-mean-square change of one class's logit over the training rows that ``step`` makes:
+        ``sqrt(d_c^T Sigma d_c + db'_c^2)``, the centred bias being the change at the mean row."""
+        weights = self.classes * len(self.spectrum)
+        weight, bias = step[:, :weights].view(len(step), self.classes, -1), step[:, weights:]
+        return ((weight.pow(2) * self.spectrum).sum(dim=2) + bias.pow(2)).sqrt().amax(dim=1)
 
     def _by_slot(self, ordered: Tensor, order: Tensor) -> Tensor:
         """[K, m, 1] values in ``order`` to [K, history, 1] by slot, 0 for slots not in it."""
         by_slot = torch.zeros(len(ordered), self.history, 1, dtype=DTYPE, device=ordered.device)
         by_slot[:, order] = ordered
         return by_slot
+
+
+def _rows(idx: Tensor, total: int) -> Tensor | slice:
+    """Rows ``idx`` of the state as an index: all of them as a slice, so that reads are views, not copies."""
+    return slice(None) if len(idx) == total else idx
 
 
 def fit_logistic(features: Tensor, labels: Tensor, num_classes: int, lam: float, max_iter: int = 1000,
@@ -426,29 +478,33 @@ def fit_logistic(features: Tensor, labels: Tensor, num_classes: int, lam: float,
 def _backtrack(objective: _Objective, theta: Tensor, loss: Tensor, grad: Tensor, direction: Tensor, slope: Tensor,
                problems: Tensor, halvings: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Backtracking per problem: accept a step that passes Armijo's test or the approximate Wolfe test, else halve
-    it and re-evaluate only the problems still pending. Returns the new points, losses, gradients and whether each
-    problem moved."""
-    new_theta, new_loss, new_grad = theta.clone(), loss.clone(), grad.clone()
+    it and re-evaluate only the problems still pending. Returns the new points, losses, gradients and the step
+    lengths taken (0 where none was acceptable)."""
     step = torch.ones_like(loss)
     pending = torch.arange(len(problems), device=theta.device)
-    moved = torch.zeros(len(problems), dtype=torch.bool, device=theta.device)
-    for _ in range(halvings):
-        trial = theta[pending] + step[pending].unsqueeze(1) * direction[pending]
+    new_theta = new_loss = new_grad = None
+    for halving in range(halvings):
+        everyone = halving == 0  # the first trial, of every problem at its full step: no copies
+        trial = theta + direction if everyone else theta[pending] + step[pending].unsqueeze(1) * direction[pending]
         trial_loss, trial_grad = objective(trial.to(objective.features.dtype), problems[pending])
         trial_loss, trial_grad = trial_loss.to(DTYPE), trial_grad.to(DTYPE)
         start_loss, start_slope = loss[pending], slope[pending]
-        trial_slope = (trial_grad * direction[pending]).sum(dim=1)
+        trial_slope = (trial_grad * (direction if everyone else direction[pending])).sum(dim=1)
         armijo = trial_loss <= start_loss + ARMIJO * step[pending] * start_slope
         approximate_wolfe = ((trial_loss <= start_loss + LOSS_SLACK * start_loss.abs())
                              & (trial_slope >= CURVATURE * start_slope)
                              & (trial_slope <= -APPROXIMATE_SLOPE * start_slope))
         accept = armijo | approximate_wolfe
+        if everyone and bool(accept.all()):
+            return trial, trial_loss, trial_grad, step
+        if new_theta is None:
+            new_theta, new_loss, new_grad = theta.clone(), loss.clone(), grad.clone()
         done = pending[accept]
         new_theta[done], new_loss[done], new_grad[done] = trial[accept], trial_loss[accept], trial_grad[accept]
-        moved[done] = True
         pending = pending[~accept]
         if len(pending) == 0:
             break
         step[pending] *= 0.5
     # Problems still pending found no acceptable step at rounding level: they have converged where they are.
-    return new_theta, new_loss, new_grad, moved
+    step[pending] = 0.0
+    return new_theta, new_loss, new_grad, step
