@@ -177,10 +177,10 @@ def compare(args: argparse.Namespace) -> None:
                        for label, tol, max_iter in sklearn_runs]
             seconds, results = time_alternately([probe for _, probe in probes], args.repeat)
             ours_s, (_, ours_acc) = statistics.median(seconds[0]), results[0]
-            for (label, _), times, (lam, acc) in zip(probes, seconds, results, strict=True):
+            for i, ((label, _), times, (lam, acc)) in enumerate(zip(probes, seconds, results, strict=True)):
                 row = (f"  {kind:<14} {classes:>7}  {label:<34} {statistics.median(times):>8.2f} "
                        f"{min(times):>6.2f}-{max(times):<6.2f} {lam:>9.3g} {100 * acc:>8.2f}%")
-                if times is not seconds[0]:
+                if i > 0:  # against ours
                     row += f" {statistics.median(times) / ours_s:>10.1f}x {100 * (ours_acc - acc):>+8.2f}pt"
                 print(row, flush=True)
     try:

@@ -129,13 +129,9 @@ class _Objective:
         self.lams = torch.zeros(0, dtype=rotated.dtype, device=rotated.device)  # by row, set by the L-BFGS state
         self.n, self.dim = rotated.shape
 
-    def split(self, theta: Tensor) -> tuple[Tensor, Tensor]:
-        c, d = self.classes, self.dim
-        return theta[:, : c * d].reshape(len(theta), c, d), theta[:, c * d :]
-
     def __call__(self, theta: Tensor, problems: Tensor) -> tuple[Tensor, Tensor]:
         k, c, n, d = len(problems), self.classes, self.n, self.dim
-        weight, bias = self.split(theta)
+        weight, bias = _split(theta, c)
         flat_weight = weight.reshape(k * c, d)
         loss = torch.zeros(k, dtype=DTYPE, device=theta.device)
         grad_weight = torch.zeros_like(flat_weight)
@@ -238,7 +234,7 @@ class LogisticSolver:
         return self._exact
 
     def _fit(self, row: int) -> ProbeFit:
-        weight, bias = self.rough.split(self.state.theta[row : row + 1])
+        weight, bias = _split(self.state.theta[row : row + 1], self.classes)
         plain_weight, plain_bias = self.rotated.from_rotated(weight[0], bias[0])
         return ProbeFit(plain_weight, plain_bias, float(self.state.lams[row]), int(self.state.iterations[row]))
 
@@ -447,15 +443,13 @@ class _LBFGS:
     def _precondition(self, vector: Tensor, rows: Tensor | slice) -> Tensor:
         """The preconditioner of each row's problem (``add``) applied to ``vector``, as a new tensor."""
         out = vector.clone()
-        weights = self.classes * self.inverse.shape[1]
-        out[:, :weights].view(len(out), self.classes, -1).mul_(self.inverse[rows].unsqueeze(1))
+        _split(out, self.classes)[0].mul_(self.inverse[rows].unsqueeze(1))
         return out
 
     def _logit_change(self, step: Tensor) -> Tensor:
         """Largest root-mean-square change of one class's logit over the training rows that ``step`` makes:
         ``sqrt(d_c^T Sigma d_c + db'_c^2)``, the centred bias being the change at the mean row."""
-        weights = self.classes * len(self.spectrum)
-        weight, bias = step[:, :weights].view(len(step), self.classes, -1), step[:, weights:]
+        weight, bias = _split(step, self.classes)
         return ((weight.pow(2) * self.spectrum).sum(dim=2) + bias.pow(2)).sqrt().amax(dim=1)
 
     def _by_slot(self, ordered: Tensor, order: Tensor) -> Tensor:
@@ -463,6 +457,12 @@ class _LBFGS:
         by_slot = torch.zeros(len(ordered), self.history, 1, dtype=DTYPE, device=ordered.device)
         by_slot[:, order] = ordered
         return by_slot
+
+
+def _split(theta: Tensor, num_classes: int) -> tuple[Tensor, Tensor]:
+    """Flat ``[K, C*d + C]`` parameters as views of their ``[K, C, d]`` weights and ``[K, C]`` biases."""
+    weights = theta.shape[1] - num_classes
+    return theta[:, :weights].view(len(theta), num_classes, -1), theta[:, weights:]
 
 
 def _rows(idx: Tensor, total: int) -> Tensor | slice:
