@@ -30,12 +30,16 @@ import warnings
 from functools import partial
 
 # isort: off
-import cloob_core  # noqa: F401  (before torch: it caps OpenMP's spinning, which libgomp reads when it loads)
-import torch
-# isort: on
-from busy_load import load
+from cloob_core.threads import limit_spinning
 
-from cloob_core.evaluation.linear_probe import INITIAL_INDICES, LAMBDA_GRID, SPANS, accuracy, linear_probe
+# Before torch: OpenMP's spin count, read when libgomp loads, as `cloob eval` sets it (cloob_core.threads).
+# scikit-learn's own libgomp reads the same; its probe's time did not change with it (docs/performance.md).
+limit_spinning("coarse")
+import torch  # noqa: E402
+# isort: on
+from busy_load import load  # noqa: E402
+
+from cloob_core.evaluation.linear_probe import INITIAL_INDICES, LAMBDA_GRID, SPANS, accuracy, linear_probe  # noqa: E402
 
 KINDS = ("embedding", "isotropic", "unnormalised", "illconditioned")
 CONDITION = 1e4  # of the ``illconditioned`` kind's noise covariance

@@ -17,6 +17,7 @@ from cloob_core import __version__
 from cloob_core.config import TASK_RESULTS, CloobConfig, ConfigError, dump_defaults, load_config
 from cloob_core.errors import StageError, fail, user_facing
 from cloob_core.flags import add_model_flags, flag_values
+from cloob_core.threads import limit_spinning
 
 
 def _add_config_options(parser: argparse.ArgumentParser) -> None:
@@ -314,6 +315,7 @@ def _add_eval_commands(sub: argparse._SubParsersAction) -> None:
                               description="Evaluate a `cloob train` export (or an open_clip architecture with a "
                               "weights file). Results go to OUTPUT as CLIP_benchmark-style JSON per data set and "
                               "task, metrics.json (for DVC), PNG plots and report.md.")
+    evaluate.set_defaults(grain="coarse")  # OpenMP's spin count (cloob_core.threads): the tasks' math is coarse
     eval_sub = evaluate.add_subparsers(dest="eval_command", metavar="TASK", required=True)
     data_help = ("a packaged set (captioned, tuxpaint, fluent-emoji, mnist, sklearn-digits), an ImageFolder "
                  "tree (SPLIT/ inside it is used if present), "
@@ -617,6 +619,7 @@ def _configure_logging(verbose: bool) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _configure_logging(args.verbose)
+    limit_spinning(getattr(args, "grain", "fine"))  # before a handler imports torch
     try:
         return args.func(args)
     except StageError as err:

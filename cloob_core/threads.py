@@ -22,19 +22,33 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 from dataclasses import dataclass
+from typing import Literal
 
 log = logging.getLogger(__name__)
 
-# libgomp's threads spin this many times at a barrier before they sleep (its default, 300,000, is ~1 ms): a thread
-# spinning while its partner waits for a core that another process holds is what collapses a loaded machine.
-# 10,000 lost nothing on a quiet machine and kept the step at its single-thread speed under a load of 6 on 2 cores
-# (docs/performance.md). Read when torch loads libgomp, hence set on import of cloob_core; a value the user set wins.
-SPIN_COUNT = "10000"
+# libgomp's threads spin this many times at a barrier before they sleep; it reads the count once, when torch loads
+# it. Its default, 300,000 (~1 ms), is what collapses a loaded machine: a thread spins while the partner it waits
+# for has no core. The count that suits a process follows the grain of its work (docs/performance.md):
+# - "fine", many small ops back to back (a training step, image encoding): 10,000 lost nothing on a quiet machine
+#   and kept the step at its single-thread speed under a load of 6 on 2 cores; 100 cost the quiet step 17%, as the
+#   threads then sleep between ops and each op waits for one to wake;
+# - "coarse", a few large ops (the linear probe's solver): 100 cost nothing measurable quiet, and under the load
+#   the probe took 17 s instead of 29 s (medians of 4).
+SPIN_COUNTS = {"fine": "10000", "coarse": "100"}
+# A value the user set wins; one of ours was inherited from a parent process that imported cloob_core.
+_USER_SPIN_COUNT = os.environ.get("GOMP_SPINCOUNT")
+if _USER_SPIN_COUNT in SPIN_COUNTS.values():
+    _USER_SPIN_COUNT = None
 
 
-def limit_spinning() -> None:
-    os.environ.setdefault("GOMP_SPINCOUNT", SPIN_COUNT)
+def limit_spinning(grain: Literal["fine", "coarse"] = "fine") -> None:
+    """Cap OpenMP's spinning for work of this grain (``SPIN_COUNTS``), unless the user set ``GOMP_SPINCOUNT``.
+    Effective only before torch is imported (``cloob_core`` sets "fine" on import; an evaluation command sets
+    "coarse" before its imports)."""
+    if _USER_SPIN_COUNT is None and "torch" not in sys.modules:
+        os.environ["GOMP_SPINCOUNT"] = SPIN_COUNTS[grain]
 
 
 def usable_cores() -> int:

@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 from torchvision import transforms
 
-from cloob_core.threads import plan_threads
+from cloob_core.threads import SPIN_COUNTS, plan_threads
 from cloob_core.training.images import Normalize, TrainImages, stack_views
 
 
@@ -92,3 +92,28 @@ def test_loading_cloob_core_limits_openmp_spinning():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"PATH": "/usr/bin:/bin"})
     assert int(out.stdout) < 300_000  # libgomp's default
+
+
+def _spin_count_after(code: str, environ: dict[str, str] | None = None) -> str:
+    """GOMP_SPINCOUNT once ``code`` has run in a fresh interpreter."""
+    env = {"PATH": "/usr/bin:/bin", **(environ or {})}
+    out = subprocess.run([sys.executable, "-c", code + "\nimport os; print(os.environ.get('GOMP_SPINCOUNT'))"],
+                         capture_output=True, text=True, check=True, env=env)
+    return out.stdout.strip().splitlines()[-1]
+
+
+def test_an_evaluation_command_spins_less_than_training():
+    """`cloob eval` sets the coarse grain's count before its handler loads torch; other commands keep the fine."""
+    run = "from cloob_core.cli import main\nmain([{}, '--metrics', '/nonexistent/metrics.json'])"
+    evaluation = _spin_count_after(run.format("'eval', 'summary'"))
+    assert evaluation == SPIN_COUNTS["coarse"]
+    assert int(evaluation) < int(SPIN_COUNTS["fine"])
+    assert _spin_count_after("import cloob_core") == SPIN_COUNTS["fine"]
+
+
+def test_spinning_is_left_alone_once_torch_is_loaded_or_set_by_the_user():
+    coarse = "from cloob_core.threads import limit_spinning\nlimit_spinning('coarse')"
+    assert _spin_count_after("import cloob_core, torch\n" + coarse) == SPIN_COUNTS["fine"]  # libgomp has read it
+    assert _spin_count_after(coarse, {"GOMP_SPINCOUNT": "5"}) == "5"
+    # ours, inherited from a parent that imported cloob_core, is not the user's
+    assert _spin_count_after(coarse, {"GOMP_SPINCOUNT": SPIN_COUNTS["fine"]}) == SPIN_COUNTS["coarse"]

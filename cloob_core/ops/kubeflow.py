@@ -29,6 +29,7 @@ from typing import Any
 from cloob_core.config import CloobConfig, config_from_text
 from cloob_core.errors import StageError
 from cloob_core.io import read_json
+from cloob_core.threads import limit_spinning
 
 log = logging.getLogger(__name__)
 Params = dict[str, Any] | str  # a params.yaml as a mapping (KFP's struct parameter) or as its text
@@ -199,6 +200,7 @@ def prepare_features(params: Params, dataset: str, model_dir: str, features_dir:
 def evaluate(params: Params, dataset: str, task: str, model_dir: str, output_dir: str,
              features_dir: str | None = None) -> dict[str, dict[str, Any]]:
     """One task on one data set of the suite, into ``output_dir/<data set>``; its metrics by result name."""
+    limit_spinning("coarse")  # before torch loads: a task's math is a few large ops (cloob_core.threads)
     from cloob_core.evaluation.run import ModelSource
     from cloob_core.evaluation.suite import evaluate_suite
 
