@@ -34,8 +34,8 @@ log = logging.getLogger(__name__)
 # - "fine", many small ops back to back (a training step, image encoding): 10,000 lost nothing on a quiet machine
 #   and kept the step at its single-thread speed under a load of 6 on 2 cores; 100 cost the quiet step 17%, as the
 #   threads then sleep between ops and each op waits for one to wake;
-# - "coarse", a few large ops (the linear probe's solver): 100 cost nothing measurable quiet, and under the load
-#   the probe took 17 s instead of 29 s (medians of 4).
+# - "coarse", a few large ops (the linear probe's solver): under the load the probe took 17 s instead of 29 s
+#   with 100 (medians of 4), and quiet 4.5 s against 4.3 (medians of 8, within the machine's noise).
 SPIN_COUNTS = {"fine": "10000", "coarse": "100"}
 # A value the user set wins; one of ours was inherited from a parent process that imported cloob_core.
 _USER_SPIN_COUNT = os.environ.get("GOMP_SPINCOUNT")
