@@ -7,6 +7,7 @@ kubernetes-validate (the dev extra). Without one a test is skipped here, but fai
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -128,20 +129,40 @@ def test_training_job_pod_templates_are_valid_kubernetes(kind):
                     K8S_VERSION, strict=True)
 
 
-def test_alert_rules_pass_promtool_and_their_unit_tests(tmp_path):
-    promtool = tool("promtool")
-    rule = yaml.safe_load((INFRA / "k8s" / "base" / "prometheusrule.yaml").read_text())
-    (tmp_path / "rules.yml").write_text(yaml.safe_dump(rule["spec"], sort_keys=False))
-    shutil.copy(INFRA / "monitoring" / "alerts.test.yml", tmp_path / "alerts.test.yml")
-    check = subprocess.run([promtool, "check", "rules", "rules.yml"], cwd=tmp_path, capture_output=True, text=True)
+def test_alert_rules_pass_promtool_and_their_unit_tests():
+    promtool, monitoring = tool("promtool"), INFRA / "monitoring"
+    check = subprocess.run([promtool, "check", "rules", "alerts.rules.yml"], cwd=monitoring, capture_output=True,
+                           text=True)
     assert check.returncode == 0 and "SUCCESS: 5 rules found" in check.stdout, check.stdout + check.stderr
-    tested = subprocess.run([promtool, "test", "rules", "alerts.test.yml"], cwd=tmp_path, capture_output=True,
+    tested = subprocess.run([promtool, "test", "rules", str(monitoring / "alerts.test.yml")], capture_output=True,
                             text=True)
     assert tested.returncode == 0, tested.stdout + tested.stderr
-    names = {r["alert"] for group in rule["spec"]["groups"] for r in group["rules"]}
-    tests = yaml.safe_load((INFRA / "monitoring" / "alerts.test.yml").read_text())["tests"]
+    rules = yaml.safe_load((monitoring / "alerts.rules.yml").read_text())
+    names = {r["alert"] for group in rules["groups"] for r in group["rules"]}
+    tests = yaml.safe_load((monitoring / "alerts.test.yml").read_text())["tests"]
     covered = {case["alertname"] for test in tests for case in test["alert_rule_test"] if case["exp_alerts"]}
     assert covered == names  # every alert is shown to fire
+
+
+def test_the_prometheus_rule_resource_is_built_from_the_rules_file(tmp_path):
+    """The resource the cluster gets holds exactly the rule groups promtool checked; a stale one fails here."""
+    builder = INFRA / "monitoring" / "build_rule_resource.py"
+    check = subprocess.run([sys.executable, str(builder), "--check"], capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
+    resource = yaml.safe_load((INFRA / "k8s" / "base" / "prometheusrule.yaml").read_text())
+    rules = yaml.safe_load((INFRA / "monitoring" / "alerts.rules.yml").read_text())
+    assert resource["kind"] == "PrometheusRule" and resource["spec"] == rules
+    # A rule edited without rebuilding is caught.
+    spec = importlib.util.spec_from_file_location("build_rule_resource", builder)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    edited = (INFRA / "monitoring" / "alerts.rules.yml").read_text().replace("for: 5m", "for: 6m", 1)
+    module.RULES, module.RESOURCE = tmp_path / "alerts.rules.yml", tmp_path / "prometheusrule.yaml"
+    module.RULES.write_text(edited)
+    module.RESOURCE.write_text((INFRA / "k8s" / "base" / "prometheusrule.yaml").read_text())
+    assert module.main(["--check"]) == 1
+    assert module.main([]) == 0 and module.main(["--check"]) == 0
+    assert yaml.safe_load(module.RESOURCE.read_text())["spec"] == yaml.safe_load(edited)
 
 
 def test_the_dockerfile_lints_clean_and_its_final_stage_is_minimal():
