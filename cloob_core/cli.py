@@ -512,7 +512,7 @@ def _cmd_promote(args: argparse.Namespace) -> int:
     if not args.model:
         raise ConfigError("cloob promote needs --model (or --record-production-metrics)")
     if args.record_stage:
-        print(promotion.record_production_stage(settings, args.model))
+        print(promotion.record_production_stage(settings, args.model, decision_file=args.output))
         return 0
     decision = promotion.promotion_gate(settings, model_dir=args.model, metrics_file=args.metrics,
                                         decision_file=args.output)
@@ -532,7 +532,8 @@ def _add_promote_command(sub: argparse._SubParsersAction) -> None:
     promote.add_argument("--model", metavar="DIR", help="the candidate: a `cloob train` model folder")
     promote.add_argument("--metrics", default="reports/metrics.json",
                          help="its `cloob eval report` metrics.json (default: reports/metrics.json)")
-    promote.add_argument("--output", metavar="FILE", help="write the decision as JSON here (e.g. for DVC metrics)")
+    promote.add_argument("--output", metavar="FILE", help="write the decision as JSON here (e.g. for DVC metrics); "
+                         "with --record-stage, the gate's decision file to update with the stage")
     promote.add_argument("--record-production-metrics", action="store_true",
                          help="instead: store --metrics as production's current metrics (after re-evaluating it)")
     promote.add_argument("--record-stage", action="store_true",

@@ -61,21 +61,29 @@ def test_a_promotion_is_a_gto_stage_once_the_commit_holds_its_weights(tmp_path):
     assert production_stage(root) == "v0.0.1"
     # right after dvc repro the lock is not committed: tagging HEAD would name the old model, so it waits
     train(root, 2, 0.6)
-    out = run(root, "cloob", "promote", "--model", "models/train/model", "--metrics", "metrics.json", *GATE)
+    out = run(root, "cloob", "promote", "--model", "models/train/model", "--metrics", "metrics.json", "--output",
+              "promotion.json", *GATE)
     assert "PROMOTED model" in out and "not recorded yet: HEAD's dvc.lock does not hold these weights" in out
     assert production_stage(root) == "v0.0.1"
+    waiting = json.loads((root / "promotion.json").read_text())
+    assert "not recorded yet" in waiting["registry"]
     run(root, "git", "commit", "-qam", "model 2")
     assert "is in stage 'prod'" in run(root, "cloob", "promote", "--model", "models/train/model", "--record-stage",
-                                       *GATE)
+                                       "--output", "promotion.json", *GATE)
     assert production_stage(root) == "v0.0.2"
+    # the decision file, as `dvc metrics show` reads it, now tells the truth; the decision itself is unchanged
+    recorded = json.loads((root / "promotion.json").read_text())
+    assert recorded == {**waiting, "registry": "GTO: cloob-model at HEAD is in stage 'prod' (`gto show cloob-model`)"}
     assert "already in stage" in run(root, "cloob", "promote", "--model", "models/train/model", "--record-stage",
                                      *GATE)
     # a folder that is not production's gets no stage
     train(root, 3, 0.1)
     run(root, "git", "commit", "-qam", "model 3")
-    out = run(root, "cloob", "promote", "--model", "models/train/model", "--record-stage", *GATE, ok=False)
+    out = run(root, "cloob", "promote", "--model", "models/train/model", "--record-stage", "--output",
+              "promotion.json", *GATE, ok=False)
     assert "only the production model gets the stage" in out.strip().splitlines()[-1]
     assert production_stage(root) == "v0.0.2"
+    assert json.loads((root / "promotion.json").read_text()) == recorded
 
 
 def test_without_git_the_store_pointer_is_the_only_record(tmp_path, monkeypatch):
@@ -86,3 +94,28 @@ def test_without_git_the_store_pointer_is_the_only_record(tmp_path, monkeypatch)
     monkeypatch.setenv("PATH", str(tmp_path))  # no git on it
     record = record_stage(tmp_path, "prod", "0123456789abcdef", str(tmp_path / "store"))
     assert not record.recorded and record.line.startswith("no git repository")
+
+
+def test_recording_the_stage_leaves_another_models_decision_file_alone(tmp_path, monkeypatch):
+    """Only the decision about the model whose stage was recorded is updated; a file left by a later gate run for
+    another candidate keeps what that gate decided."""
+    from cloob_core.config import PromoteConfig
+    from cloob_core.ops import git_registry, promotion
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / promotion.STATE_FILE).write_bytes(b"weights")
+    candidate = promotion.model_id(model)
+    monkeypatch.setattr(promotion, "read_production", lambda store: {"model_id": candidate})
+    monkeypatch.setattr(git_registry, "record_stage", lambda *a: git_registry.StageRecord(True, "GTO: recorded"))
+    settings = PromoteConfig(store=str(tmp_path / "store"))
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"candidate": "another", "registry": "not recorded yet"}))
+    assert promotion.record_production_stage(settings, model, decision_file=other) == "GTO: recorded"
+    assert json.loads(other.read_text()) == {"candidate": "another", "registry": "not recorded yet"}
+    mine = tmp_path / "mine.json"
+    mine.write_text(json.dumps({"candidate": candidate, "promoted": True, "registry": "not recorded yet"}))
+    promotion.record_production_stage(settings, model, decision_file=mine)
+    assert json.loads(mine.read_text()) == {"candidate": candidate, "promoted": True, "registry": "GTO: recorded"}
+    promotion.record_production_stage(settings, model, decision_file=tmp_path / "absent.json")
+    assert not (tmp_path / "absent.json").exists()

@@ -82,7 +82,8 @@ def record_stage(model_dir: str | Path, stage: str, model_id: str, store: str) -
         return StageRecord(False, f"dvc.yaml declares no artifact at {model_path}: no GTO record")
     if _committed_weights_md5(root, model_path) != file_digest(model_dir / STATE_FILE, "md5"):
         return StageRecord(False, f"GTO stage {stage!r} of {name} not recorded yet: HEAD's dvc.lock does not hold "
-                           "these weights; commit dvc.lock, then run `cloob promote --record-stage`")
+                           "these weights; commit dvc.lock, then run `cloob promote --record-stage` with the gate's "
+                           "--model and --output")
     from gto import api
     from gto.exceptions import WrongArgs
 

@@ -328,8 +328,11 @@ def promotion_gate(settings: PromoteConfig, *, model_dir: str | Path, metrics_fi
     return decision
 
 
-def record_production_stage(settings: PromoteConfig, model_dir: str | Path) -> str:
-    """``cloob promote --record-stage``: after committing the dvc.lock of a promoted model, its GTO stage."""
+def record_production_stage(settings: PromoteConfig, model_dir: str | Path,
+                            decision_file: str | Path | None = None) -> str:
+    """``cloob promote --record-stage``: after committing the dvc.lock of a promoted model, its GTO stage. The
+    gate's decision file (``decision_file``, when it is this model's) then says so too, as ``dvc metrics show``
+    reads it, instead of the gate's "not recorded yet"."""
     from cloob_core.ops.git_registry import RegistryError, record_stage
 
     pointer = read_production(settings.store)
@@ -342,6 +345,9 @@ def record_production_stage(settings: PromoteConfig, model_dir: str | Path) -> s
     record = record_stage(model_dir, settings.registry_stage, candidate, settings.store)
     if not record.recorded:
         raise RegistryError(record.line)
+    decision = read_json_or(decision_file, None) if decision_file is not None else None
+    if isinstance(decision, dict) and decision.get("candidate") == candidate:
+        write_json(decision_file, {**decision, "registry": record.line})
     return record.line
 
 
