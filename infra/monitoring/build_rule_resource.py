@@ -42,8 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     expected = build(RULES.read_text())
     if args.check:
         if RESOURCE.read_text() != expected:
-            print(f"{RESOURCE} is out of date: run python {Path(__file__).relative_to(HERE.parent.parent)}",
-                  file=sys.stderr)
+            script = (HERE / Path(__file__).name).relative_to(HERE.parent.parent)
+            print(f"{RESOURCE} is out of date: run python {script}", file=sys.stderr)
             return 1
         return 0
     RESOURCE.write_text(expected)
