@@ -94,17 +94,19 @@ def _cmd_data_shards(args: argparse.Namespace) -> int:
 
 
 def _cmd_data_eval_set(args: argparse.Namespace) -> int:
-    from cloob_core.data.eval_set import build_eval_set
+    from cloob_core.data.eval_set import ManifestColumns, build_eval_set
     from cloob_core.evaluation.inputs import read_class_file
 
     classnames, templates = read_class_file(args.classnames)
-    result = build_eval_set(args.source, args.output, split=args.split, manifest_image_col=args.image_col,
-                            manifest_label_col=args.label_col, classnames=classnames, templates=templates,
-                            shard_size=args.shard_size)
+    columns = ManifestColumns(image=args.image_col, label=args.label_col, caption=args.caption_col)
+    result = build_eval_set(args.source, args.output, kind=args.type, split=args.split, columns=columns,
+                            classnames=classnames, templates=templates, shard_size=args.shard_size)
     for split, count in sorted(result.samples.items()):
         left_out = result.skipped.get(split)
-        print(f"{split}: {count} images" + (f" ({left_out} unreadable left out)" if left_out else ""))
-    print(f"{len(result.classnames)} classes; CLIP_benchmark wds layout in {result.output}")
+        captions = f", {result.captions[split]} captions" if split in result.captions else ""
+        print(f"{split}: {count} images{captions}" + (f" ({left_out} unreadable left out)" if left_out else ""))
+    what = f"{len(result.classnames)} classes" if result.kind == "classification" else "a retrieval set"
+    print(f"{what}; CLIP_benchmark wds layout in {result.output}")
     return 0
 
 
@@ -208,12 +210,14 @@ def _add_data_commands(sub: argparse._SubParsersAction) -> None:
     shards.set_defaults(func=_cmd_data_shards)
 
     eval_set = data_sub.add_parser(
-        "eval-set", help="a labelled image set as CLIP_benchmark's wds shards (for cloob eval and CLIP_benchmark)",
-        description="Convert an ImageFolder tree (CLASS/IMAGE, or train|test|val/CLASS/IMAGE) or a labelled manifest "
-        "(image paths relative to it, a class name per row, optionally a split column) into CLIP_benchmark's wds "
-        "layout: classnames.txt, zeroshot_classification_templates.txt, SPLIT/N.tar with the image and cls, and "
-        "SPLIT/nshards.txt.")
-    eval_set.add_argument("--source", required=True, metavar="DIR|MANIFEST", help="image folder or manifest file")
+        "eval-set", help="a benchmark set as CLIP_benchmark's wds shards (for cloob eval and CLIP_benchmark)",
+        description="Convert a packaged set, an ImageFolder tree (CLASS/IMAGE, or train|test|val/CLASS/IMAGE) or a "
+        "manifest (image paths relative to it, a class name or a caption per row, optionally a split column) into "
+        "CLIP_benchmark's wds layout: dataset_type.txt, SPLIT/N.tar with the image and cls (classification: with "
+        "classnames.txt and zeroshot_classification_templates.txt) or txt (retrieval: the image's captions, one "
+        "per line), and SPLIT/nshards.txt.")
+    eval_set.add_argument("--source", required=True, metavar="NAME|DIR|MANIFEST",
+                          help="packaged set, image folder or manifest file")
     eval_set.add_argument("--output", required=True, metavar="DIR", help="output folder, local path or s3:// URL")
     eval_set.add_argument("--split", default="test", help="split name of a source without splits (default: test)")
     eval_set.add_argument("--classnames", metavar="JSON|NAME",
@@ -221,6 +225,11 @@ def _add_data_commands(sub: argparse._SubParsersAction) -> None:
                           "file; default: the folder or label names, with 'a photo of a {c}.'")
     eval_set.add_argument("--image-col", default="image", help="manifest column of image paths (default: image)")
     eval_set.add_argument("--label-col", default="label", help="manifest column of class names (default: label)")
+    eval_set.add_argument("--type", choices=("classification", "retrieval"), default="classification",
+                          help="a set for zero-shot classification and probes, or for image-text retrieval "
+                          "(default: classification)")
+    eval_set.add_argument("--caption-col", default="caption",
+                          help="manifest column of captions, for a retrieval set (default: caption)")
     eval_set.add_argument("--shard-size", type=int, default=10_000, help="images per tar (default: 10000)")
     eval_set.set_defaults(func=_cmd_data_eval_set)
 

@@ -7,7 +7,7 @@ import hashlib
 import json
 import os
 import re
-import tempfile
+import secrets
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -15,9 +15,6 @@ from pathlib import Path
 from typing import IO, Any
 
 from cloob_core.errors import StageError, no_space
-
-_UMASK = os.umask(0)
-os.umask(_UMASK)
 
 
 def file_digest(path: str | Path, algorithm: str = "sha256") -> str:
@@ -54,17 +51,26 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         raise IsADirectoryError(f"{path} is a folder: give a file name to write")
     with naming_full_disk(path):
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        os.close(fd)
-        tmp = Path(tmp_name)
+        tmp = _new_temporary(path)
         try:
             yield tmp
             with open(tmp, "rb+") as handle:
                 os.fsync(handle.fileno())
-            os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp creates 0600; give the file the mode a plain open() would
             os.replace(tmp, path)
         finally:
             tmp.unlink(missing_ok=True)
+
+
+def _new_temporary(path: Path) -> Path:
+    """An empty file of a fresh name beside ``path``, created with mode 0666 so the kernel applies the umask:
+    the published file has the mode a plain ``open()`` would give it (``mkstemp`` would make it 0600)."""
+    while True:
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            return tmp
+        except FileExistsError:
+            continue
 
 
 def atomic_write(path: str | Path, write: Callable[[Path], Any]) -> Path:
@@ -93,6 +99,26 @@ def write_torch(path: str | Path, data: Any, before_publish: Callable[[Path], An
             before_publish(tmp)
 
     return atomic_write(path, write)
+
+
+def write_safetensors(path: str | Path, tensors: dict[str, Any]) -> Path:
+    """Tensors in the safetensors format (no pickle at all), atomically; the same tensors give the same bytes."""
+    from safetensors.torch import save
+
+    data = save({name: tensor.detach().cpu().contiguous() for name, tensor in tensors.items()})
+    return atomic_write(path, lambda tmp: tmp.write_bytes(data))
+
+
+def read_safetensors(path: str | Path) -> dict[str, Any]:
+    """A safetensors file's tensors; a damaged file is one line naming it."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load
+
+    data = Path(path).read_bytes()
+    try:
+        return load(data)
+    except (SafetensorError, ValueError) as err:
+        raise UnreadableFile(f"{path} cannot be read as safetensors: {str(err).splitlines()[0][:200]}") from None
 
 
 class _RecordingWriter:

@@ -1,5 +1,6 @@
-"""CLIP_benchmark's own code scores a `cloob train` export on a wds set that `cloob data eval-set` wrote, through
-the `cloob-clip-benchmark` entry point (its CLI with `--model_type cloob` registered), and agrees with `cloob eval`.
+"""CLIP_benchmark's own code scores a `cloob train` export on wds sets that `cloob data eval-set` wrote, and
+agrees with `cloob eval`: zero-shot classification through the `cloob-clip-benchmark` entry point (its CLI with
+`--model_type cloob` registered), image-text retrieval through its stock CLI and open_clip's `local-dir:` loader.
 
 CLIP_benchmark 1.6.2 runs from the overlay scripts/clip_benchmark_env.sh creates (its own numpy 2.3; see there)."""
 
@@ -30,11 +31,27 @@ def export(tmp_path_factory, mnist_train_shards) -> Path:
     return run / "model"
 
 
-def clip_benchmark(*argv: str) -> subprocess.CompletedProcess:
+def clip_benchmark(*argv: str, module: str = "cloob_core.evaluation.clip_benchmark_loader"
+                   ) -> subprocess.CompletedProcess:
     subprocess.run([str(ROOT / "scripts" / "clip_benchmark_env.sh")], check=True, timeout=600)
-    return subprocess.run([sys.executable, "-m", "cloob_core.evaluation.clip_benchmark_loader", *argv],
-                          capture_output=True, text=True, timeout=600, cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": str(OVERLAY)})
+    return subprocess.run([sys.executable, "-m", module, *argv], capture_output=True, text=True, timeout=600,
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(OVERLAY)})
+
+
+def retrieval_both_ways(export: Path, source: str, tmp_path: Path) -> tuple[dict, dict]:
+    """A retrieval set from ``source``, scored by stock CLIP_benchmark (open_clip's local-dir: loader, no
+    registration) and by `cloob eval retrieval`: (theirs, ours)."""
+    bench = tmp_path / source
+    assert main(["data", "eval-set", "--source", source, "--type", "retrieval", "--output", str(bench)]) == 0
+    done = clip_benchmark("eval", "--model_type", "open_clip", "--model", f"local-dir:{export}", "--dataset",
+                          f"wds/{source}", "--dataset_root", str(bench), "--task", "zeroshot_retrieval",
+                          "--recall_k", "1", "5", "10", "--no_amp", "--num_workers", "1", "--batch_size", "128",
+                          "--output", str(tmp_path / "theirs.json"), module="clip_benchmark.cli")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert main(["eval", "retrieval", "--model", str(export), "--data", str(bench), "--output", str(tmp_path / "ours"),
+                 "--no-cache", "--no-progress"]) == 0
+    ours = json.loads((tmp_path / "ours" / f"{source}-test_zeroshot_retrieval.json").read_text())["metrics"]
+    return json.loads((tmp_path / "theirs.json").read_text())["metrics"], ours
 
 
 def test_clip_benchmark_scores_our_export_on_our_wds_set_as_cloob_eval_does(capsys, export, tmp_path):
@@ -60,3 +77,25 @@ def test_the_registration_is_what_makes_the_model_type_valid(tmp_path):
                            "sys.argv = ['clip_benchmark', 'eval', '--model_type', 'cloob']; c.main()"],
                           capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(OVERLAY)})
     assert done.returncode != 0 and "invalid choice: 'cloob'" in done.stderr  # without our entry point
+
+
+def test_clip_benchmark_retrieval_on_our_retrieval_set_agrees_with_cloob_eval(capsys, export, tmp_path):
+    """fluent-emoji's 371 test captions are all different, so both count the same queries and candidates."""
+    theirs, ours = retrieval_both_ways(export, "fluent-emoji", tmp_path)
+    assert ours["images"] == ours["captions"] == 371
+    for k in (1, 5, 10):
+        for direction in ("image_retrieval", "text_retrieval"):
+            assert theirs[f"{direction}_recall@{k}"] == pytest.approx(ours[f"{direction}_recall@{k}"], abs=1e-6)
+    assert 1 / 371 < ours["image_retrieval_recall@10"] < 1.0  # better than chance, not a tie at the top
+
+
+def test_clip_benchmark_counts_a_repeated_caption_once_per_row(capsys, export, tmp_path):
+    """MNIST's 1,000 test images carry 100 different captions. CLIP_benchmark makes a query of every row, with
+    only its own image correct; `cloob eval` makes one query of each distinct caption, with every image that
+    carries it correct. Copies of a caption embed identically, so they retrieve the same top image: in a group,
+    one row hits exactly when the merged query does. Hence theirs x rows = ours x distinct captions at R@1."""
+    theirs, ours = retrieval_both_ways(export, "mnist", tmp_path)
+    assert ours["images"] == 1000 and ours["captions"] == 100
+    assert theirs["image_retrieval_recall@1"] * 1000 == pytest.approx(ours["image_retrieval_recall@1"] * 100,
+                                                                      abs=1e-3)
+    assert ours["image_retrieval_recall@1"] > 0  # so the relation is not 0 = 0: the figures differ tenfold

@@ -95,7 +95,7 @@ def test_dvc_repro_runs_every_stage_and_reports(reproduced):
     decision = json.loads((repo / "reports" / "promotion.json").read_text())
     assert decision["promoted"] is True and decision["reason"] == "no production model yet"
     pointer = json.loads((repo / "models" / "registry" / "production.json").read_text())
-    assert (repo / "models" / "registry" / "models" / pointer["model_id"] / "open_clip_model.pt").exists()
+    assert (repo / "models" / "registry" / "models" / pointer["model_id"] / "open_clip_model.safetensors").exists()
     shown = run(["dvc", "metrics", "show"], repo, environment())
     assert "reports/metrics.json" in shown and "suite.zeroshot_acc1" in shown
     assert "up to date" in run(["dvc", "status"], repo, environment()).lower()
@@ -157,7 +157,7 @@ def test_dvc_push_and_pull_through_s3(reproduced, s3_server, tmp_path):
     run(["dvc", "remote", "add", "--local", "-f", "-d", "store", "s3://cloob-dvc-remote/cache"], repo, env)
     run(["dvc", "remote", "modify", "--local", "store", "endpointurl", s3_server], repo, env)
     run(["dvc", "push"], repo, env)
-    model_file = repo / "models" / "train" / "model" / "open_clip_model.pt"
+    model_file = repo / "models" / "train" / "model" / "open_clip_model.safetensors"
     before = model_file.read_bytes()
     for folder in ("data", "models", "eval", ".dvc/cache"):
         shutil.rmtree(repo / folder)

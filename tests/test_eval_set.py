@@ -115,3 +115,80 @@ def test_class_names_that_do_not_fit_are_one_line(capsys, folder, tmp_path):
     assert main(["data", "eval-set", "--source", str(folder), "--output", str(tmp_path / "wds"), "--classnames",
                  str(names)]) == 2
     assert "lists 2 names, the source has 3 classes" in capsys.readouterr().err
+
+
+def read_retrieval_like_clip_benchmark(output: Path, split: str) -> list[tuple[Image.Image, list[str]]]:
+    """CLIP_benchmark's build_wds_dataset, as its builder reads a set whose dataset_type.txt says retrieval."""
+    import webdataset as wds
+
+    assert (output / "dataset_type.txt").read_text().strip().lower() == "retrieval"
+    count = int((output / split / "nshards.txt").read_text())
+    dataset = (wds.WebDataset(str(output / split / f"{{0..{count - 1}}}.tar"), nodesplitter=lambda src: src,
+                              shardshuffle=False)
+               .decode(wds.autodecode.ImageHandler("pil", extensions=["webp", "png", "jpg", "jpeg"]))
+               .to_tuple(["webp", "png", "jpg", "jpeg"], "txt").map_tuple(None, str.splitlines))
+    return list(dataset)
+
+
+@pytest.fixture
+def captions(tmp_path) -> Path:
+    """Five photos; the second on two rows (two captions), one caption with a line break inside it."""
+    (tmp_path / "images").mkdir()
+    rows = ["image,caption"]
+    for i in range(5):
+        (tmp_path / "images" / f"{i}.jpg").write_bytes(photo_bytes(i))
+        rows.append(f'images/{i}.jpg,"photo {i},\nseen from the left"' if i == 3 else f"images/{i}.jpg,photo {i}")
+    rows.append("images/1.jpg,the second photo again")
+    (tmp_path / "captions.csv").write_text("\n".join(rows) + "\n")
+    return tmp_path / "captions.csv"
+
+
+def test_a_captions_manifest_becomes_a_retrieval_set_clip_benchmark_reads(captions, tmp_path):
+    out = tmp_path / "wds"
+    result = build_eval_set(str(captions), str(out), kind="retrieval", shard_size=2)
+    assert result.samples == {"test": 5} and result.captions == {"test": 6} and result.classnames == []
+    assert not (out / "classnames.txt").exists() and (out / "test" / "nshards.txt").read_text() == "3\n"
+    samples = read_retrieval_like_clip_benchmark(out, "test")
+    assert [texts for _, texts in samples] == [["photo 0"], ["photo 1", "the second photo again"], ["photo 2"],
+                                               ["photo 3, seen from the left"], ["photo 4"]]
+    for i, (image, _) in enumerate(samples):
+        assert image.convert("RGB").tobytes() == Image.open(captions.parent / "images" / f"{i}.jpg").convert(
+            "RGB").tobytes()
+
+
+def test_cloob_eval_retrieval_scores_the_retrieval_set_as_the_manifest(capsys, captions, tmp_path, weights):
+    out = tmp_path / "wds"
+    assert main(["data", "eval-set", "--source", str(captions), "--type", "retrieval", "--output", str(out)]) == 0
+    assert "test: 5 images, 6 captions" in capsys.readouterr().out
+    common = ["--architecture", "cloob-tiny", "--weights", str(weights), "--no-cache", "--no-progress"]
+    assert main(["eval", "retrieval", "--data", str(out), "--output", str(tmp_path / "a"), *common]) == 0
+    assert main(["eval", "retrieval", "--data", str(captions), "--output", str(tmp_path / "b"), *common]) == 0
+    from_set = json.loads((tmp_path / "a" / "wds-test_zeroshot_retrieval.json").read_text())["metrics"]
+    from_csv = json.loads((tmp_path / "b" / "captions_zeroshot_retrieval.json").read_text())["metrics"]
+    assert from_set["captions"] == 6 and from_set == from_csv
+
+
+def test_a_packaged_set_becomes_a_retrieval_set_with_each_images_caption(tmp_path):
+    from cloob_core.data.packaged import load_packaged
+
+    result = build_eval_set("fluent-emoji", str(tmp_path / "wds"), kind="retrieval")
+    test = load_packaged("fluent-emoji", "test")
+    assert result.samples["test"] == result.captions["test"] == len(test)
+    assert [texts for _, texts in read_retrieval_like_clip_benchmark(tmp_path / "wds", "test")] == [
+        [caption] for caption in test.captions]
+
+
+def test_a_classification_set_says_so_over_an_earlier_retrieval_set(captions, folder, tmp_path):
+    out = tmp_path / "wds"
+    build_eval_set(str(captions), str(out), kind="retrieval")
+    build_eval_set(str(folder), str(out))
+    assert (out / "dataset_type.txt").read_text() == "classification\n"  # CLIP_benchmark reads cls again
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--type", "retrieval"], "a retrieval set needs captions"),  # an image folder has none
+    (["--type", "retrieval", "--classnames", "cifar10"], "--classnames is for a classification set"),
+])
+def test_a_retrieval_set_without_captions_is_one_line(capsys, folder, tmp_path, argv, message):
+    assert main(["data", "eval-set", "--source", str(folder), "--output", str(tmp_path / "wds"), *argv]) == 2
+    assert message in capsys.readouterr().err

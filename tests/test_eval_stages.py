@@ -132,7 +132,7 @@ def test_several_captions_per_image_from_a_csv(trained, tmp_path):
 
 
 def test_open_clip_weights_and_the_clip_benchmark_loader(trained, tmp_path, capsys):
-    weights = trained / "open_clip_model.pt"
+    weights = trained / "open_clip_model.safetensors"
     assert run("zeroshot", "--architecture", "cloob-tiny", "--weights", str(weights), "--output",
                str(tmp_path / "a")) == 0
     assert run("zeroshot", "--model", str(trained), "--output", str(tmp_path / "b")) == 0

@@ -28,7 +28,7 @@ def run(root: Path, *args: str, ok: bool = True) -> str:
 
 def train(root: Path, seed: int, accuracy: float) -> None:
     """A new model folder through a real DVC stage (so dvc.lock and DVC's cache record it), and its metrics."""
-    (root / "src" / "open_clip_model.pt").write_bytes(bytes([seed]) * 64)
+    (root / "src" / "open_clip_model.safetensors").write_bytes(bytes([seed]) * 64)
     run(root, "dvc", "repro", "-q")
     (root / "metrics.json").write_text(json.dumps({"mnist_zeroshot_classification": {"acc1": accuracy}}))
 

@@ -20,7 +20,7 @@ GUARD = "mnist_linear_probe.lp_acc1"
 
 def model(folder: Path, seed: int) -> Path:
     folder.mkdir(parents=True)
-    (folder / "open_clip_model.pt").write_bytes(os.urandom(64) + bytes([seed]))
+    (folder / "open_clip_model.safetensors").write_bytes(os.urandom(64) + bytes([seed]))
     (folder / "model_info.json").write_text(json.dumps({"seed": seed}))
     return folder
 
@@ -43,7 +43,8 @@ def test_first_model_is_promoted_then_only_a_better_one(tmp_path):
     pointer = json.loads((tmp_path / "store" / "production.json").read_text())
     assert pointer["model_id"] == first.candidate and pointer["metrics"][METRIC] == 0.50
     stored = tmp_path / "store" / "models" / first.candidate
-    assert (stored / "open_clip_model.pt").read_bytes() == (tmp_path / "a" / "open_clip_model.pt").read_bytes()
+    weights = "open_clip_model.safetensors"
+    assert (stored / weights).read_bytes() == (tmp_path / "a" / weights).read_bytes()
 
     worse = promotion.promote(model(tmp_path / "b", 2), metrics(0.505, 0.80), settings(store))  # +0.005 < 0.01
     assert not worse.promoted and "less than promote.min_improvement" in worse.reason
@@ -130,8 +131,8 @@ def test_promotion_on_an_s3_store(tmp_path, s3_bucket):
     assert first.promoted and second.promoted
     pointer = json.loads(storage.read_bytes(f"{store}/production.json"))
     assert pointer["model_id"] == second.candidate and pointer["model"] == f"{store}/models/{second.candidate}"
-    assert storage.read_bytes(f"{store}/models/{second.candidate}/open_clip_model.pt") == (
-        tmp_path / "b" / "open_clip_model.pt").read_bytes()
+    assert storage.read_bytes(f"{store}/models/{second.candidate}/open_clip_model.safetensors") == (
+        tmp_path / "b" / "open_clip_model.safetensors").read_bytes()
     assert len(storage.list_names(f"{store}/history", ".json")) == 2
 
 

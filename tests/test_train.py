@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from cloob_core.cli import main
 from cloob_core.config import ConfigError, load_config
@@ -36,7 +37,7 @@ def cli(shards: Path, output: Path, *extra: str) -> list[str]:
 
 
 def exported_state(output: Path) -> dict[str, torch.Tensor]:
-    return torch.load(output / "model" / "open_clip_model.pt", weights_only=True)
+    return load_file(output / "model" / "open_clip_model.safetensors")
 
 
 def assert_identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
@@ -57,7 +58,7 @@ def test_a_tiny_model_learns_and_exports_for_open_clip(shards, tmp_path):
     assert (tmp_path / "run" / "training_curves.png").read_bytes().startswith(b"\x89PNG")
     # the export is plain open_clip: the same embeddings as the trained model
     model, info = load_exported(tmp_path / "run" / "model")
-    assert info["tokenizer"] == "cloob-tiny" and info["inv_tau"] == pytest.approx(30.0)
+    assert info["architecture"] == "cloob-tiny" and info["inv_tau"] == pytest.approx(30.0)
     images = torch.randn(4, 3, 32, 32)
     trained = result.model.eval()
     with torch.no_grad():

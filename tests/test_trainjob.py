@@ -13,8 +13,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
+from safetensors.torch import load_file
 
 from cloob_core import storage
 from cloob_core.ops import kubeflow, trainjob
@@ -218,7 +218,7 @@ def test_a_two_node_job_trains_and_equals_one_process(kind, local_shards, tmp_pa
                           str(local_shards), "--output", str(single), "--no-progress"], capture_output=True,
                          text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert run.returncode == 0, run.stderr[-3000:]
-    one = torch.load(single / "model" / "open_clip_model.pt", weights_only=True)
-    two = torch.load(tmp_path / "model" / "model" / "open_clip_model.pt", weights_only=True)
+    one = load_file(single / "model" / "open_clip_model.safetensors")
+    two = load_file(tmp_path / "model" / "model" / "open_clip_model.safetensors")
     worst = max((one[k] - two[k]).abs().max().item() for k in one)
     assert worst < 1e-6, worst  # the same global batch, split over two nodes

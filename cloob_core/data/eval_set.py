@@ -1,17 +1,21 @@
-"""``cloob data eval-set``: a labelled image set as WebDataset shards in CLIP_benchmark's ``wds`` layout, so that
-one copy of a benchmark serves `cloob eval`, CLIP_benchmark and open_clip users alike::
+"""``cloob data eval-set``: a benchmark set as WebDataset shards in CLIP_benchmark's ``wds`` layout, so that
+one copy of it serves `cloob eval`, CLIP_benchmark and open_clip users alike. A classification set::
 
+    OUTPUT/dataset_type.txt                        "classification"
     OUTPUT/classnames.txt                          one class name per line, in label order
     OUTPUT/zeroshot_classification_templates.txt   one prompt per line, {c} where the class name goes
     OUTPUT/SPLIT/0.tar, 1.tar, …                   samples s0000000, …: the image (jpg/png/webp) and cls
     OUTPUT/SPLIT/nshards.txt                       the number of tars, written last: the split is complete
 
-The source is an ImageFolder tree (``CLASS/IMAGE``, or ``SPLIT/CLASS/IMAGE`` for several splits), a labelled
-manifest (an image path relative to the manifest and a class name per row, optionally a split column), or
-a packaged set (``captioned``, ``mnist``, ...: both splits, their class names and held-out prompts). Labels follow
-torchvision's ImageFolder: classes in sorted order, images sorted within each class. Images already in
-a format CLIP_benchmark decodes are copied byte for byte; others become PNG. An image that does not decode is
-left out and counted.
+A retrieval set (image–text retrieval, CLIP_benchmark's ``zeroshot_retrieval``) has ``dataset_type.txt`` saying
+"retrieval", no class files, and ``txt`` in place of ``cls``: the image's captions, one per line.
+
+The source is an ImageFolder tree (``CLASS/IMAGE``, or ``SPLIT/CLASS/IMAGE`` for several splits; classification
+only), a manifest (an image path relative to the manifest and a class name, or a caption, per row; optionally a
+split column; an image on several rows has several captions), or a packaged set (``captioned``, ``mnist``, ...:
+both splits, their class names and held-out prompts, or each image's caption). Labels follow torchvision's
+ImageFolder: classes in sorted order, images sorted within each class. Images already in a format CLIP_benchmark
+decodes are copied byte for byte; others become PNG. An image that does not decode is left out and counted.
 """
 
 from __future__ import annotations
@@ -22,19 +26,23 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from cloob_core import lease, storage
 from cloob_core.config import PACKAGED_SETS, ConfigError
 from cloob_core.data.manifest import read_manifest
 from cloob_core.data.packaged import SPLITS, PackagedSplit, load_packaged
 from cloob_core.data.sources import IMAGE_SUFFIXES
-from cloob_core.data.wds_layout import CLASSNAMES_FILE, SHARD_COUNT_FILE, TEMPLATES_FILE
+from cloob_core.data.wds_layout import CLASSNAMES_FILE, DATASET_TYPE_FILE, SHARD_COUNT_FILE, TEMPLATES_FILE
 from cloob_core.data.writer import ShardWriter
 from cloob_core.io import atomic_write
 
 log = logging.getLogger(__name__)
 DEFAULT_TEMPLATES = ("a photo of a {c}.",)
 _COPIED = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp"}  # what CLIP_benchmark's wds reader decodes
+
+
+SetKind = Literal["classification", "retrieval"]  # CLIP_benchmark's dataset_type.txt
 
 
 @dataclass(frozen=True)
@@ -47,47 +55,100 @@ def _file(path: Path) -> _Image:
     return _Image(str(path), path.read_bytes)
 
 
+@dataclass(frozen=True)
+class ManifestColumns:
+    """Where a manifest keeps each part of a sample: the image path, its class (a classification set) or its
+    caption (a retrieval set), and its split (optional: without it every row is in ``--split``)."""
+
+    image: str = "image"
+    label: str = "label"
+    caption: str = "caption"
+    split: str = "split"
+
+
 @dataclass
 class EvalSetResult:
     output: str
-    classnames: list[str]
-    samples: dict[str, int]  # per split
+    kind: SetKind
+    classnames: list[str]  # empty for a retrieval set
+    samples: dict[str, int]  # images per split
+    captions: dict[str, int] = field(default_factory=dict)  # per split, for a retrieval set
     skipped: dict[str, int] = field(default_factory=dict)  # undecodable images left out, per split
 
 
+# A split's rows: each image with the members it is stored with beside it (cls, or txt).
+_Rows = list[tuple[_Image, dict[str, bytes]]]
+
+
 @lease.holding("output")
-def build_eval_set(source: str, output: str, *, split: str = "test", manifest_image_col: str = "image",
-                   manifest_label_col: str = "label", manifest_split_col: str = "split",
-                   classnames: list[str] | None = None, templates: list[str] | None = None,
-                   shard_size: int = 10_000) -> EvalSetResult:
-    """Convert ``source`` (a folder or a manifest file) into ``output`` (a folder or s3:// prefix).
-    ``classnames`` replaces the folder or label names as displayed (same count, same order); ``split`` names the
-    split of a source that has none."""
+def build_eval_set(source: str, output: str, *, kind: SetKind = "classification", split: str = "test",
+                   columns: ManifestColumns = ManifestColumns(), classnames: list[str] | None = None,
+                   templates: list[str] | None = None, shard_size: int = 10_000) -> EvalSetResult:
+    """Convert ``source`` (a packaged set's name, a folder or a manifest file) into ``output`` (a folder or s3://
+    prefix). ``classnames`` replaces the folder or label names as displayed (same count, same order); ``split``
+    names the split of a source that has none."""
     if shard_size < 1:
         raise ConfigError(f"--shard-size must be at least 1, got {shard_size}")
+    if kind == "retrieval":
+        if classnames is not None or templates is not None:
+            raise ConfigError("--classnames is for a classification set; a retrieval set has captions instead")
+        splits, names = _caption_splits(source, columns, split), []
+    else:
+        splits, names, templates = _class_splits(source, columns, split, classnames, templates)
+    storage.ensure_folder(output)
+    _write_text(storage.join(output, DATASET_TYPE_FILE), [kind])
+    if kind == "classification":
+        _write_text(storage.join(output, CLASSNAMES_FILE), names)
+        _write_text(storage.join(output, TEMPLATES_FILE), _check_templates(templates or list(DEFAULT_TEMPLATES)))
+    result = EvalSetResult(output, kind, names, {})
+    for name, rows in sorted(splits.items()):
+        written, skipped = _write_split(storage.join(output, name), rows, shard_size)
+        result.samples[name], result.skipped[name] = written, skipped
+        if kind == "retrieval":
+            result.captions[name] = sum(len(fields["txt"].splitlines()) for _, fields in rows)
+        log.info("%s: %d images%s", name, written, f", {skipped} unreadable left out" if skipped else "")
+    return result
+
+
+def _class_splits(source: str, columns: ManifestColumns, split: str, classnames: list[str] | None,
+                  templates: list[str] | None) -> tuple[dict[str, _Rows], list[str], list[str] | None]:
+    """A classification set's rows per split (each image with its label index), class names and templates."""
     root = Path(source)
     if source in PACKAGED_SETS:
-        splits, classnames, templates = _packaged_splits(source, classnames, templates)
+        labelled, classnames, templates = _packaged_splits(source, classnames, templates)
     elif root.is_dir():
-        splits = _folder_splits(root, split)
+        labelled = _folder_splits(root, split)
     elif root.is_file() or storage.is_s3(source):
-        splits = _manifest_splits(source, manifest_image_col, manifest_label_col, manifest_split_col, split)
+        labelled = _manifest_splits(source, columns.image, columns.label, columns.split, split)
+        labelled = {name: sorted(rows, key=lambda r: (r[1], r[0].name)) for name, rows in labelled.items()}
     else:
-        raise ConfigError(f"--source {source} is neither an image folder nor a manifest file")
-    labels = sorted({label for rows in splits.values() for _, label in rows})
-    names = _display_names(labels, classnames)
-    storage.ensure_folder(output)
-    result = EvalSetResult(output, names, {})
-    _write_text(storage.join(output, CLASSNAMES_FILE), names)
-    _write_text(storage.join(output, TEMPLATES_FILE), _check_templates(templates or list(DEFAULT_TEMPLATES)))
+        raise ConfigError(f"--source {source} is neither a packaged set, an image folder nor a manifest file")
+    labels = sorted({label for rows in labelled.values() for _, label in rows})
     index = {label: i for i, label in enumerate(labels)}
-    for name, rows in sorted(splits.items()):
-        written, skipped = _write_split(storage.join(output, name), [(path, index[label]) for path, label in rows],
-                                        shard_size)
-        result.samples[name], result.skipped[name] = written, skipped
-        log.info("%s: %d images in %d classes%s", name, written, len(names),
-                 f", {skipped} unreadable left out" if skipped else "")
-    return result
+    rows = {name: [(image, {"cls": str(index[label]).encode()}) for image, label in part]
+            for name, part in labelled.items()}
+    return rows, _display_names(labels, classnames), templates
+
+
+def _caption_splits(source: str, columns: ManifestColumns, split: str) -> dict[str, _Rows]:
+    """A retrieval set's rows per split: each image once, in the order of its first row, with all its captions
+    (a caption's line breaks become spaces: the ``txt`` member holds one caption per line)."""
+    if source in PACKAGED_SETS:
+        parts = {name: load_packaged(source, name) for name in SPLITS}
+        captioned = {name: [(_packaged_image(part, i), caption) for i, caption in enumerate(part.captions)]
+                     for name, part in parts.items()}
+    elif Path(source).is_file() or storage.is_s3(source):
+        captioned = _manifest_splits(source, columns.image, columns.caption, columns.split, split)
+    else:
+        raise ConfigError(f"--source {source}: a retrieval set needs captions, from a packaged set or a manifest "
+                          f"with the columns {columns.image},{columns.caption}")
+    rows: dict[str, _Rows] = {}
+    for name, part in captioned.items():
+        by_image: dict[str, tuple[_Image, list[str]]] = {}
+        for image, caption in part:
+            by_image.setdefault(image.name, (image, []))[1].append(" ".join(caption.split()))
+        rows[name] = [(image, {"txt": "\n".join(captions).encode("utf-8")}) for image, captions in by_image.values()]
+    return rows
 
 
 SPLIT_NAMES = frozenset({"train", "test", "val", "validation"})
@@ -98,15 +159,15 @@ def _packaged_splits(name: str, classnames: list[str] | None, templates: list[st
     """Both splits of a packaged set (images as the download stage stores them), labelled so that they sort in
     label order, with their class names and held-out prompts unless others are given."""
     data = {split: load_packaged(name, split) for split in SPLITS}
-
-    def image(part: PackagedSplit, index: int) -> _Image:
-        return _Image(part.url(index), lambda: part.images[index])
-
-    splits = {split: sorted(((image(part, i), f"{label:03d}") for i, label in enumerate(part.labels)),
+    splits = {split: sorted(((_packaged_image(part, i), f"{label:03d}") for i, label in enumerate(part.labels)),
                             key=lambda row: row[1])
               for split, part in data.items()}
     return (splits, classnames or list(data["test"].classnames),
             templates or [t.replace("{}", "{c}") for t in data["test"].templates])
+
+
+def _packaged_image(part: PackagedSplit, index: int) -> _Image:
+    return _Image(part.url(index), lambda: part.images[index])
 
 
 def _folder_splits(root: Path, split: str) -> dict[str, list[tuple[_Image, str]]]:
@@ -127,22 +188,24 @@ def _class_images(root: Path) -> list[tuple[_Image, str]]:
     return rows
 
 
-def _manifest_splits(location: str, image_col: str, label_col: str, split_col: str,
+def _manifest_splits(location: str, image_col: str, text_col: str, split_col: str,
                      split: str) -> dict[str, list[tuple[_Image, str]]]:
-    frame = read_manifest(location, image_col, label_col)
+    """``{split: [(image, text)]}`` in row order: the text is a class name or a caption."""
+    frame = read_manifest(location, image_col, text_col)
     base = Path(location).parent.resolve()
     splits: dict[str, list[tuple[_Image, str]]] = {}
     for row in frame.itertuples(index=False):
         record = row._asdict()
-        relative, label = record[image_col], record[label_col].strip()
+        relative, text = record[image_col], record[text_col].strip()
         path = (base / relative).resolve()
-        if not relative or not label or not path.is_relative_to(base):
-            raise ConfigError(f"manifest {location}: row {relative!r} needs an image inside {base} and a label")
+        if not relative or not text or not path.is_relative_to(base):
+            raise ConfigError(f"manifest {location}: row {relative!r} needs an image inside {base} and a "
+                              f"{text_col}")
         name = str(record.get(split_col) or split)
-        splits.setdefault(name, []).append((_file(path), label))
+        splits.setdefault(name, []).append((_file(path), text))
     if not splits:
         raise ConfigError(f"manifest {location} has no rows")
-    return {name: sorted(rows, key=lambda r: (r[1], r[0].name)) for name, rows in splits.items()}
+    return splits
 
 
 def _display_names(labels: list[str], classnames: list[str] | None) -> list[str]:
@@ -188,12 +251,12 @@ def _image_member(image: _Image) -> tuple[str, bytes] | None:
         return None
 
 
-def _write_split(folder: str, rows: list[tuple[_Image, int]], shard_size: int) -> tuple[int, int]:
+def _write_split(folder: str, rows: _Rows, shard_size: int) -> tuple[int, int]:
     """The tars, then ``nshards.txt``; (images written, images left out)."""
     storage.ensure_folder(folder)
     storage.delete(storage.join(folder, SHARD_COUNT_FILE))  # incomplete until the count is there again
     written = skipped = shards = 0
-    pending: list[tuple[str, bytes, int]] = []
+    pending: list[tuple[str, bytes, dict[str, bytes]]] = []
 
     def flush() -> None:
         nonlocal shards
@@ -203,12 +266,12 @@ def _write_split(folder: str, rows: list[tuple[_Image, int]], shard_size: int) -
         shards += 1
         pending.clear()
 
-    for image, label in rows:
+    for image, fields in rows:
         member = _image_member(image)
         if member is None:
             skipped += 1
             continue
-        pending.append((*member, label))
+        pending.append((*member, fields))
         written += 1
         if len(pending) == shard_size:
             flush()
@@ -219,14 +282,13 @@ def _write_split(folder: str, rows: list[tuple[_Image, int]], shard_size: int) -
     return written, skipped
 
 
-def _write_tar(location: str, samples: list[tuple[str, bytes, int]], first: int) -> None:
+def _write_tar(location: str, samples: list[tuple[str, bytes, dict[str, bytes]]], first: int) -> None:
     """One tar of samples keyed ``s%07d`` by their index in the split (as CLIP_benchmark's exporter keys them)."""
 
     def write(target: Path) -> None:
         with open(target, "wb") as stream, ShardWriter(stream) as writer:
-            for offset, (extension, data, label) in enumerate(samples):
-                writer.write_sample({"__key__": f"s{first + offset:07d}", extension: data,
-                                     "cls": str(label).encode()})
+            for offset, (extension, data, fields) in enumerate(samples):
+                writer.write_sample({"__key__": f"s{first + offset:07d}", extension: data, **fields})
 
     if storage.is_s3(location):
         with tempfile.TemporaryDirectory() as scratch:

@@ -4,9 +4,8 @@ model type registered, so its code, not ours, scores a `cloob train` export::
     cloob-clip-benchmark eval --model_type cloob --model cloob-tiny --pretrained runs/train/model \\
         --dataset wds/mnist --dataset_root bench/mnist --task zeroshot_classification --no_amp --output r.json
 
-``--pretrained`` is the export folder; ``--model`` its architecture (checked against the folder). Architectures
-open_clip knows (RN50, ViT-B-32, ...) also run with CLIP_benchmark's stock ``--model_type open_clip`` and
-``--pretrained FOLDER/open_clip_model.pt``; our own configurations need the registration.
+``--pretrained`` is the export folder (local or s3://); ``--model`` its architecture (checked against the folder).
+A local folder also runs with CLIP_benchmark's stock ``--model_type open_clip --model local-dir:FOLDER``.
 
 Registration has two parts: the loader goes into ``clip_benchmark.models.TYPE2FUNC``, and its name into
 ``clip_benchmark.models.MODEL_TYPES`` in place, because CLIP_benchmark's CLI imported that list object and uses it

@@ -16,15 +16,17 @@ from typing import Any
 
 import open_clip
 import torch
+from open_clip.transform import PreprocessCfg, image_transform_v2
 from PIL import Image
 from torch import Tensor
 
 from cloob_core import storage
 from cloob_core.config import PACKAGED_SETS, PACKAGED_SOURCES, ConfigError
 from cloob_core.evaluation.class_sets import packaged_class_set, packaged_class_sets
-from cloob_core.io import file_digest, read_torch
-from cloob_core.model.dual_encoder import image_stats, register_project_configs, without_random_init_warning
-from cloob_core.model.export import INFO_FILE, load_exported, load_weights
+from cloob_core.io import file_digest
+from cloob_core.model.dual_encoder import register_project_configs, without_random_init_warning
+from cloob_core.model.export import LOCAL_DIR, load_exported, load_weights, read_state_dict
+from cloob_core.model.files import INFO_FILE, STATE_FILE
 from cloob_core.threads import plan_threads
 
 log = logging.getLogger(__name__)
@@ -73,29 +75,29 @@ def load_model(model: str | None = None, architecture: str | None = None, weight
             if not (folder / INFO_FILE).exists():
                 raise FileNotFoundError(f"{model} is not a `cloob train` model folder (no {INFO_FILE})")
             net, info = load_exported(folder)
-            fingerprint = file_digest(folder / info["state_dict"])[:16]
+            tokenizer = open_clip.get_tokenizer(LOCAL_DIR + str(folder))  # read now: the folder may be a scratch
+            fingerprint = file_digest(folder / STATE_FILE)[:16]
         architecture, inv_tau, source = info["architecture"], float(info["inv_tau"]), model
     elif architecture and weights:
         with without_random_init_warning():  # the weights are loaded next
             net = open_clip.create_model(architecture, pretrained=None)
-        load_weights(net, read_torch(weights, weights), weights)
+        load_weights(net, read_state_dict(weights), weights)
+        tokenizer = open_clip.get_tokenizer(architecture)
         fingerprint, source = file_digest(weights)[:16], weights
         inv_tau = float(net.logit_scale.detach().exp())
     else:
         raise ValueError("give --model (a `cloob train` export) or --architecture with --weights")
-    return eval_model(net, architecture, source, fingerprint, inv_tau, torch_device)
+    return eval_model(net, tokenizer, architecture, source, fingerprint, inv_tau, torch_device)
 
 
-def eval_model(net: open_clip.CLIP, architecture: str, source: str, fingerprint: str, inv_tau: float,
-               device: torch.device) -> EvalModel:
-    """``net`` on ``device`` in eval mode, with its tokenizer and the preprocessing its config asks for."""
+def eval_model(net: open_clip.CLIP, tokenizer: Callable[[Sequence[str]], Tensor], architecture: str, source: str,
+               fingerprint: str, inv_tau: float, device: torch.device) -> EvalModel:
+    """``net`` on ``device`` in eval mode, with the preprocessing its config asks for: the transform
+    ``open_clip.create_model_and_transforms`` gives for evaluation, from the same config."""
     net = net.to(device).eval()
-    mean, std = image_stats(net.visual)
-    size = net.visual.image_size
-    transform = open_clip.image_transform(size if isinstance(size, int) else size[0], is_train=False, mean=mean,
-                                          std=std)
-    return EvalModel(model=net, tokenizer=open_clip.get_tokenizer(architecture), transform=transform,
-                     architecture=architecture, source=source, fingerprint=fingerprint, inv_tau=inv_tau)
+    transform = image_transform_v2(PreprocessCfg(**net.visual.preprocess_cfg), is_train=False)
+    return EvalModel(model=net, tokenizer=tokenizer, transform=transform, architecture=architecture, source=source,
+                     fingerprint=fingerprint, inv_tau=inv_tau)
 
 
 def device_named(name: str) -> torch.device:

@@ -35,8 +35,8 @@ def model_from_checkpoint(location: str, device: str = "cpu") -> tuple[EvalModel
         net = open_clip.create_model(architecture, pretrained=None)
     load_weights(net, {key.removeprefix("encoder."): value for key, value in state.items()}, location)
     fingerprint = storage.read_bytes(location + CHECKSUM_SUFFIX).decode().strip()[:16]
-    return eval_model(net, architecture, location, fingerprint, float(net.logit_scale.detach().exp()),
-                       device_named(device)), step
+    return eval_model(net, open_clip.get_tokenizer(architecture), architecture, location, fingerprint,
+                      float(net.logit_scale.detach().exp()), device_named(device)), step
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,11 @@
-"""The trained model in the form open_clip loads: its state dict, its open_clip config and tokenizer name.
+"""The trained model as a folder that plain open_clip loads, locally or pushed to the Hugging Face Hub::
 
-    import open_clip, torch, json
-    open_clip.add_model_config("model/cloob-tiny.json")            # only for configs open_clip lacks
-    model = open_clip.create_model("cloob-tiny")
-    model.load_state_dict(torch.load("model/open_clip_model.pt", weights_only=True))
+    import open_clip
+    model, _, preprocess = open_clip.create_model_and_transforms("local-dir:models/train/model")
+    tokenizer = open_clip.get_tokenizer("local-dir:models/train/model")
+
+The folder is what open_clip's own ``save_for_hf`` writes (its config, safetensors weights, an HF tokenizer's
+files where the architecture has one), plus ``model_info.json`` with what open_clip does not keep.
 """
 
 from __future__ import annotations
@@ -14,27 +16,29 @@ from typing import Any
 import open_clip
 import torch
 
-from cloob_core.io import UnreadableFile, read_json, read_torch, write_json, write_torch
+from cloob_core.io import UnreadableFile, read_json, read_safetensors, read_torch, write_json, write_safetensors
 from cloob_core.model.dual_encoder import CLOOBModel, image_stats, without_random_init_warning
-from cloob_core.model.files import INFO_FILE, STATE_FILE
+from cloob_core.model.files import CONFIG_FILE, INFO_FILE, STATE_FILE
+
+LOCAL_DIR = "local-dir:"  # open_clip's prefix for a model folder
 
 
 def export_model(model: CLOOBModel, folder: Path, extra: dict[str, Any]) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     architecture = model.config.architecture
-    write_torch(folder / STATE_FILE, {k: v.detach().cpu() for k, v in model.encoder.state_dict().items()})
-    config = open_clip.get_model_config(architecture)
-    write_json(folder / f"{architecture}.json", config)
+    write_safetensors(folder / STATE_FILE, model.encoder.state_dict())
+    model_cfg = open_clip.get_model_config(architecture)
     mean, std = image_stats(model.encoder.visual)
+    # the evaluation's preprocessing, spelled out so that open_clip builds the same one from the folder
+    preprocess_cfg = {"mean": list(mean), "std": list(std), "interpolation": "bicubic", "resize_mode": "shortest"}
+    write_json(folder / CONFIG_FILE, {"model_cfg": model_cfg, "preprocess_cfg": preprocess_cfg})
+    tokenizer = open_clip.get_tokenizer(architecture)
+    if hasattr(tokenizer, "save_pretrained"):  # an HF tokenizer: local-dir: reads its files from the folder
+        tokenizer.save_pretrained(str(folder))
     info = {
         "architecture": architecture,
-        "open_clip_config": f"{architecture}.json",
-        "state_dict": STATE_FILE,
-        "tokenizer": architecture,  # open_clip.get_tokenizer(<this>), once the config beside it is registered
-        "context_length": int(config["text_cfg"].get("context_length", 77)),  # what that tokenizer pads to
+        "context_length": int(model_cfg["text_cfg"].get("context_length", 77)),  # what the tokenizer pads to
         "image_size": model.image_size,
-        "image_mean": list(mean),
-        "image_std": list(std),
         "inv_tau": float(model.inv_tau),
         "open_clip_version": open_clip.__version__,
         **extra,
@@ -44,20 +48,27 @@ def export_model(model: CLOOBModel, folder: Path, extra: dict[str, Any]) -> Path
 
 
 def load_exported(folder: str | Path) -> tuple[open_clip.CLIP, dict[str, Any]]:
-    """Rebuild an exported model with plain open_clip (what the evaluation stage and CLIP_benchmark do)."""
+    """Rebuild an exported model through open_clip's ``local-dir:`` loader, as any user of the folder does; the
+    weights are read here so that a damaged or misfit file is one line, not torch's key lists."""
     folder = Path(folder)
     info = read_json(folder / INFO_FILE)
-    missing = [key for key in ("architecture", "open_clip_config", "state_dict", "inv_tau")
-               if not isinstance(info, dict) or key not in info]
+    missing = [key for key in ("architecture", "inv_tau") if not isinstance(info, dict) or key not in info]
     if missing:
         raise UnreadableFile(f"{folder / INFO_FILE} does not describe an exported model: no {', '.join(missing)}")
-    if info["architecture"] not in open_clip.list_models():
-        open_clip.add_model_config(folder / info["open_clip_config"])
+    config = read_json(folder / CONFIG_FILE)
+    if not isinstance(config, dict) or not isinstance(config.get("model_cfg"), dict):
+        raise UnreadableFile(f"{folder / CONFIG_FILE} is not an open_clip config: no model_cfg")
     with without_random_init_warning():  # the trained weights are loaded next
-        model = open_clip.create_model(info["architecture"], pretrained=None)
-    load_weights(model, read_torch(folder / info["state_dict"], str(folder / info["state_dict"])),
-                 str(folder / info["state_dict"]))
+        model = open_clip.create_model(LOCAL_DIR + str(folder), load_weights=False)
+    load_weights(model, read_state_dict(folder / STATE_FILE), str(folder / STATE_FILE))
     return model, info
+
+
+def read_state_dict(path: str | Path) -> Any:
+    """A weights file: safetensors by its suffix, else a torch archive read as data only."""
+    if str(path).endswith(".safetensors"):
+        return read_safetensors(path)
+    return read_torch(path, str(path))
 
 
 def load_weights(model: torch.nn.Module, state: Any, name: str) -> None:

@@ -1,5 +1,6 @@
 """The files of an exported model folder, named without importing torch: promotion handles model folders
-without loading them."""
+without loading them. The first two are the names open_clip's ``local-dir:`` and ``hf-hub:`` loaders look for."""
 
-STATE_FILE = "open_clip_model.pt"  # the state dict, loadable by plain open_clip
-INFO_FILE = "model_info.json"  # architecture, inv_tau, the config it was trained with
+CONFIG_FILE = "open_clip_config.json"  # {"model_cfg": ..., "preprocess_cfg": ...}
+STATE_FILE = "open_clip_model.safetensors"  # the weights of a plain open_clip.CLIP, no pickle
+INFO_FILE = "model_info.json"  # what open_clip does not keep: architecture name, inv_tau, how it was trained

@@ -17,7 +17,7 @@ SETTINGS = ["--metric", METRIC, "--min-improvement", "0.005", "--guards", f"{GUA
 def candidate(folder: Path, top1: float) -> tuple[Path, Path]:
     """A model folder with its own weights, and a report whose metric is ``top1``."""
     folder.mkdir(parents=True)
-    (folder / "open_clip_model.pt").write_bytes(os.urandom(256))
+    (folder / "open_clip_model.safetensors").write_bytes(os.urandom(256))
     (folder / "model_info.json").write_text("{}")
     report = folder / "metrics.json"
     report.write_text(json.dumps({"mnist_zeroshot_classification": {"acc1": top1},

@@ -40,7 +40,7 @@ CASES = {
     "sizes.json that lists nothing": (lambda tmp: _shards_with_sizes(tmp, "{}"), "must map shard names"),
     "model_info.json without its keys": (
         lambda tmp: _model_folder(tmp, json.dumps({"architecture": "cloob-tiny"})),
-        "does not describe an exported model: no open_clip_config"),
+        "does not describe an exported model: no inv_tau"),
     "a captions CSV without an image column": (
         lambda tmp: ["eval", "retrieval", "--data",
                      str(_write(tmp / "pairs.csv", "url,caption\nhttp://a/1.jpg,a cat\n")), "--output",

@@ -97,7 +97,7 @@ def test_a_result_file_that_is_not_json_is_named(capsys, tmp_path, command):
 def _candidate(tmp_path: Path, top1: object) -> tuple[Path, Path]:
     model = tmp_path / "model"
     model.mkdir(parents=True)
-    (model / "open_clip_model.pt").write_bytes(b"weights of " + str(tmp_path).encode())  # a model of its own
+    (model / "open_clip_model.safetensors").write_bytes(b"weights of " + str(tmp_path).encode())  # a model of its own
     (model / "model_info.json").write_text("{}")
     metrics = tmp_path / "metrics.json"
     metrics.write_text(json.dumps({"mnist_zeroshot_classification": {"acc1": top1}}))

@@ -140,7 +140,7 @@ def test_a_record_the_store_keeps_refusing_is_completed_by_the_rerun_on_s3(capsy
 def test_a_store_on_a_full_disk_is_one_line_and_promotes_nothing(capsys, tmp_path, small_disk):
     store = small_disk(64 * 1024)
     model, report = candidate(tmp_path / "big", 0.5)
-    (model / "open_clip_model.pt").write_bytes(bytes(256 * 1024))  # larger than the disk
+    (model / "open_clip_model.safetensors").write_bytes(bytes(256 * 1024))  # larger than the disk
     done = cli(capsys, "promote", "--model", model, "--metrics", report, "--store", store, *SETTINGS)
     line = done.error_line()
     assert done.code == 2 and line.startswith(f"cloob: no space left on device writing {store}/models/")
