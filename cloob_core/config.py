@@ -6,8 +6,9 @@ that names an unknown key, or gives a value of the wrong type or out of range, f
 
 from __future__ import annotations
 
+import copy
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -538,10 +539,13 @@ def _parse_override(text: str) -> tuple[list[str], Any]:
     return key.strip().split("."), yaml.safe_load(raw)
 
 
-def load_config(
-    path: str | Path | None = None, overrides: Sequence[str] = (), preset: str | None = None
-) -> CloobConfig:
-    """Defaults, then the YAML file at ``path`` (if given), then a named preset, then ``section.key=value``."""
+Values = Mapping[str, Mapping[str, Any]]  # {section: {key: value}}, typed values (a command's flags)
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = (), preset: str | None = None,
+                values: Values | None = None) -> CloobConfig:
+    """Defaults, then the YAML file at ``path`` (if given), then a named preset, then ``section.key=value``
+    overrides (text, as ``--set`` gives them), then ``values``; validated once, at the end."""
     text = None
     if path is not None:
         try:
@@ -550,16 +554,12 @@ def load_config(
             raise ConfigError(f"config file {path} does not exist") from None
         except UnicodeDecodeError:
             raise ConfigError(f"config file {path} is not UTF-8 text (is it a YAML file?)") from None
-    return config_from_text(text, overrides, preset, source=f"config file {path}")
+    return config_from_text(text, overrides, preset, source=f"config file {path}", values=values)
 
 
 def config_from_text(text: str | None, overrides: Sequence[str] = (), preset: str | None = None,
-                     source: str = "the parameters") -> CloobConfig:
+                     source: str = "the parameters", values: Values | None = None) -> CloobConfig:
     """:func:`load_config` for a params.yaml given as text (a Kubeflow run parameter); ``None``: the defaults."""
-    if preset is not None:
-        if preset not in PRESETS:
-            raise ConfigError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
-        overrides = [f"{key}={value}" for key, value in PRESETS[preset].items()] + list(overrides)
     data: dict[str, Any] = {}
     if text is not None:
         try:
@@ -569,19 +569,38 @@ def config_from_text(text: str | None, overrides: Sequence[str] = (), preset: st
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{source} must hold a mapping of sections, got {type(loaded).__name__}")
         data = loaded or {}
+    return config_from_mapping(data, overrides, preset, values)
+
+
+def config_from_mapping(data: Mapping[str, Any], overrides: Sequence[str] = (), preset: str | None = None,
+                        values: Values | None = None) -> CloobConfig:
+    """:func:`load_config` for the sections as a mapping (a configuration's ``model_dump()``, a KFP struct)."""
+    merged = copy.deepcopy(dict(data))
+    if preset is not None:
+        if preset not in PRESETS:
+            raise ConfigError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
+        for key, value in PRESETS[preset].items():
+            _put(merged, key.split("."), value, key)
     for override in overrides:
         keys, value = _parse_override(override)
-        node = data
-        for key in keys[:-1]:
-            child = node.setdefault(key, {})
-            if not isinstance(child, dict):
-                raise ConfigError(f"override {override!r}: {key} is not a section")
-            node = child
-        node[keys[-1]] = value
+        _put(merged, keys, value, override)
+    for section, fields in (values or {}).items():
+        for key, value in fields.items():
+            _put(merged, [section, key], value, f"{section}.{key}")
     try:
-        return CloobConfig.model_validate(data)
+        return CloobConfig.model_validate(merged)
     except ValidationError as err:
         raise ConfigError(describe(err)) from None
+
+
+def _put(data: dict[str, Any], keys: list[str], value: Any, named: str) -> None:
+    node = data
+    for key in keys[:-1]:
+        child = node.setdefault(key, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {named!r}: {key} is not a section")
+        node = child
+    node[keys[-1]] = value
 
 
 def dump_defaults() -> str:

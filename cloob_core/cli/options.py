@@ -1,0 +1,43 @@
+"""Options several commands share: where the configuration comes from (``--params``, ``--set``, one flag per field
+of a section) and how a command reads it."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from cloob_core.config import CloobConfig, load_config
+from cloob_core.flags import add_model_flags, flag_values
+
+
+def add_config_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--params", metavar="PATH",
+                        help="YAML file with config sections (e.g. params.yaml); defaults are used where it is silent")
+    parser.add_argument("--set", dest="overrides", metavar="SECTION.KEY=VALUE", action="append", default=[],
+                        help="override one value, e.g. --set train.objective=clip (repeatable)")
+
+
+def add_section_flags(parser: argparse.ArgumentParser, section: str, skip: tuple[str, ...] = ()) -> None:
+    """One ``--flag`` per field of a config section; a given flag overrides ``--params``/``--set``."""
+    add_model_flags(parser, CloobConfig.model_fields[section].annotation, f"cfg.{section}",
+                    f"{section} settings (config section '{section}')", skip)
+
+
+def add_manifest_column_flags(parser: argparse.ArgumentParser) -> None:
+    """--url-col, --caption-col, --input-format: how a manifest's parts are read."""
+    kept = ("url_col", "caption_col", "input_format")
+    add_section_flags(parser, "download", skip=tuple(
+        name for name in CloobConfig.model_fields["download"].annotation.model_fields if name not in kept))
+
+
+def config_of(args: argparse.Namespace, preset: str | None = None) -> CloobConfig:
+    """Defaults < --params < --preset < --set < the section flags, validated once."""
+    flags: dict[str, dict[str, Any]] = {section: flag_values(args, f"cfg.{section}")
+                                        for section in CloobConfig.model_fields}
+    return load_config(args.params, args.overrides, preset=preset, values=flags)
+
+
+def add_output_and_device(parser: argparse.ArgumentParser, output: str) -> None:
+    parser.add_argument("--output", default=output, help=f"results folder (default: {output})")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")

@@ -1,0 +1,52 @@
+"""``cloob train``: pretrain on WebDataset shards (one process, or one rank of torchrun, the Training Operator or
+SLURM) through cloob_core.training.loop.train."""
+
+from __future__ import annotations
+
+import argparse
+
+from cloob_core.cli.options import add_config_options, add_section_flags, config_of
+
+
+def _train(args: argparse.Namespace) -> int:
+    from cloob_core.training.loop import train
+
+    result = train(config_of(args, preset=args.preset), args.output, resume=args.resume,
+                   progress=not args.no_progress, publish=args.publish)
+    if not result.is_main:
+        return 0
+    metrics = result.metrics
+    print(f"objective {metrics['objective']}, {metrics['steps']} steps of {metrics['batch_size']} pairs "
+          f"({metrics['world_size']} rank(s)), final loss {metrics['final_loss']:.4f}, "
+          f"{metrics['samples_per_second']:.1f} samples/s")
+    print(f"wrote {args.output}/model (open_clip's local-dir: folder), metrics.json, loss_history.csv, "
+          "training_curves.png, checkpoints/")
+    if args.publish:
+        print(f"published {len(result.published)} files (all but checkpoints/) to {args.publish}")
+    return 0
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "train",
+        help="pretrain with CLOOB (or another objective) on WebDataset shards; single process, torchrun or SLURM",
+        description="Train the dual encoder on shards from `cloob data`. Launch with torchrun (or under the "
+        "Kubeflow Training Operator or SLURM) for several GPUs or nodes; a plain call is one process on the CPU "
+        "or one GPU. Writes OUTPUT/model (open_clip_config.json, open_clip_model.safetensors, model_info.json: "
+        "open_clip loads it as local-dir:OUTPUT/model), checkpoints/, metrics.json, loss_history.csv, "
+        "training_curves.png and tensorboard/.",
+    )
+    parser.add_argument("--output", default="runs/train", help="output folder (default: runs/train)")
+    parser.add_argument("--resume", metavar="latest|PATH",
+                        help="continue from a checkpoint: 'latest' (OUTPUT/checkpoints, then train.checkpoint_sync) "
+                        "or a path / s3:// URL")
+    parser.add_argument("--preset", choices=["cc3m", "yfcc"],
+                        help="the paper's recipe for CC3M (batch 512, lr 1e-3, warmup 20k, beta 8, 31 epochs in 4 "
+                        "cycles) or YFCC (1024, 5e-4, 10k, 14.3, 28 epochs), RN50; applied over --params, under --set")
+    parser.add_argument("--publish", metavar="URL",
+                        help="after training, rank 0 copies OUTPUT (all but checkpoints/) to this local folder or "
+                        "s3:// prefix: how pods of a multi-node job hand their result back")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_config_options(parser)
+    add_section_flags(parser, "train")
+    parser.set_defaults(func=_train)
