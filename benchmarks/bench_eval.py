@@ -39,7 +39,7 @@ import torch  # noqa: E402
 # isort: on
 from busy_load import load  # noqa: E402
 
-from cloob_core.evaluation.linear_probe import INITIAL_INDICES, LAMBDA_GRID, SPANS, accuracy, linear_probe  # noqa: E402
+from cloob_core.evaluation.tasks.linear_probe import INITIAL_INDICES, LAMBDA_GRID, SPANS, accuracy, linear_probe  # noqa: E402
 
 KINDS = ("embedding", "isotropic", "unnormalised", "illconditioned")
 CONDITION = 1e4  # of the ``illconditioned`` kind's noise covariance

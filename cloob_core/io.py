@@ -26,6 +26,11 @@ def file_digest(path: str | Path, algorithm: str = "sha256") -> str:
     return digest.hexdigest()
 
 
+def json_digest(value: Any) -> str:
+    """SHA-256 of a JSON value in canonical form (what identifies settings and listings)."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
 class DiskFull(StageError):
     """A write ran out of space (or quota): the user's to fix, so one line naming the file, never a traceback.
     What was being written is not published; earlier outputs (the last good checkpoint) stay."""

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from cloob_core.cli import main
-from cloob_core.evaluation.experiments import runs_from_dvc_exp_show
-from cloob_core.evaluation.reports import comparison_rows
+from cloob_core.evaluation.comparison import runs_from_dvc_exp_show
+from cloob_core.evaluation.records import comparison_rows
 
 
 def report(zeroshot: float, probe: float) -> dict[str, dict]:

@@ -75,7 +75,7 @@ def test_the_closure_follows_lazy_imports_and_data_files():
             "cloob_core/model/configs/cloob-tiny.json", "cloob_core/objectives/losses.py"} <= files
     assert not any(f.startswith(("cloob_core/cli/", "cloob_core/evaluation/")) for f in files)
     evaluation = {str(p.relative_to(ROOT)) for p in stage_closure(stage_commands()["eval"])}
-    assert {"cloob_core/evaluation/zeroshot.py", "cloob_core/model/export.py",
+    assert {"cloob_core/evaluation/tasks/zeroshot.py", "cloob_core/model/export.py",
             "cloob_core/evaluation/classnames/cifar10.json", "cloob_core/data/mnist.py",
             "cloob_core/data/packaged.py", "cloob_core/data/captioned/pairs.parquet"} <= evaluation
     trimmed = {**STAGES["train"], "deps": [d for d in STAGES["train"]["deps"] if d != "cloob_core/training"]}

@@ -8,8 +8,10 @@ import warnings
 import pytest
 import torch
 
-from cloob_core.evaluation import linear_probe, logistic
-from cloob_core.evaluation.diagnostics import (
+from cloob_core.evaluation import logistic
+from cloob_core.evaluation.logistic import ProbeFit, RotatedFeatures, fit_logistic_batch
+from cloob_core.evaluation.tasks import linear_probe
+from cloob_core.evaluation.tasks.diagnostics import (
     ajne_statistic,
     alignment,
     effective_eigenvalues,
@@ -17,9 +19,8 @@ from cloob_core.evaluation.diagnostics import (
     matched_vs_unmatched,
     positive_probability,
 )
-from cloob_core.evaluation.linear_probe import LAMBDA_GRID, accuracy, fit_logistic, path_start, search_lambda
-from cloob_core.evaluation.logistic import ProbeFit, RotatedFeatures, fit_logistic_batch
-from cloob_core.evaluation.retrieval import retrieval_metrics
+from cloob_core.evaluation.tasks.linear_probe import LAMBDA_GRID, accuracy, fit_logistic, path_start, search_lambda
+from cloob_core.evaluation.tasks.retrieval import retrieval_metrics
 
 
 def blobs(seed: int, n: int, d: int, classes: int, spread: float = 0.3):
@@ -217,7 +218,7 @@ def test_a_caption_shared_by_several_images_has_them_all_as_correct_answers():
 
 
 def test_identical_captions_become_one_query():
-    from cloob_core.evaluation.retrieval import distinct_captions
+    from cloob_core.evaluation.tasks.retrieval import distinct_captions
 
     texts, matches, first = distinct_captions([["a red apple."], ["a red apple.", "fruit"], ["a pear."]])
     assert texts == ["a red apple.", "fruit", "a pear."] and first == [0, 0, 2]

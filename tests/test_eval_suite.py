@@ -191,7 +191,8 @@ def test_the_default_aggregates_apply_where_a_user_suite_has_their_tasks():
 
 
 def test_an_aggregate_over_a_metric_a_data_set_lacks_is_named():
-    from cloob_core.evaluation.suite_report import SuiteError, aggregate
+    from cloob_core.evaluation.suite_error import SuiteError
+    from cloob_core.evaluation.suite_report import aggregate
 
     settings = config_from_text("eval:\n  datasets:\n    a: {source: mnist}\n    b: {source: mnist}\n"
                                 "  aggregates:\n    top5: {of: zeroshot_classification.acc5}\n"

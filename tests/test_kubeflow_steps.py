@@ -75,3 +75,25 @@ def test_a_failing_gate_raises_its_report_and_a_bad_configuration_its_key(tmp_pa
                "promote": {"metric": "suite.zeroshot_acc1", "guards": {}}}
     with pytest.raises(StageError, match=r"eval.datasets.imagenet: source .* does not exist"):
         kubeflow.plan_evaluation(json.dumps(missing))  # before any model is loaded
+
+
+@pytest.mark.slow  # ~40 s: two processes train under torchrun (gloo on CPU)
+def test_the_one_node_step_starts_its_ranks_from_the_config_it_validated(mnist_train_shards, tmp_path, monkeypatch):
+    """With several processes the step validates once, writes that configuration, and every rank trains on it:
+    the step's own setting (the shards) reaches the ranks, and a bad configuration fails before torchrun starts."""
+    import subprocess
+
+    started = []
+    real_run = subprocess.run
+    monkeypatch.setattr(subprocess, "run", lambda command, **kw: started.append(command) or real_run(command, **kw))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    params = {"model": {"architecture": "cloob-tiny-vit"},
+              "train": {"steps": 2, "batch_size": 32, "data_streams": 2, "workers": 0, "tensorboard": False}}
+    metrics = kubeflow.train(json.dumps(params), str(mnist_train_shards), str(tmp_path / "run"), gpus=2)
+    assert metrics["world_size"] == 2 and metrics["steps"] == 2
+    (command,) = started
+    assert "--nproc-per-node=2" in command and "--set" not in command
+    assert command[command.index("cloob_core.cli"):command.index("--params")] == ["cloob_core.cli", "train"]
+    with pytest.raises(StageError, match=r"train\.batch_size"):
+        kubeflow.train({"train": {"batch_size": 1}}, str(mnist_train_shards), str(tmp_path / "bad"), gpus=2)
+    assert len(started) == 1

@@ -38,7 +38,7 @@ def settings(store: str, guards: dict[str, float] | None = None) -> PromoteConfi
 
 def test_first_model_is_promoted_then_only_a_better_one(tmp_path):
     store = str(tmp_path / "store")
-    first = promotion.promote(model(tmp_path / "a", 1), metrics(0.50, 0.80), settings(store))
+    first = promotion.decide_and_publish(model(tmp_path / "a", 1), metrics(0.50, 0.80), settings(store))
     assert first.promoted and first.reason == "no production model yet"
     pointer = json.loads((tmp_path / "store" / "production.json").read_text())
     assert pointer["model_id"] == first.candidate and pointer["metrics"][METRIC] == 0.50
@@ -46,12 +46,13 @@ def test_first_model_is_promoted_then_only_a_better_one(tmp_path):
     weights = "open_clip_model.safetensors"
     assert (stored / weights).read_bytes() == (tmp_path / "a" / weights).read_bytes()
 
-    worse = promotion.promote(model(tmp_path / "b", 2), metrics(0.505, 0.80), settings(store))  # +0.005 < 0.01
+    # +0.005 < 0.01
+    worse = promotion.decide_and_publish(model(tmp_path / "b", 2), metrics(0.505, 0.80), settings(store))
     assert not worse.promoted and "less than promote.min_improvement" in worse.reason
     assert json.loads((tmp_path / "store" / "production.json").read_text())["model_id"] == first.candidate
     assert not (tmp_path / "store" / "models" / worse.candidate).exists()
 
-    better = promotion.promote(model(tmp_path / "c", 3), metrics(0.60, 0.79), settings(store))
+    better = promotion.decide_and_publish(model(tmp_path / "c", 3), metrics(0.60, 0.79), settings(store))
     assert better.promoted and better.improvement == pytest.approx(0.10) and better.production_before == first.candidate
     pointer = json.loads((tmp_path / "store" / "production.json").read_text())
     assert pointer["model_id"] == better.candidate and pointer["previous"] == first.candidate
@@ -63,30 +64,31 @@ def test_first_model_is_promoted_then_only_a_better_one(tmp_path):
 
 def test_a_guarded_metric_that_regresses_blocks_promotion(tmp_path):
     store = str(tmp_path / "store")
-    promotion.promote(model(tmp_path / "a", 1), metrics(0.50, 0.80, rank=10.0), settings(store))
-    blocked = promotion.promote(model(tmp_path / "b", 2), metrics(0.70, 0.77), settings(store))  # probe -0.03
+    promotion.decide_and_publish(model(tmp_path / "a", 1), metrics(0.50, 0.80, rank=10.0), settings(store))
+    # the probe -0.03
+    blocked = promotion.decide_and_publish(model(tmp_path / "b", 2), metrics(0.70, 0.77), settings(store))
     assert not blocked.promoted and "mnist_linear_probe.lp_acc1 fell by 0.03" in blocked.reason
     assert blocked.guards[GUARD]["ok"] is False
     # lower is better for ranks: a rank that grows is a regression
     ranked = settings(store, guards={"mnist_zeroshot_retrieval.text_retrieval_mean_rank": 1.0})
-    worse_rank = promotion.promote(model(tmp_path / "c", 3), metrics(0.70, 0.80, rank=15.0), ranked)
+    worse_rank = promotion.decide_and_publish(model(tmp_path / "c", 3), metrics(0.70, 0.80, rank=15.0), ranked)
     assert not worse_rank.promoted and "mean_rank fell by 5" in worse_rank.reason
 
 
 def test_metrics_missing_on_one_side_stop_the_promotion_with_advice(tmp_path):
     store = str(tmp_path / "store")
-    promotion.promote(model(tmp_path / "a", 1), {"mnist_zeroshot_classification": {"acc1": 0.5}},
+    promotion.decide_and_publish(model(tmp_path / "a", 1), {"mnist_zeroshot_classification": {"acc1": 0.5}},
                       settings(store, guards={}))
-    decision = promotion.promote(model(tmp_path / "b", 2), metrics(0.9, 0.9), settings(store))
+    decision = promotion.decide_and_publish(model(tmp_path / "b", 2), metrics(0.9, 0.9), settings(store))
     assert not decision.promoted and "re-evaluate production" in decision.reason
     promotion.record_production_metrics(settings(store), metrics(0.5, 0.8))  # the evaluation pipeline's step
-    assert promotion.promote(model(tmp_path / "c", 3), metrics(0.9, 0.9), settings(store)).promoted
+    assert promotion.decide_and_publish(model(tmp_path / "c", 3), metrics(0.9, 0.9), settings(store)).promoted
     with pytest.raises(promotion.PromotionError, match="not in the candidate's metrics"):
-        promotion.promote(model(tmp_path / "d", 4), {"other": {"top1": 1.0}}, settings(store))
+        promotion.decide_and_publish(model(tmp_path / "d", 4), {"other": {"top1": 1.0}}, settings(store))
     # a guard the candidate's evaluation did not produce is an error too, and nothing moves
     before = (tmp_path / "store" / "production.json").read_bytes()
     with pytest.raises(promotion.PromotionError, match=f"promote.guards {GUARD}: not in the candidate's metrics"):
-        promotion.promote(model(tmp_path / "e", 5), {"mnist_zeroshot_classification": {"acc1": 0.99}},
+        promotion.decide_and_publish(model(tmp_path / "e", 5), {"mnist_zeroshot_classification": {"acc1": 0.99}},
                           settings(store))
     assert (tmp_path / "store" / "production.json").read_bytes() == before
 
@@ -94,21 +96,21 @@ def test_metrics_missing_on_one_side_stop_the_promotion_with_advice(tmp_path):
 def test_production_metrics_from_another_suite_are_not_compared(tmp_path):
     store = str(tmp_path / "store")
     suite_a, suite_b = {"digest": "a" * 64, "datasets": {}}, {"digest": "b" * 64, "datasets": {}}
-    first = promotion.promote(model(tmp_path / "a", 1), metrics(0.5, 0.8), settings(store), suite_a)
+    first = promotion.decide_and_publish(model(tmp_path / "a", 1), metrics(0.5, 0.8), settings(store), suite_a)
     assert first.promoted and json.loads((tmp_path / "store" / "production.json").read_text())["suite"] == "a" * 64
     stored = tmp_path / "store" / "models" / first.candidate / "suite.json"
     assert json.loads(stored.read_text()) == suite_a
     candidate = model(tmp_path / "b", 2)
-    other = promotion.promote(candidate, metrics(0.9, 0.9), settings(store), suite_b)
+    other = promotion.decide_and_publish(candidate, metrics(0.9, 0.9), settings(store), suite_b)
     assert not other.promoted and "re-evaluate production first" in other.reason and "suite aaaaaaaaaaaa" in \
         other.reason and other.production_value is None  # no comparison was made
-    unfingerprinted = promotion.promote(model(tmp_path / "c", 3), metrics(0.9, 0.9), settings(store))
+    unfingerprinted = promotion.decide_and_publish(model(tmp_path / "c", 3), metrics(0.9, 0.9), settings(store))
     assert not unfingerprinted.promoted and "no suite fingerprint" in unfingerprinted.reason
     # the evaluation pipeline re-evaluates production on suite b: its metrics replace the earlier ones
     pointer = promotion.record_production_metrics(settings(store), {"mnist_zeroshot_classification": {"acc1": 0.45},
                                                           "mnist_linear_probe": {"lp_acc1": 0.8}}, suite_b)
     assert pointer["suite"] == "b" * 64 and pointer["metrics"] == {METRIC: 0.45, GUARD: 0.8}
-    again = promotion.promote(candidate, metrics(0.9, 0.9), settings(store), suite_b)
+    again = promotion.decide_and_publish(candidate, metrics(0.9, 0.9), settings(store), suite_b)
     assert again.promoted and again.improvement == pytest.approx(0.45)
 
 
@@ -126,8 +128,8 @@ def test_cli_reports_a_failed_gate_as_a_normal_outcome(tmp_path, capsys):
 
 def test_promotion_on_an_s3_store(tmp_path, s3_bucket):
     store = f"s3://{s3_bucket}/registry"
-    first = promotion.promote(model(tmp_path / "a", 1), metrics(0.5, 0.8), settings(store))
-    second = promotion.promote(model(tmp_path / "b", 2), metrics(0.6, 0.8), settings(store))
+    first = promotion.decide_and_publish(model(tmp_path / "a", 1), metrics(0.5, 0.8), settings(store))
+    second = promotion.decide_and_publish(model(tmp_path / "b", 2), metrics(0.6, 0.8), settings(store))
     assert first.promoted and second.promoted
     pointer = json.loads(storage.read_bytes(f"{store}/production.json"))
     assert pointer["model_id"] == second.candidate and pointer["model"] == f"{store}/models/{second.candidate}"
@@ -139,23 +141,23 @@ def test_promotion_on_an_s3_store(tmp_path, s3_bucket):
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
 def test_a_non_finite_metric_is_never_promotable_on_either_side(tmp_path, bad):
     store = str(tmp_path / "store")
-    first = promotion.promote(model(tmp_path / "nan", 1), metrics(bad, 0.80), settings(store))
+    first = promotion.decide_and_publish(model(tmp_path / "nan", 1), metrics(bad, 0.80), settings(store))
     assert not first.promoted and "non-finite" in first.reason and first.candidate_value is None
     assert promotion.read_production(store) is None  # not even as the first model
-    assert promotion.promote(model(tmp_path / "a", 2), metrics(0.50, 0.80), settings(store)).promoted
-    guard_broken = promotion.promote(model(tmp_path / "g", 3), metrics(0.90, bad), settings(store))
+    assert promotion.decide_and_publish(model(tmp_path / "a", 2), metrics(0.50, 0.80), settings(store)).promoted
+    guard_broken = promotion.decide_and_publish(model(tmp_path / "g", 3), metrics(0.90, bad), settings(store))
     assert not guard_broken.promoted and "non-finite" in guard_broken.reason
     # a production record that went non-finite blocks every comparison until production is re-evaluated
     pointer = Path(store) / "production.json"
     record = json.loads(pointer.read_text())
     record["metrics"][METRIC] = bad
     pointer.write_text(json.dumps(record))
-    blocked = promotion.promote(model(tmp_path / "b", 4), metrics(0.99, 0.99), settings(store))
+    blocked = promotion.decide_and_publish(model(tmp_path / "b", 4), metrics(0.99, 0.99), settings(store))
     assert not blocked.promoted and "production's recorded" in blocked.reason
     with pytest.raises(promotion.PromotionError, match="non-finite metrics"):
         promotion.record_production_metrics(settings(store), metrics(bad, 0.8))
     promotion.record_production_metrics(settings(store), metrics(0.5, 0.8))
-    assert promotion.promote(model(tmp_path / "c", 5), metrics(0.99, 0.99), settings(store)).promoted
+    assert promotion.decide_and_publish(model(tmp_path / "c", 5), metrics(0.99, 0.99), settings(store)).promoted
 
 
 def test_a_corrupt_production_pointer_is_named(tmp_path, capsys):

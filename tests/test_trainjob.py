@@ -17,14 +17,19 @@ import yaml
 from safetensors.torch import load_file
 
 from cloob_core import storage
-from cloob_core.ops import kubeflow, trainjob
+from cloob_core.config import CloobConfig, load_config
+from cloob_core.ops import kubeflow, launch, trainjob
 from cloob_core.ops.cluster import ClusterSettings
 from cloob_core.ops.trainjob import JobFailed
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from k8s_api_server import FakeTrainingCluster
 
-PARAMS = "train:\n  objective: cloob\n  note: \"quotes ' and \\\" and $HOME and `ticks`\"\n"
+ODD_SHARDS = "s3://data/odd name/it's \" $HOME `ticks`"  # what a shell would break: it must reach the ranks as is
+
+
+def job_config(shards: str = "s3://data/shards", workdir: str = "s3://jobs/prefix/run1") -> CloobConfig:
+    return trainjob.job_config(load_config(overrides=["train.objective=infoloob"]), shards, workdir)
 
 
 def settings(**changes) -> ClusterSettings:
@@ -35,7 +40,8 @@ def settings(**changes) -> ClusterSettings:
 
 def test_a_pytorchjob_has_a_master_workers_gpus_shm_and_secrets_by_reference(monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "do-not-leak-me")
-    body = trainjob.manifest(settings(), "cloob-train-run1", PARAMS, "s3://data/shards", "s3://jobs/prefix/run1")
+    config = job_config()
+    body = trainjob.manifest(settings(), "cloob-train-run1", config, "s3://jobs/prefix/run1")
     assert body["apiVersion"] == "kubeflow.org/v1" and body["kind"] == "PyTorchJob"
     spec = body["spec"]
     assert spec["nprocPerNode"] == "8" and spec["runPolicy"]["backoffLimit"] == 3
@@ -56,22 +62,22 @@ def test_a_pytorchjob_has_a_master_workers_gpus_shm_and_secrets_by_reference(mon
         assert cores in container["env"]  # the thread budget follows the pod's CPU request
         assert set(refs) == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL"}
         assert all(ref["name"] == "cloob-s3" for ref in refs.values())
-        assert {"name": "CLOOB_PARAMS", "value": PARAMS} in container["env"]
+        assert {"name": "CLOOB_PARAMS", "value": launch.config_text(config)} in container["env"]
         assert replicas[role]["template"]["metadata"]["labels"]["app.kubernetes.io/part-of"] == "cloob-pipelines"
         assert container["ports"] == [{"name": "metrics", "containerPort": trainjob.METRICS_PORT}]
     assert "do-not-leak-me" not in json.dumps(body)
 
 
 def test_one_node_has_no_workers_and_a_cpu_job_asks_for_no_gpu():
-    body = trainjob.manifest(settings(nodes=1, gpus=0), "cloob-train-x", PARAMS, "s3://d", "s3://w")
+    body = trainjob.manifest(settings(nodes=1, gpus=0), "cloob-train-x", job_config(), "s3://w")
     assert set(body["spec"]["pytorchReplicaSpecs"]) == {"Master"} and body["spec"]["nprocPerNode"] == "1"
     assert "limits" not in body["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0][
         "resources"]
 
 
 def test_a_trainjob_uses_the_torch_runtime_with_nodes_and_overrides():
-    body = trainjob.manifest(settings(job_kind="trainjob", job_namespace="team-a"), "cloob-train-run1", PARAMS,
-                             "s3://d", "s3://w")
+    body = trainjob.manifest(settings(job_kind="trainjob", job_namespace="team-a"), "cloob-train-run1",
+                             job_config(), "s3://w")
     assert body["apiVersion"] == "trainer.kubeflow.org/v1alpha1" and body["kind"] == "TrainJob"
     assert body["metadata"]["namespace"] == "team-a"
     spec = body["spec"]
@@ -85,24 +91,27 @@ def test_a_trainjob_uses_the_torch_runtime_with_nodes_and_overrides():
     assert {"name": "dshm", "mountPath": "/dev/shm"} in override["spec"]["containers"][0]["volumeMounts"]
 
 
-def test_the_pod_command_writes_the_params_verbatim_and_calls_torchrun_with_intact_arguments(tmp_path):
-    """Run the pod's script with a stand-in `python` that records its argv: quoting must survive the shell."""
+def test_the_pod_command_writes_the_validated_config_and_calls_torchrun_with_intact_arguments(tmp_path):
+    """Run the pod's script with a stand-in `python` that records its argv: quoting must survive the shell, and
+    the ranks read the job's configuration from the params file alone, with nothing to apply again."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     fake = bin_dir / "python"
     fake.write_text(f"#!{sys.executable}\nimport json, sys\njson.dump(sys.argv[1:], open('argv.json', 'w'))\n")
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    shards = "s3://data/odd name/it's"
-    body = trainjob.manifest(settings(nodes=2, gpus=4), "n", PARAMS, shards, "s3://w/n")
-    command = body["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["command"]
-    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "CLOOB_PARAMS": PARAMS}
-    subprocess.run(command, cwd=tmp_path, env=env, check=True)
-    assert (tmp_path / "params.yaml").read_text() == PARAMS
+    config = job_config(ODD_SHARDS, "s3://w/n")
+    body = trainjob.manifest(settings(nodes=2, gpus=4), "n", config, "s3://w/n")
+    container = body["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}",
+           "CLOOB_PARAMS": next(e["value"] for e in container["env"] if e["name"] == "CLOOB_PARAMS")}
+    subprocess.run(container["command"], cwd=tmp_path, env=env, check=True)
+    assert load_config(tmp_path / "params.yaml") == config
+    assert config.train.shards == ODD_SHARDS and config.train.objective == "infoloob"
+    assert config.train.checkpoint_sync == "s3://w/n/checkpoints" and config.train.metrics_port == trainjob.METRICS_PORT
     argv = json.loads((tmp_path / "argv.json").read_text())
     assert argv[:5] == ["-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=4", "-m"]
+    assert argv[argv.index("--params") + 1] == "params.yaml" and "--set" not in argv
     assert argv[argv.index("--resume") + 1] == "latest" and argv[argv.index("--publish") + 1] == "s3://w/n/output"
-    sets = [argv[i + 1] for i, arg in enumerate(argv) if arg == "--set"]
-    assert f"train.shards={shards}" in sets and "train.checkpoint_sync=s3://w/n/checkpoints" in sets
 
 
 @pytest.mark.parametrize(("kind", "conditions", "expected"), [
@@ -155,7 +164,7 @@ def test_a_failed_job_raises_with_its_condition_and_is_deleted(tmp_path, monkeyp
         job = settings(nodes=2, gpus=0, job_namespace="team-a", job_poll_s=0.1)
         # the job fails when a pod fails; the other may not have exited yet (None), as on a real cluster
         with pytest.raises(JobFailed, match=r"failed: Failed: PodFailed exit codes \[(3, (3|None)|None, 3)\]"):
-            trainjob.run(trainjob.manifest(job, "cloob-train-f", PARAMS, "s3://d", "s3://w"), job)
+            trainjob.run(trainjob.manifest(job, "cloob-train-f", job_config(), "s3://w"), job)
     methods = [(r["method"], r["path"]) for r in cluster.requests]
     assert methods[0] == ("POST", "/apis/kubeflow.org/v1/namespaces/team-a/pytorchjobs")
     assert methods[-1] == ("DELETE", "/apis/kubeflow.org/v1/namespaces/team-a/pytorchjobs/cloob-train-f")
@@ -167,7 +176,7 @@ def test_a_job_past_its_time_limit_is_deleted_and_its_pods_stopped(tmp_path, mon
         monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig(tmp_path / "kubeconfig", namespace="ns-b")))
         job = settings(job_kind="trainjob", nodes=2, gpus=0, job_timeout_s=1.0, job_poll_s=0.1)
         with pytest.raises(JobFailed, match="did not finish in 1 s"):
-            trainjob.run(trainjob.manifest(job, "cloob-train-t", PARAMS, "s3://d", "s3://w"), job)
+            trainjob.run(trainjob.manifest(job, "cloob-train-t", job_config(), "s3://w"), job)
         assert cluster.requests[-1]["method"] == "DELETE"
         assert cluster.requests[-1]["path"] == "/apis/trainer.kubeflow.org/v1alpha1/namespaces/ns-b/trainjobs/" \
                                                "cloob-train-t"  # outside a pod: the kubeconfig context's
@@ -209,7 +218,7 @@ def test_a_two_node_job_trains_and_equals_one_process(kind, local_shards, tmp_pa
     workdir = f"s3://{s3_bucket}/jobs/cloob-train-run-42"
     assert storage.list_names(f"{workdir}/checkpoints", ".pt")  # mirrored: a restarted pod resumes from there
     assert not storage.list_names(f"{workdir}/shards")  # read where they lie, not copied for the job
-    assert f"train.shards={shards_uri}" in json.dumps(created)
+    assert f"shards: {shards_uri}" in json.dumps(created)  # in the validated config the pods read
 
     single = tmp_path / "single"
     params_file = tmp_path / "params.yaml"

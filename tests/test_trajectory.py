@@ -8,7 +8,7 @@ import pytest
 from cloob_core.config import load_config
 from cloob_core.evaluation.features import Encoding
 from cloob_core.evaluation.inputs import load_images, load_model
-from cloob_core.evaluation.tasks import diagnostics
+from cloob_core.evaluation.tasks.diagnostics import diagnostics
 from cloob_core.evaluation.trajectory import (
     TrajectoryPoint,
     diagnostics_over_training,

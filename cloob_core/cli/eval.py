@@ -25,7 +25,8 @@ TASK_HELP = {
 
 
 def _task(args: argparse.Namespace) -> int:
-    from cloob_core.evaluation.run import TASKS, EvalOptions, ModelSource, evaluate
+    from cloob_core.evaluation.run import TASKS, ModelSource, evaluate
+    from cloob_core.evaluation.tasks.common import EvalOptions
 
     task_class = TASKS[args.eval_command]
     task = task_class(**{f.name: getattr(args, f.name) for f in dataclasses.fields(task_class)})
@@ -65,7 +66,7 @@ def _suite(args: argparse.Namespace) -> int:
 
 
 def _production(args: argparse.Namespace) -> int:
-    from cloob_core.evaluation.reports import summary_table
+    from cloob_core.evaluation.tables import summary_table
     from cloob_core.ops.reevaluation import reevaluate_production
 
     config = config_of(args)
@@ -77,8 +78,9 @@ def _production(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from cloob_core.evaluation.reports import combine_reports, summary_table
+    from cloob_core.evaluation.records import combine_reports
     from cloob_core.evaluation.suite_report import suite_report
+    from cloob_core.evaluation.tables import summary_table
 
     if args.params or args.overrides:
         report = suite_report(config_of(args).eval, args.inputs, args.output)
@@ -90,14 +92,15 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _summary(args: argparse.Namespace) -> int:
-    from cloob_core.evaluation.reports import read_metrics, summary_table
+    from cloob_core.evaluation.records import read_metrics
+    from cloob_core.evaluation.tables import summary_table
 
     print(summary_table(read_metrics(args.metrics)))
     return 0
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from cloob_core.evaluation.experiments import compare_runs
+    from cloob_core.evaluation.comparison import compare_runs
 
     comparison = compare_runs(args.run, args.dvc_exps, args.metrics_file, args.output)
     print(comparison.table, end="")

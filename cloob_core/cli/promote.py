@@ -23,8 +23,7 @@ def _promote(args: argparse.Namespace) -> int:
     if args.record_stage:
         print(promotion.record_production_stage(settings, args.model, decision_file=args.output))
         return 0
-    decision = promotion.promotion_gate(settings, model_dir=args.model, metrics_file=args.metrics,
-                                        decision_file=args.output)
+    decision = promotion.promote(settings, model_dir=args.model, metrics_file=args.metrics, decision_file=args.output)
     print(decision.summary())
     if decision.registry:
         print(decision.registry)

@@ -18,7 +18,6 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from cloob_core.evaluation.inputs import EvalModel, ImageSet
-from cloob_core.evaluation.zeroshot import ensemble
 from cloob_core.io import UnreadableFile, read_torch, write_torch
 
 log = logging.getLogger(__name__)
@@ -90,11 +89,3 @@ def text_features(model: EvalModel, texts: Sequence[str], encoding: Encoding, ta
 
     digest = hashlib.sha256("\n".join(texts).encode()).hexdigest()
     return _cached(encoding, f"texts|{model.fingerprint}|{tag}|{digest}", compute)
-
-
-def class_embeddings(model: EvalModel, classnames: Sequence[str], templates: Sequence[str],
-                     encoding: Encoding) -> Tensor:
-    """The prompt ensemble of :func:`cloob_core.evaluation.zeroshot.ensemble`, with the prompts' embeddings cached."""
-    prompts = [template.format(name) for name in classnames for template in templates]
-    embedded = text_features(model, prompts, encoding, "prompts").view(len(classnames), len(templates), -1)
-    return ensemble(embedded)

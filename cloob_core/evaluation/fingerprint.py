@@ -18,7 +18,7 @@ from typing import Any
 from cloob_core import storage
 from cloob_core.config import PACKAGED_SOURCES, DatasetConfig
 from cloob_core.evaluation.class_sets import packaged_class_set, packaged_class_sets
-from cloob_core.evaluation.suite_report import digest
+from cloob_core.io import json_digest
 
 
 def _packaged(source: str) -> str:
@@ -47,9 +47,9 @@ def source_content(source: str) -> dict[str, str]:
     if source in PACKAGED_SOURCES:
         return {"kind": "packaged", "digest": _packaged(source)}
     if not storage.is_s3(source) and Path(source).is_file():  # an image,caption .csv
-        return {"kind": "stat", "digest": digest([[Path(source).name, Path(source).stat().st_size,
+        return {"kind": "stat", "digest": json_digest([[Path(source).name, Path(source).stat().st_size,
                                                    str(Path(source).stat().st_mtime_ns)]])}
-    return {"kind": "etag" if storage.is_s3(source) else "stat", "digest": digest(storage.tree_entries(source))}
+    return {"kind": "etag" if storage.is_s3(source) else "stat", "digest": json_digest(storage.tree_entries(source))}
 
 
 def _class_list(name: str | None) -> dict[str, str] | None:

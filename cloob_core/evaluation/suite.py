@@ -21,17 +21,14 @@ from cloob_core.data.wds_layout import CLASSNAMES_FILE
 from cloob_core.errors import one_line, user_facing
 from cloob_core.evaluation.class_sets import packaged_class_sets
 from cloob_core.evaluation.fingerprint import dataset_fingerprint
-from cloob_core.evaluation.reports import COMPLETE, annotate
-from cloob_core.evaluation.run import (
-    DiagnosticsTask,
-    EvalOptions,
-    EvalTask,
-    LinearProbeTask,
-    ModelSource,
-    RetrievalTask,
-    ZeroShotTask,
-)
-from cloob_core.evaluation.suite_report import SuiteError
+from cloob_core.evaluation.records import COMPLETE, annotate
+from cloob_core.evaluation.run import EvalTask, ModelSource
+from cloob_core.evaluation.suite_error import SuiteError
+from cloob_core.evaluation.tasks.common import EvalOptions
+from cloob_core.evaluation.tasks.diagnostics import DiagnosticsTask
+from cloob_core.evaluation.tasks.linear_probe import LinearProbeTask
+from cloob_core.evaluation.tasks.retrieval import RetrievalTask
+from cloob_core.evaluation.tasks.zeroshot import ZeroShotTask
 
 SPLIT_FOLDERS = ("train", "test", "val", "validation")  # what marks an ImageFolder tree as split into subfolders
 

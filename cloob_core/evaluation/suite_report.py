@@ -4,8 +4,6 @@ model code."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import re
 import statistics
@@ -14,21 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from cloob_core import lease
-from cloob_core.config import SUITE_RESULT, ConfigError, EvalConfig, result_name
-from cloob_core.evaluation.reports import COMPLETE, Report, combine_reports, read_metrics
-from cloob_core.io import write_json
+from cloob_core.config import SUITE_RESULT, EvalConfig, result_name
+from cloob_core.evaluation.records import COMPLETE, Report, combine_reports, read_metrics
+from cloob_core.evaluation.suite_error import SuiteError
+from cloob_core.io import json_digest, write_json
 
 log = logging.getLogger(__name__)
 SUITE_FILE = "suite.json"  # beside a suite report's metrics.json: the suite's fingerprint
-
-
-class SuiteError(ConfigError):
-    """A suite entry that cannot be evaluated, or results that do not cover the suite; names the entry."""
-
-
-def digest(value: Any) -> str:
-    """SHA-256 of a JSON value in canonical form."""
-    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def suite_fingerprint(settings: EvalConfig, datasets: dict[str, Any]) -> dict[str, Any]:
@@ -36,7 +26,7 @@ def suite_fingerprint(settings: EvalConfig, datasets: dict[str, Any]) -> dict[st
     :mod:`cloob_core.evaluation.fingerprint`) and the aggregates' definitions, which decide what ``suite.*`` means;
     ``digest`` is what the promotion gate compares."""
     aggregates = {name: spec.model_dump() for name, spec in settings.aggregates.items()}
-    return {"digest": digest({"datasets": datasets, "aggregates": aggregates}), "datasets": datasets,
+    return {"digest": json_digest({"datasets": datasets, "aggregates": aggregates}), "datasets": datasets,
             "aggregates": aggregates}
 
 

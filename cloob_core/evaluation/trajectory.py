@@ -12,10 +12,9 @@ from typing import Any
 import open_clip
 
 from cloob_core import lease, storage
-from cloob_core.evaluation.diagnostics import embedding_diagnostics
 from cloob_core.evaluation.features import Encoding
 from cloob_core.evaluation.inputs import EvalModel, ImageSet, device_named, eval_model, load_images
-from cloob_core.evaluation.tasks import matched_features
+from cloob_core.evaluation.tasks.diagnostics import embedding_diagnostics, matched_features
 from cloob_core.io import UnreadableFile, write_json
 from cloob_core.model.dual_encoder import register_project_configs, without_random_init_warning
 from cloob_core.model.export import load_weights

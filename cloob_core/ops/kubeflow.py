@@ -15,20 +15,18 @@ does not import kfp and the steps run without it.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from cloob_core.config import CloobConfig, config_from_text
+from cloob_core.config import CloobConfig, Values, config_from_mapping, config_from_text
 from cloob_core.errors import StageError
-from cloob_core.io import read_json
+from cloob_core.io import read_json, write_text
 from cloob_core.threads import limit_spinning
 
 log = logging.getLogger(__name__)
@@ -39,14 +37,11 @@ class TrainingFailed(StageError):
     """The torchrun processes of a multi-GPU training step exited with an error (their log says which)."""
 
 
-def _params_text(params: Params) -> str:
-    import yaml
-
-    return params if isinstance(params, str) else yaml.safe_dump(params, sort_keys=False)
-
-
-def _config(params: Params, overrides: Sequence[str] = ()) -> CloobConfig:
-    return config_from_text(_params_text(params), overrides, source="the run's params")
+def _config(params: Params, values: Values | None = None) -> CloobConfig:
+    """The run's parameters (params.yaml's text, or its mapping) validated, with a step's own ``values``."""
+    if isinstance(params, str):
+        return config_from_text(params, source="the run's params", values=values)
+    return config_from_mapping(params, values=values)
 
 
 def acquire(params: Params, store: str, index_path: str | None = None) -> dict[str, Any]:
@@ -138,20 +133,16 @@ def train(params: Params, shards: str, output_dir: str, gpus: int = 0, model: An
           metrics: Any = None) -> dict[str, Any]:
     """Training on this node, streaming the shards from ``shards`` (a folder or ``s3://`` prefix): in process for
     one device; with several GPUs, torchrun starts one `cloob train` process per GPU (each a rank of the same
-    stage function)."""
+    stage function) on the configuration validated here."""
+    from cloob_core.ops import launch
     from cloob_core.training.loop import train as train_stage
 
-    override = f"train.shards={json.dumps(shards)}"
+    config = _config(params, values={"train": {"shards": shards}})  # a bad one fails here, not in every rank
     if gpus <= 1:
-        result = train_stage(_config(params, [override]), output_dir, progress=False).metrics
-        return _record_training(result, shards, model, metrics)
-    _config(params, [override])  # a bad configuration fails here, with its message, not in every rank
+        return _record_training(train_stage(config, output_dir, progress=False).metrics, shards, model, metrics)
     with tempfile.TemporaryDirectory() as tmp:
-        params_file = Path(tmp) / "params.yaml"
-        params_file.write_text(_params_text(params), encoding="utf-8")
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}",
-                   "-m", "cloob_core.cli", "train", "--params", str(params_file), "--output", output_dir,
-                   "--no-progress", "--set", override]
+        params_file = write_text(Path(tmp) / launch.PARAMS_FILE, launch.config_text(config))
+        command = launch.torchrun_train(str(params_file), output_dir, processes=gpus)
         log.info("running %s", " ".join(command))
         code = subprocess.run(command, env=os.environ.copy(), check=False).returncode
     if code != 0:
@@ -169,14 +160,14 @@ def train_multinode(params: Params, shards: str, output_dir: str, job: str, run_
     from cloob_core.ops import trainjob
     from cloob_core.ops.cluster import ClusterSettings
 
-    _config(params)  # a bad configuration fails here, before any pod starts
+    config = _config(params)  # a bad configuration fails here, before any pod starts
     if not storage.is_s3(shards):
         raise ConfigError(f"a multi-node job's pods share only object storage: its shards must be an s3:// "
                           f"prefix, not {shards!r} (compile with --shards-store s3://…)")
     settings = ClusterSettings.from_json(job)
     name = trainjob.job_name(run_id)
     workdir = storage.join(settings.job_workdir, name)
-    trainjob.run(trainjob.manifest(settings, name, _params_text(params), shards, workdir), settings)
+    trainjob.run(trainjob.manifest(settings, name, trainjob.job_config(config, shards, workdir), workdir), settings)
     storage.download_tree(storage.join(workdir, "output"), output_dir)
     return _record_training(read_json(Path(output_dir) / "metrics.json"), shards, model, metrics)
 
@@ -216,7 +207,7 @@ def collect_dataset(dataset: str, part_dirs: Sequence[str], output_dir: str, met
                     classification: Any = None) -> dict[str, dict]:
     """One data set's task results in one folder; its scalars onto a KFP ``Metrics`` artifact and its zero-shot
     confusion matrix onto a ``ClassificationMetrics`` one (a data set without zero-shot leaves it empty)."""
-    from cloob_core.evaluation.reports import combine_reports
+    from cloob_core.evaluation.records import combine_reports
 
     combined = combine_reports([Path(folder) / dataset for folder in part_dirs], Path(output_dir)).metrics
     _log_metrics(combined, metrics)
@@ -241,8 +232,8 @@ def report(params: Params, dataset_dirs: Sequence[str], output_dir: str, metrics
            markdown_path: str | None = None) -> dict[str, dict]:
     """The suite's report over the data sets' folders: every result and the suite means onto a KFP ``Metrics``
     artifact, the Markdown page onto a ``Markdown`` one."""
-    from cloob_core.evaluation.reports import summary_table
     from cloob_core.evaluation.suite_report import suite_report
+    from cloob_core.evaluation.tables import summary_table
 
     combined = suite_report(_config(params).eval, dataset_dirs, output_dir).metrics
     log.info("%s", summary_table(combined))
@@ -258,9 +249,9 @@ def promote(params: Params, model_dir: str, metrics_file: str, decision_metrics:
     failure."""
     from dataclasses import asdict
 
-    from cloob_core.ops.promotion import promotion_gate
+    from cloob_core.ops.promotion import promote as promote_stage
 
-    gate = promotion_gate(_config(params).promote, model_dir=model_dir, metrics_file=metrics_file)
+    gate = promote_stage(_config(params).promote, model_dir=model_dir, metrics_file=metrics_file)
     log.info("%s", gate.summary())
     decision = asdict(gate)
     if decision_metrics is not None:

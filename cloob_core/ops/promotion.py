@@ -31,7 +31,7 @@ from typing import Any
 from cloob_core import storage
 from cloob_core.config import PromoteConfig
 from cloob_core.errors import StageError
-from cloob_core.evaluation.reports import read_metrics
+from cloob_core.evaluation.records import read_metrics
 from cloob_core.evaluation.suite_report import SUITE_FILE
 from cloob_core.io import file_digest, json_bytes, read_json, read_json_or, write_json
 from cloob_core.model.files import INFO_FILE, STATE_FILE
@@ -263,8 +263,8 @@ def _new_decision_id(now: datetime) -> str:
     return f"{now.strftime('%Y%m%dT%H%M%S%fZ')}-{uuid.uuid4().hex[:12]}"
 
 
-def promote(model_dir: str | Path, metrics: dict[str, dict[str, Any]], settings: PromoteConfig,
-            suite: dict[str, Any] | None = None) -> Decision:
+def decide_and_publish(model_dir: str | Path, metrics: dict[str, dict[str, Any]], settings: PromoteConfig,
+                       suite: dict[str, Any] | None = None) -> Decision:
     """Decide against the current production, and on success publish the model and move the pointer with a
     compare-and-swap: if another gate moved production meanwhile, decide again against the new one. So however
     many gates run at once, production ends at the best candidate that passed, and every decision is recorded.
@@ -314,11 +314,12 @@ def promote(model_dir: str | Path, metrics: dict[str, dict[str, Any]], settings:
     return decision
 
 
-def promotion_gate(settings: PromoteConfig, *, model_dir: str | Path, metrics_file: str | Path,
-                   decision_file: str | Path | None = None) -> Decision:
-    """``cloob promote``: :func:`promote` on a report's metrics file; the decision also as JSON at
-    ``decision_file`` (a DVC metric, a Kubeflow artifact)."""
-    decision = promote(model_dir, read_metrics(metrics_file), settings, read_suite(metrics_file))
+def promote(settings: PromoteConfig, *, model_dir: str | Path, metrics_file: str | Path,
+            decision_file: str | Path | None = None) -> Decision:
+    """The promotion gate (``cloob promote``, the DVC stage and the Kubeflow step of that name):
+    :func:`decide_and_publish` on a report's metrics file; the decision also as JSON at ``decision_file`` (a DVC
+    metric, a Kubeflow artifact)."""
+    decision = decide_and_publish(model_dir, read_metrics(metrics_file), settings, read_suite(metrics_file))
     if decision.promoted and settings.registry_stage:
         from cloob_core.ops.git_registry import record_stage
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from cloob_core.config import CloobConfig
-from cloob_core.evaluation.reports import Report
+from cloob_core.evaluation.records import Report
 from cloob_core.evaluation.run import ModelSource
 from cloob_core.evaluation.suite import evaluate_suite
 from cloob_core.evaluation.suite_report import SUITE_FILE, suite_report

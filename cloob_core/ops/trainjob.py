@@ -24,7 +24,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cloob_core.config import CloobConfig, config_from_mapping
 from cloob_core.errors import StageError
+from cloob_core.ops import launch
 from cloob_core.ops.cluster import ClusterSettings
 
 log = logging.getLogger(__name__)
@@ -54,17 +56,20 @@ def job_name(run_id: str) -> str:
     return f"cloob-train-{slug}"[:52].rstrip("-")
 
 
-def worker_script(settings: ClusterSettings, shards: str, workdir: str) -> str:
-    """What every pod runs: the parameters to a file, then torchrun around `cloob train` (resuming)."""
-    sets = {"train.shards": shards, "train.checkpoint_sync": f"{workdir}/checkpoints",
-            "train.metrics_host": "0.0.0.0", "train.metrics_port": str(METRICS_PORT)}
-    train = ["python", "-m", "torch.distributed.run", f"--nnodes={settings.nodes}",
-             f"--nproc-per-node={max(settings.gpus, 1)}", "-m", "cloob_core.cli", "train",
-             "--params", "params.yaml", "--output", "run", "--resume", "latest", "--no-progress",
-             "--publish", f"{workdir}/output"]
-    for key, value in sets.items():
-        train += ["--set", f"{key}={value}"]
-    return f'set -eu\nprintf "%s" "${PARAMS_ENV}" > params.yaml\nexec {shlex.join(train)}\n'
+def job_config(config: CloobConfig, shards: str, workdir: str) -> CloobConfig:
+    """The run's configuration as every pod trains with it: the shards where they lie, checkpoints mirrored to
+    the job's folder (a restarted pod resumes from there), metrics served on the pod's port."""
+    return config_from_mapping(config.model_dump(), values={"train": {
+        "shards": shards, "checkpoint_sync": f"{workdir}/checkpoints", "metrics_host": "0.0.0.0",
+        "metrics_port": METRICS_PORT}})
+
+
+def worker_script(settings: ClusterSettings, workdir: str) -> str:
+    """What every pod runs: the validated configuration to its params file, then torchrun around `cloob train`
+    (resuming, and publishing the result to the job's folder)."""
+    train = launch.torchrun_train(launch.PARAMS_FILE, "run", processes=max(settings.gpus, 1), nodes=settings.nodes,
+                                  python="python", extra=["--resume", "latest", "--publish", f"{workdir}/output"])
+    return f'set -eu\nprintf "%s" "${PARAMS_ENV}" > {launch.PARAMS_FILE}\nexec {shlex.join(train)}\n'
 
 
 def _env(settings: ClusterSettings, params_text: str) -> list[dict[str, Any]]:
@@ -105,10 +110,11 @@ def _scheduling(settings: ClusterSettings) -> dict[str, Any]:
     return spec
 
 
-def manifest(settings: ClusterSettings, name: str, params_text: str, shards: str, workdir: str) -> dict[str, Any]:
-    """The PyTorchJob or TrainJob resource for this run."""
+def manifest(settings: ClusterSettings, name: str, config: CloobConfig, workdir: str) -> dict[str, Any]:
+    """The PyTorchJob or TrainJob resource for this run; ``config``: what :func:`job_config` gives."""
     group, version, _, kind = KINDS[settings.job_kind]
-    command = ["/bin/sh", "-c", worker_script(settings, shards, workdir)]
+    command = ["/bin/sh", "-c", worker_script(settings, workdir)]
+    params_text = launch.config_text(config)
     volumes, mounts = _volumes(settings)
     metadata = {"name": name, "labels": dict(PART_OF)}
     if settings.job_namespace:

@@ -15,7 +15,8 @@ from hostile import cli
 from image_server import image_folder
 
 from cloob_core.config import EvalConfig
-from cloob_core.evaluation.suite_report import SuiteError, aggregate, ranks_nothing
+from cloob_core.evaluation.suite_error import SuiteError
+from cloob_core.evaluation.suite_report import aggregate, ranks_nothing
 
 NO_MODEL = ["--architecture", "cloob-tiny", "--weights", "/nonexistent/weights.pt", "--no-progress"]
 
@@ -101,12 +102,12 @@ def test_results_of_an_evaluation_that_stopped_part_way_are_refused_by_the_repor
            weights, "--no-progress"]
     assert cli(capsys, *run).code == 0
     assert cli(capsys, "eval", "report", "--params", params, "--inputs", out, "--output", report).code == 0
-    from cloob_core.evaluation import tasks
+    from cloob_core.evaluation.tasks import retrieval
 
     def full_disk(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(tasks, "retrieval", full_disk)  # the second task fails: zeroshot's result is new, alone
+    monkeypatch.setattr(retrieval, "retrieval", full_disk)  # the second task fails: zeroshot's result is new, alone
     failed = cli(capsys, *run)
     assert failed.code == 2 and failed.error_line().startswith("cloob: eval.datasets.mnist: no space left")
     done = cli(capsys, "eval", "report", "--params", params, "--inputs", out, "--output", tmp_path / "again")

@@ -11,9 +11,20 @@ stock phrase), any of them is a correct answer rather than all but one being cou
 
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
 import torch
 from torch import Tensor
 
+from cloob_core.evaluation.features import Encoding, image_features, text_features
+from cloob_core.evaluation.inputs import EvalModel, ImageSet
+from cloob_core.evaluation.records import write_result
+from cloob_core.evaluation.tasks.common import EvalOptions, OneSetTask, need, task_record
+
+log = logging.getLogger(__name__)
 KS = (1, 5, 10)
 
 
@@ -67,3 +78,40 @@ def retrieval_metrics(image_features: Tensor, text_features: Tensor, matches: Te
     text_ranks = _ranks(text_features, image_features, matches, block)
     image_ranks = _ranks(image_features, text_features, matches.flip(1), block)
     return {**_summary(text_ranks, "image_retrieval"), **_summary(image_ranks, "text_retrieval")}
+
+
+@dataclass(frozen=True)
+class RetrievalTask(OneSetTask):
+    """Image-to-text and text-to-image retrieval; several captions of an image are several right answers."""
+
+    name: ClassVar[str] = "retrieval"
+
+    def measure(self, model: EvalModel, images: ImageSet, options: EvalOptions, output: Path) -> dict[str, Any]:
+        return retrieval(model, images, output, options.encoding)
+
+    def line(self, metrics: dict[str, Any]) -> str:
+        return (f"retrieval ({metrics['images']} images, {metrics['captions']} captions): "
+                + ", ".join(f"{k} {100 * v:.1f}%" for k, v in metrics.items() if "recall@" in k))
+
+
+def caption_pairs(model: EvalModel, images: ImageSet, encoding: Encoding
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
+    """Image features, each distinct caption's features, the (caption, image) matches and each image's first
+    caption: what retrieval scores and the diagnostics pair up."""
+    if images.captions is None and None not in (images.labels, images.classnames, images.templates):
+        # a labelled set without captions (an ImageFolder): its class prompt is every image's caption
+        images.captions = [[images.templates[0].format(images.classnames[label])] for label in images.labels]
+        log.info("%s has no captions: using '%s' with each image's class name", images.name, images.templates[0])
+    need(images, "captions")
+    texts, matches, first = distinct_captions(images.captions)
+    image_x = image_features(model, images, encoding)
+    text_y = text_features(model, texts, encoding, f"captions|{images.identity}")
+    return image_x, text_y, matches, first
+
+
+def retrieval(model: EvalModel, images: ImageSet, output: Path, encoding: Encoding) -> dict[str, Any]:
+    image_x, text_y, matches, _ = caption_pairs(model, images, encoding)
+    metrics = retrieval_metrics(image_x, text_y, matches)
+    metrics.update(images=len(image_x), captions=len(text_y))
+    write_result(output, task_record(model, images, "zeroshot_retrieval", metrics))
+    return metrics

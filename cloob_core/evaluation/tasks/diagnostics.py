@@ -13,10 +13,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
+
+from cloob_core.evaluation.features import Encoding
+from cloob_core.evaluation.figures import similarity_png, spectra_png
+from cloob_core.evaluation.inputs import EvalModel, ImageSet
+from cloob_core.evaluation.records import write_result
+from cloob_core.evaluation.tasks.common import EvalOptions, OneSetTask, task_record
+from cloob_core.evaluation.tasks.retrieval import caption_pairs
 
 
 @torch.no_grad()
@@ -116,3 +124,42 @@ def embedding_diagnostics(image_features: Tensor, text_features: Tensor, inv_tau
         "spectrum_text": spectra["text"].tolist(),
     }
     return EmbeddingDiagnostics(metrics, spectra, effective, matched, unmatched)
+
+
+@dataclass(frozen=True)
+class DiagnosticsTask(OneSetTask):
+    """The paper's embedding analyses: effective eigenvalues, uniformity, alignment, InfoNCE saturation."""
+
+    name: ClassVar[str] = "diagnostics"
+
+    def measure(self, model: EvalModel, images: ImageSet, options: EvalOptions, output: Path) -> dict[str, Any]:
+        return diagnostics(model, images, output, options.encoding)
+
+    def line(self, metrics: dict[str, Any]) -> str:
+        return (f"diagnostics: effective eigenvalues image {metrics['effective_eigenvalues_image']}, text "
+                f"{metrics['effective_eigenvalues_text']}; Ajne A_n image {metrics['ajne_image']:.3f}, text "
+                f"{metrics['ajne_text']:.3f}; p1 {metrics['positive_probability_p1']:.3f}")
+
+
+def matched_features(model: EvalModel, images: ImageSet, encoding: Encoding) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each image's features and its first caption's: the matched pairs the diagnostics analyse."""
+    image_x, text_y, _, first = caption_pairs(model, images, encoding)
+    return image_x, text_y[torch.tensor(first)]
+
+
+def diagnostics(model: EvalModel, images: ImageSet, output: Path, encoding: Encoding,
+                top_k: int = 10) -> dict[str, Any]:
+    """The paper's embedding analyses on matched image-caption pairs (the first caption of each image)."""
+    found = embedding_diagnostics(*matched_features(model, images, encoding), model.inv_tau, top_k)
+    metrics, spectra = found.metrics, found.spectra
+    output.mkdir(parents=True, exist_ok=True)
+    task = "diagnostics"
+    plots = [
+        spectra_png(output / f"{images.name}_{task}_eigen_spectra.png", {k: v.numpy() for k, v in spectra.items()},
+                    found.effective, f"{images.name}: covariance eigen-spectra"),
+        similarity_png(output / f"{images.name}_{task}_similarities.png", found.matched.numpy(),
+                       found.unmatched.numpy(), top_k,
+                       f"{images.name}: matched vs top-{top_k} unmatched"),
+    ]
+    write_result(output, task_record(model, images, task, metrics), plots)
+    return metrics

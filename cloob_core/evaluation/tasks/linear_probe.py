@@ -19,11 +19,20 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
+from cloob_core.config import ConfigError
+from cloob_core.evaluation.features import Encoding, image_features
+from cloob_core.evaluation.figures import per_class_png
+from cloob_core.evaluation.inputs import EvalModel, ImageSet
 from cloob_core.evaluation.logistic import TOLERANCE, LogisticSolver, ProbeFit, fit_logistic
+from cloob_core.evaluation.records import write_result
+from cloob_core.evaluation.tasks.common import EvalOptions, EvalResult, need, task_record
+from cloob_core.evaluation.tasks.zeroshot import classification_metrics
 
 log = logging.getLogger(__name__)
 LAMBDA_GRID = torch.logspace(-6, 6, 97, dtype=torch.float64).tolist()
@@ -194,3 +203,74 @@ def linear_probe(train_x: Tensor, train_y: Tensor, num_classes: int, *, val_x: T
     fit = fit_logistic(final_x, final_y, num_classes, search.lam, max_iter=max_iter, start=start)
     search.warnings += warnings
     return fit, search
+
+
+@dataclass(frozen=True)
+class LinearProbeTask:
+    """L-BFGS logistic regression on frozen image features with CLIP's lambda search."""
+
+    name: ClassVar[str] = "linear-probe"
+    train_data: str = "captioned"
+    train_split: str = "train"
+    test_data: str | None = None  # None: train_data
+    test_split: str = "test"
+    val_data: str | None = None  # None: a random half of train
+    val_split: str = "val"
+    few_shot: int | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.few_shot is not None and self.few_shot < 1:
+            raise ConfigError(f"--few-shot must be at least 1 image per class, got {self.few_shot}")
+
+    def run(self, model: EvalModel, options: EvalOptions, output: Path) -> EvalResult:
+        train = options.images(self.train_data, self.train_split)
+        test = options.images(self.test_data or self.train_data, self.test_split)
+        if test.identity == train.identity:
+            raise ConfigError(f"the linear probe's test images would be its training images ({train.name}): give "
+                              "--test-data, or a folder with train/ and test/ inside")
+        validation = options.images(self.val_data, self.val_split) if self.val_data else None
+        metrics = linear_probe_task(model, train, test, output, options.encoding, validation=validation,
+                                           few_shot=self.few_shot, seed=self.seed)
+        searched = metrics["validation_accuracy"]
+        line = (f"{test.name} linear probe: top-1 {100 * metrics['lp_acc1']:.2f}% with lambda "
+                f"{metrics['lambda_']:.3g} ("
+                + (f"validation {100 * searched:.2f}%" if searched is not None else "not searched: see the report")
+                + f", {metrics['train_size']} training images)")
+        return EvalResult(self.name, output, {test.name: metrics}, [line])
+
+
+def linear_probe_task(model: EvalModel, train: ImageSet, test: ImageSet, output: Path, encoding: Encoding, *,
+                       validation: ImageSet | None = None, few_shot: int | None = None,
+                       seed: int = 0) -> dict[str, Any]:
+    """CLIP's linear probe; its accuracies under CLIP_benchmark's names (``lp_acc1``, ``lp_acc5``,
+    ``lp_mean_per_class_recall``), the other figures as zero-shot classification names them."""
+    for images in (train, test, *( [validation] if validation else [])):
+        need(images, "labels")
+    num_classes = max(max(train.labels), max(test.labels)) + 1
+    train_x = image_features(model, train, encoding)
+    train_y = torch.tensor(train.labels)
+    if few_shot:
+        keep = few_shot_indices(train_y, few_shot, torch.Generator().manual_seed(seed))
+        train_x, train_y = train_x[keep], train_y[keep]
+    test_x, test_y = image_features(model, test, encoding), torch.tensor(test.labels)
+    val_x = val_y = None
+    if validation is not None:
+        val_x, val_y = image_features(model, validation, encoding), torch.tensor(validation.labels)
+    fit, search = linear_probe(train_x, train_y, num_classes, val_x=val_x, val_y=val_y, seed=seed)
+    scores = fit.predict_scores(test_x)
+    metrics = {f"lp_{key}" if key.startswith("acc") or key == "mean_per_class_recall" else key: value
+               for key, value in classification_metrics(scores, test_y, num_classes).items()}
+    metrics.update(lambda_=search.lam, validation_accuracy=search.validation_accuracy,
+                   lambda_search={f"{k:.3g}": v for k, v in search.tried.items()}, train_size=len(train_y),
+                   few_shot=few_shot or 0)
+    metrics["lp_acc1_check"] = accuracy(fit, test_x, test_y)
+    for warning in search.warnings:
+        log.warning("%s linear probe: %s", test.name, warning)
+    output.mkdir(parents=True, exist_ok=True)
+    names = test.classnames or [str(c) for c in range(num_classes)]
+    task = "linear_probe"
+    plots = [per_class_png(output / f"{test.name}_{task}_per_class.png", names, metrics["per_class_accuracy"],
+                           metrics["chance"], f"{test.name}: linear probe per class (lambda {search.lam:.3g})")]
+    write_result(output, task_record(model, test, task, metrics, search.warnings), plots)
+    return metrics

@@ -67,7 +67,9 @@ def compare_runs(run_files: Sequence[str] = (), dvc_exps: str | None = None,
                  metrics_file: str = "reports/metrics.json", output: str | Path | None = None) -> Comparison:
     """``cloob eval compare``: runs given as ``LABEL=metrics.json`` and/or the experiments of a ``dvc exp show
     --json`` file, as one Markdown table (and, with ``output``, comparison.md and a bar chart there)."""
-    from cloob_core.evaluation.reports import comparison_markdown, comparison_png, read_metrics
+    from cloob_core.evaluation.figures import comparison_png
+    from cloob_core.evaluation.records import read_metrics
+    from cloob_core.evaluation.tables import comparison_markdown
     from cloob_core.io import read_json, write_text
 
     runs: dict[str, dict[str, dict]] = {}
