@@ -292,6 +292,34 @@ class TrainConfig(_Section):
             raise ValueError(unknown(name))
         return name
 
+    @model_validator(mode="after")
+    def _batch_splits_on_one_rank(self) -> TrainConfig:
+        problem = self.shape_problem(ranks=1)
+        if problem:
+            raise ValueError(problem)
+        return self
+
+    def shape_problem(self, ranks: int) -> str | None:
+        """Why the batch cannot split over ``ranks`` ranks (None: it can): into ``data_streams`` equal chunks,
+        the streams evenly over the ranks, and each rank's share into ``accum_freq`` equal micro-batches. Read
+        with the configuration for one rank; again, with the ranks, wherever a launch knows their number, before
+        anything starts."""
+        if self.batch_size % self.data_streams:
+            return (f"train.batch_size ({self.batch_size}) must be a multiple of train.data_streams "
+                    f"({self.data_streams})")
+        if self.data_streams % ranks:
+            return f"train.data_streams ({self.data_streams}) must be a multiple of the number of ranks ({ranks})"
+        if self.batch_size % ranks or (self.batch_size // ranks) % self.accum_freq:
+            return (f"train.batch_size {self.batch_size} must split into {ranks} rank(s) x train.accum_freq "
+                    f"{self.accum_freq} equal micro-batches")
+        return None
+
+    def check_shape(self, ranks: int) -> None:
+        """:meth:`shape_problem` as a :class:`ConfigError`."""
+        problem = self.shape_problem(ranks)
+        if problem:
+            raise ConfigError(problem)
+
 
 # The evaluation suite's vocabulary. `cloob eval TASK` -> the result it writes, named as CLIP_benchmark names its
 # tasks: results are <data set>_<result> (mnist_zeroshot_classification), metrics <data set>_<result>.<key>.
@@ -507,7 +535,8 @@ def describe(err: ValidationError, what: str = "configuration") -> str:
             lines.append(f"{key}: unknown key")
         elif problem["type"] == "value_error":  # our own checks: their message says what was wrong
             message = problem["msg"].removeprefix("Value error, ")
-            lines.append(message if key == "<root>" else f"{key}: {message}")
+            named = key == "<root>" or message.startswith(f"{key}.")  # the message names its keys itself
+            lines.append(message if named else f"{key}: {message}")
         else:
             lines.append(f"{key}: {problem['msg']} (got {_short(repr(problem.get('input')))})")
     return f"invalid {what}: " + "; ".join(lines)

@@ -23,10 +23,23 @@ class StageError(Exception):
 
 def user_facing(err: BaseException) -> bool:
     """A bad input or environment the user can fix (a missing or unreadable file, a value, S3 access), as
-    opposed to a defect in this project."""
+    opposed to a defect in this project. A lookup that fails in our own code (a ``KeyError`` of a dict we
+    built) is a defect: our code checks the user's keys before it looks them up."""
+    if isinstance(err, LookupError) and _raised_in_our_code(err):
+        return False
     from_libraries = ("botocore", "boto3", "PIL", "tarfile", "urllib3", "kfp_server_api", "yaml", "pydantic")
     return isinstance(err, (ValueError, OSError, EOFError, LookupError)) or type(err).__module__.split(".")[0] in (
         from_libraries)
+
+
+def _raised_in_our_code(err: BaseException) -> bool:
+    """Whether the innermost frame of ``err``'s traceback is a module of cloob_core."""
+    frame = err.__traceback__
+    if frame is None:
+        return False
+    while frame.tb_next is not None:
+        frame = frame.tb_next
+    return str(frame.tb_frame.f_globals.get("__name__", "")).split(".")[0] == "cloob_core"
 
 
 def no_space(err: BaseException) -> bool:

@@ -69,3 +69,38 @@ def test_the_paper_presets_apply_over_the_params_file_and_under_overrides():
     assert (yfcc.train.batch_size, yfcc.optim.lr, yfcc.objective.beta, yfcc.train.epochs) == (1024, 5e-4, 14.3, 2)
     with pytest.raises(ConfigError, match="unknown preset 'cc12m'"):
         load_config(preset="cc12m")
+
+
+@pytest.mark.parametrize(("train", "message"), [
+    ({"batch_size": 100, "data_streams": 8}, "train.batch_size (100) must be a multiple of train.data_streams (8)"),
+    ({"batch_size": 64, "data_streams": 8, "accum_freq": 3},
+     "train.batch_size 64 must split into 1 rank(s) x train.accum_freq 3 equal micro-batches"),
+])
+def test_a_batch_that_does_not_split_is_refused_when_the_config_is_read(train, message):
+    with pytest.raises(ConfigError) as refused:
+        load_config(overrides=[f"train.{key}={value}" for key, value in train.items()])
+    assert str(refused.value) == f"invalid configuration: {message}"
+
+
+def test_the_run_shape_is_checked_for_the_ranks_of_a_launch():
+    train = CloobConfig().train  # batch 128 in 8 streams
+    train.check_shape(8)
+    for ranks, message in ((3, r"data_streams \(8\) must be a multiple of the number of ranks \(3\)"),
+                           (16, r"data_streams \(8\) must be a multiple of the number of ranks \(16\)")):
+        with pytest.raises(ConfigError, match=message):
+            train.check_shape(ranks)
+    accumulating = load_config(overrides=["train.batch_size=12", "train.data_streams=2", "train.accum_freq=4"]).train
+    accumulating.check_shape(1)  # 12 in 4 micro-batches of 3
+    with pytest.raises(ConfigError, match=r"12 must split into 2 rank\(s\) x train.accum_freq 4"):
+        accumulating.check_shape(2)  # 6 per rank: not 4 equal micro-batches
+
+
+def test_a_rank_of_a_run_that_cannot_split_stops_before_the_process_group_waits(tmp_path, monkeypatch):
+    """Under a launcher of 3 ranks a batch in 8 streams cannot split: the rank says so at once. Were the check
+    after the process group started, this rank would wait for two others that never come."""
+    from cloob_core.training.loop import train
+
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(ConfigError, match=r"data_streams \(8\) must be a multiple of the number of ranks \(3\)"):
+        train(load_config(overrides=[f"train.shards={tmp_path / 'none'}"]), tmp_path / "run")

@@ -19,7 +19,7 @@ from cloob_core.data.local import build_shards
 from cloob_core.data.shard_files import shard_list
 from cloob_core.data.validate import run_gate
 from cloob_core.training.images import TrainImages
-from cloob_core.training.streams import StreamChunks
+from cloob_core.training.streams import StreamChunks, StreamSettings, StreamStart
 
 
 @pytest.fixture(scope="module")
@@ -152,9 +152,9 @@ def test_the_training_reader_skips_corrupt_samples_and_tars_with_a_count(mnist_s
             tar.addfile(member, io.BytesIO(data))
     truncated = tmp_path / "truncated.tar"
     truncated.write_bytes(good.read_bytes()[: 20 * 1024 + 100])
-    stream = StreamChunks(urls=[str(corrupt), str(truncated)], streams=1, owned=[0], chunk_size=1, start_step=0,
-                          positions={}, images=TrainImages(28, augment=False),
-                          tokenizer=lambda texts: torch.zeros(len(texts), 4), seed=0, shuffle_buffer=0)
+    stream = StreamChunks([str(corrupt), str(truncated)], StreamSettings(streams=1, chunk_size=1, seed=0,
+                                                                          shuffle_buffer=0),
+                          StreamStart([0]), TrainImages(28, augment=False), lambda texts: torch.zeros(len(texts), 4))
     with caplog.at_level(logging.WARNING, logger="cloob_core.data.shard_files"):
         first_pass = list(itertools.takewhile(lambda chunk: chunk.position[0] == 0, stream))
     assert sum(chunk.skipped for chunk in first_pass) == 2  # the bad image, the caption-less sample
@@ -187,10 +187,9 @@ def test_the_sample_cache_changes_nothing_in_the_stream_and_serves_later_passes_
     truncated.write_bytes((out / "00000.tar").read_bytes()[: 20 * 1024 + 100])
 
     def stream(cache_bytes: int) -> StreamChunks:
-        return StreamChunks(urls=[str(corrupt), str(good), str(truncated)], streams=1, owned=[0], chunk_size=8,
-                            start_step=0, positions={}, images=TrainImages(16),
-                            tokenizer=lambda texts: torch.tensor([[len(t), sum(t.encode())] for t in texts]),
-                            seed=3, shuffle_buffer=50, cache_bytes=cache_bytes)
+        settings = StreamSettings(streams=1, chunk_size=8, seed=3, shuffle_buffer=50, cache_bytes=cache_bytes)
+        return StreamChunks([str(corrupt), str(good), str(truncated)], settings, StreamStart([0]), TrainImages(16),
+                            lambda texts: torch.tensor([[len(t), sum(t.encode())] for t in texts]))
 
     expected = list(itertools.takewhile(lambda chunk: chunk.position[0] < 3, stream(0)))
     cached = stream(1 << 30)

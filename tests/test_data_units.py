@@ -217,6 +217,7 @@ def test_a_stuck_dns_lookup_is_bounded_by_the_connect_timeout(monkeypatch):
     import socket
     import time
 
+    from cloob_core.config import DownloadConfig
     from cloob_core.data.fetch import Fetcher, FetchPolicy
 
     def stuck(*args, **kwargs):
@@ -225,7 +226,8 @@ def test_a_stuck_dns_lookup_is_bounded_by_the_connect_timeout(monkeypatch):
 
     monkeypatch.setattr(socket, "getaddrinfo", stuck)
     started = time.monotonic()
-    result = Fetcher(FetchPolicy(connect_timeout=0.3, retries=0)).fetch("http://images.example/x.jpg")
+    policy = FetchPolicy.from_config(DownloadConfig(connect_timeout=0.3, retries=0))
+    result = Fetcher(policy).fetch("http://images.example/x.jpg")
     assert result.reason == "dns_error" and "longer than 0.3 s" in result.detail
     assert time.monotonic() - started < 15  # far below the 30 s the lookup hangs, with room for a loaded machine
 

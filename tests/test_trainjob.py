@@ -148,6 +148,9 @@ def test_a_job_on_shards_its_pods_cannot_reach_is_refused_before_any_pod_starts(
 
     with pytest.raises(ConfigError, match="its shards must be an s3:// prefix, not '/data/shards'"):
         kubeflow.train_multinode({}, "/data/shards", str(tmp_path / "model"), settings().to_json(), "run-1")
+    # 3 nodes x 8 GPUs are 24 ranks: the default 8 data streams cannot be shared among them
+    with pytest.raises(ConfigError, match=r"data_streams \(8\) must be a multiple of the number of ranks \(24\)"):
+        kubeflow.train_multinode({}, "s3://data/shards", str(tmp_path / "model"), settings().to_json(), "run-1")
 
 
 def _stub_python(folder: Path, body: str) -> dict[str, str]:

@@ -44,9 +44,9 @@ from cloob_core.data.manifest import ManifestError, Partition, row_key
 from cloob_core.data.plan import Plan, check_settings, plan_round, retry_plan_name, retry_round, settings_of
 from cloob_core.data.redact import Redactor
 from cloob_core.data.run_manifest import RunManifest
-from cloob_core.data.sources import packaged_source
+from cloob_core.data.sources import HttpSource, Source, packaged_source
 from cloob_core.data.summary import OutputSummary, merge_stats, summarize
-from cloob_core.data.worker import HttpSource, JobResult, ShardJob, init_worker, run_job
+from cloob_core.data.worker import JobResult, ShardJob, init_worker, run_job
 from cloob_core.data.writer import (
     FAILURES_SUFFIX,
     STATS_SUFFIX,
@@ -215,12 +215,12 @@ def download(
     partition: Partition | None = None,
     retry_failed: bool = False,
     progress: bool = True,
-    source: Any = None,
+    source: Source | None = None,
 ) -> DownloadResult:
     """Build (or finish building) the shards of ``manifest`` in ``output``; see the module docstring.
 
-    ``source`` says how a row's URL becomes bytes (``open(threads)`` → an object with ``fetch(url)``); the
-    default fetches http(s) under ``config.download``. Local folders and the packaged sets plug in here. The
+    ``source`` says how a row's URL becomes bytes (:class:`~cloob_core.data.sources.Source`); the default
+    fetches http(s) under ``config.download``. Local folders and the packaged sets plug in here. The
     outcome is pushed to ``download.pushgateway`` (when set), per partition.
     """
     started = time.monotonic()
@@ -242,8 +242,8 @@ def download(
         skipped = sum(1 for r in records if r.round == round_)
         if skipped:
             log.info("resuming: %d shard(s) already complete are skipped", skipped)
-        done = _build_planned(manifest, output, config, records, round_, plan, source=source, progress=progress,
-                              complete_before=skipped, owner=owner)
+        run = _Run(manifest, output, config, source, owner, progress)
+        done = _build_planned(run, records, round_, plan, complete_before=skipped)
     # one partition: the whole output's files; else this partition's view (`cloob data merge-stats` merges them)
     summary = merge_stats(output) if partition.count == 1 else \
         summarize(output, read_records(output, owned.__contains__))
@@ -272,10 +272,22 @@ def _round_and_plan(manifest: RunManifest, output: str, records: list[ShardRecor
     return round_, plan
 
 
-def _build_planned(manifest: RunManifest, output: str, config: CloobConfig, records: list[ShardRecord], round_: int,
-                   plan: Plan, *, source: Any, progress: bool, complete_before: int, owner: str) -> int:
+@dataclass(frozen=True)
+class _Run:
+    """One call of :func:`download`: what each of its shards is built with."""
+
+    manifest: RunManifest
+    output: str
+    config: CloobConfig
+    source: Source
+    owner: str  # the partition: its lease's holder, and the mark on its staging files
+    progress: bool
+
+
+def _build_planned(run: _Run, records: list[ShardRecord], round_: int, plan: Plan, *, complete_before: int) -> int:
     """Build the planned shards in worker processes and publish them in plan order; how many were built."""
-    dl, pre = config.download, config.preprocess
+    manifest, output, source, owner, progress = run.manifest, run.output, run.source, run.owner, run.progress
+    dl, pre = run.config.download, run.config.preprocess
     staging_dir = Path(output) if not storage.is_s3(output) else Path(tempfile.mkdtemp(prefix="cloob-staging-"))
     seen = {_digest_key(sha): key for r in records for key, sha in r.samples} if pre.dedup_content else {}
     finaliser = _Finaliser(output, pre.dedup_content, seen)

@@ -18,7 +18,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from urllib.parse import urljoin, urlsplit
 
 import urllib3
@@ -37,6 +37,7 @@ from urllib3.exceptions import (
 from urllib3.util import connection as _connection
 
 from cloob_core import __version__
+from cloob_core.config import DownloadConfig
 
 USER_AGENT_TOKEN = "cloob-pipelines"
 USER_AGENT = f"{USER_AGENT_TOKEN}/{__version__} (image-text dataset builder; honours X-Robots-Tag noai)"
@@ -244,22 +245,21 @@ def opted_out(header_values: list[str], user_agent_token: str = USER_AGENT_TOKEN
 
 @dataclass(frozen=True)
 class FetchPolicy:
-    connect_timeout: float = 5.0
-    read_timeout: float = 10.0
-    deadline: float = 30.0
-    retries: int = 2
-    backoff: float = 0.5
-    max_redirects: int = 5
-    max_bytes: int = 32 * 1024 * 1024
-    respect_opt_out: bool = True
-    allow_private_network: bool = False
+    """The fetch settings of ``DownloadConfig``, under its names; their defaults and meanings are kept there."""
+
+    connect_timeout: float
+    read_timeout: float
+    url_deadline: float
+    retries: int
+    backoff: float
+    max_redirects: int
+    max_bytes: int
+    respect_opt_out: bool
+    allow_private_network: bool
 
     @classmethod
-    def from_config(cls, config) -> FetchPolicy:  # config: cloob_core.config.DownloadConfig
-        return cls(connect_timeout=config.connect_timeout, read_timeout=config.read_timeout,
-                   deadline=config.url_deadline, retries=config.retries, backoff=config.backoff,
-                   max_redirects=config.max_redirects, max_bytes=config.max_bytes,
-                   respect_opt_out=config.respect_opt_out, allow_private_network=config.allow_private_network)
+    def from_config(cls, config: DownloadConfig) -> FetchPolicy:
+        return cls(**{field.name: getattr(config, field.name) for field in fields(cls)})
 
 
 @dataclass
@@ -295,7 +295,7 @@ class Fetcher:
 
     def fetch(self, url: str) -> FetchResult:
         policy = self.policy
-        deadline = time.monotonic() + policy.deadline
+        deadline = time.monotonic() + policy.url_deadline
         attempts = 0
         while True:
             attempts += 1
@@ -318,7 +318,7 @@ class Fetcher:
                     raise
             if not watchdog.fired:  # a cut socket reads as a clean end of a body without a length
                 return answer
-        raise _Failure("deadline_exceeded", f"no complete answer within {self.policy.deadline:g} s")
+        raise _Failure("deadline_exceeded", f"no complete answer within {self.policy.url_deadline:g} s")
 
     def _exchange(self, url: str, deadline: float) -> tuple[bytes, str]:
         policy = self.policy
@@ -345,7 +345,7 @@ class Fetcher:
         policy = self.policy
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise _Failure("deadline_exceeded", f"no answer within {policy.deadline:g} s")
+            raise _Failure("deadline_exceeded", f"no answer within {policy.url_deadline:g} s")
         timeout = urllib3.Timeout(connect=min(policy.connect_timeout, remaining),
                                   read=min(policy.read_timeout, remaining))
         try:
@@ -385,7 +385,7 @@ class Fetcher:
         try:
             while True:
                 if time.monotonic() > deadline:
-                    raise _Failure("deadline_exceeded", f"body not complete within {policy.deadline:g} s")
+                    raise _Failure("deadline_exceeded", f"body not complete within {policy.url_deadline:g} s")
                 chunk = response.read1(_CHUNK)  # what has arrived, so a slow drip meets the deadline
                 if not chunk:
                     break

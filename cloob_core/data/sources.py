@@ -1,20 +1,44 @@
-"""Where a manifest row's bytes come from, besides http(s) (``worker.HttpSource``): files under a local folder,
-or a packaged set. Each is a source the download engine plugs in (``open(threads)`` -> ``fetch(url)``), so
-local and packaged images go through the very checks, resizing, dedup and records that downloaded ones do.
+"""Where a manifest row's bytes come from: http(s) URLs, files under a local folder, or a packaged set. Each is a
+:class:`Source` the download engine plugs in (``open(threads)`` in each worker process, then ``fetch(url)`` per
+row), so local and packaged images go through the very checks, resizing, dedup and records that downloaded ones do.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import pandas as pd
 
-from cloob_core.data.fetch import FetchResult
+from cloob_core.data.fetch import Fetcher, FetchPolicy, FetchResult
 from cloob_core.data.manifest import ManifestError
 from cloob_core.data.packaged import SPLITS, load_packaged, parse_url
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+
+
+class RowReader(Protocol):
+    """What a worker process fetches a row's bytes with: a failure is a result with its reason, never raised."""
+
+    def fetch(self, url: str) -> FetchResult: ...
+
+
+class Source(Protocol):
+    """A download source: pickled to each worker process, and opened there once (``threads``: the worker's
+    concurrent fetches)."""
+
+    def open(self, threads: int) -> RowReader: ...
+
+
+@dataclass(frozen=True)
+class HttpSource:
+    """Rows name http(s) URLs; fetched under the download policy."""
+
+    policy: FetchPolicy
+
+    def open(self, threads: int) -> Fetcher:
+        return Fetcher(self.policy, pool_size=threads)
 
 
 @dataclass(frozen=True)

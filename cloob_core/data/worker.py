@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from cloob_core.config import PreprocessConfig
-from cloob_core.data.fetch import Fetcher, FetchPolicy
 from cloob_core.data.imaging import caption_refusal, process_image
 from cloob_core.data.manifest import ManifestRow
 from cloob_core.data.redact import Redactor
+from cloob_core.data.sources import Source
 from cloob_core.data.writer import ShardWriter
 from cloob_core.io import naming_full_disk
 
@@ -65,17 +65,7 @@ class JobResult:
 _worker: dict[str, Any] = {}
 
 
-@dataclass(frozen=True)
-class HttpSource:
-    """Rows name http(s) URLs; fetched under the download policy."""
-
-    policy: FetchPolicy
-
-    def open(self, threads: int) -> Fetcher:
-        return Fetcher(self.policy, pool_size=threads)
-
-
-def init_worker(source: Any, threads: int, preprocess: PreprocessConfig, progress: Any, redactor: Redactor) -> None:
+def init_worker(source: Source, threads: int, preprocess: PreprocessConfig, progress: Any, redactor: Redactor) -> None:
     from PIL import Image
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; it terminates workers on interrupt

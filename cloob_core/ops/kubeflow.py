@@ -138,6 +138,7 @@ def train(params: Params, shards: str, output_dir: str, gpus: int = 0, model: An
     from cloob_core.training.loop import train as train_stage
 
     config = _config(params, values={"train": {"shards": shards}})  # a bad one fails here, not in every rank
+    config.train.check_shape(max(gpus, 1))
     if gpus <= 1:
         return _record_training(train_stage(config, output_dir, progress=False).metrics, shards, model, metrics)
     with tempfile.TemporaryDirectory() as tmp:
@@ -165,6 +166,7 @@ def train_multinode(params: Params, shards: str, output_dir: str, job: str, run_
         raise ConfigError(f"a multi-node job's pods share only object storage: its shards must be an s3:// "
                           f"prefix, not {shards!r} (compile with --shards-store s3://…)")
     settings = ClusterSettings.from_json(job)
+    config.train.check_shape(settings.nodes * max(settings.gpus, 1))
     name = trainjob.job_name(run_id)
     workdir = storage.join(settings.job_workdir, name)
     trainjob.run(trainjob.manifest(settings, name, trainjob.job_config(config, shards, workdir), workdir), settings)

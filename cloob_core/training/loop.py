@@ -39,7 +39,16 @@ from cloob_core.training.images import Normalize, TrainImages
 from cloob_core.training.monitor import Monitor, Snapshot
 from cloob_core.training.optim import build_optimizer, build_scheduler
 from cloob_core.training.step import StepParts, accumulate_gradients, optimizer_step
-from cloob_core.training.streams import Batch, Chunk, StreamChunks, UnreadableData, assemble, rank_streams
+from cloob_core.training.streams import (
+    Batch,
+    Chunk,
+    StreamChunks,
+    StreamSettings,
+    StreamStart,
+    UnreadableData,
+    assemble,
+    rank_streams,
+)
 from cloob_core.training.worker_gate import PrefetchTuner, WorkerGate
 
 log = logging.getLogger(__name__)
@@ -75,18 +84,6 @@ def plan_steps(config: CloobConfig, total_samples: int | None) -> int:
         raise ConfigError(f"{train.epochs} epoch(s) of {total_samples} samples is less than one batch of "
                           f"{train.batch_size}")
     return steps
-
-
-def _check_batch(config: CloobConfig, env: DistEnv) -> int:
-    train = config.train
-    if train.batch_size % train.data_streams:
-        raise ConfigError(f"train.batch_size ({train.batch_size}) must be a multiple of train.data_streams "
-                          f"({train.data_streams})")
-    local = train.batch_size // env.world_size
-    if train.batch_size % env.world_size or local % train.accum_freq:
-        raise ConfigError(f"train.batch_size {train.batch_size} must split into {env.world_size} rank(s) x "
-                          f"accum_freq {train.accum_freq} equal micro-batches")
-    return train.batch_size // train.data_streams
 
 
 def resolve_resume(resume: str | None, output: Path, mirror: str | None) -> str | None:
@@ -166,11 +163,8 @@ def _batches(config: CloobConfig, setup: _Setup, urls: list[str], state: Trainin
     cfg = config.train
     owned = rank_streams(cfg.data_streams, setup.env.rank, setup.env.world_size)
     gate = _gate(cfg, setup.device)
-    dataset = StreamChunks(urls=urls, streams=cfg.data_streams, owned=owned,
-                           chunk_size=_check_batch(config, setup.env), start_step=state.step,
-                           positions=state.positions, images=setup.images, tokenizer=setup.tokenizer,
-                           seed=cfg.seed, shuffle_buffer=cfg.shuffle_buffer, image_views=cfg.image_views,
-                           text_views=cfg.text_views, cache_bytes=cfg.sample_cache_mb << 20, gate=gate)
+    dataset = StreamChunks(urls, StreamSettings.from_config(cfg), StreamStart(owned, state.step, state.positions),
+                           setup.images, setup.tokenizer, gate)
     loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=cfg.workers,
                                          pin_memory=setup.device.type == "cuda",
                                          prefetch_factor=4 if cfg.workers else None,
@@ -347,6 +341,7 @@ def train(config: CloobConfig, output: str | Path, *, resume: str | None = None,
 
 def _train(config: CloobConfig, output: Path, resume: str | None, progress: bool, publish: str | None) -> TrainResult:
     cfg = config.train
+    cfg.check_shape(detect().world_size)  # before the model is built and the process group starts
     storage.ensure_folder(output)
     urls, total_samples = shard_list(cfg.shards)
     setup = _build(config, plan_steps(config, total_samples))

@@ -22,13 +22,14 @@ import json
 import logging
 import random
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import count
 from typing import Any
 
 import torch
 import webdataset as wds
 
+from cloob_core.config import TrainConfig
 from cloob_core.data.shard_files import SkipCounter, register_s3
 from cloob_core.errors import StageError
 from cloob_core.training.images import TrainImages, stack_views
@@ -54,8 +55,7 @@ def stream_shards(urls: list[str], streams: int) -> list[list[str]]:
 
 
 def rank_streams(streams: int, rank: int, world_size: int) -> list[int]:
-    if streams % world_size:
-        raise ValueError(f"train.data_streams ({streams}) must be a multiple of the number of ranks ({world_size})")
+    """The streams of ``rank``: an equal share (``TrainConfig.check_shape`` made sure there is one)."""
     per_rank = streams // world_size
     return list(range(rank * per_rank, (rank + 1) * per_rank))
 
@@ -114,36 +114,57 @@ class Chunk:
                              tokens=torch.from_numpy(state["tokens"]))
 
 
-class StreamChunks(torch.utils.data.IterableDataset):
-    """Per step, one chunk of ``chunk_size`` decoded samples from each stream of this rank (split over the
-    data-loader workers)."""
+@dataclass(frozen=True)
+class StreamSettings:
+    """How every stream is read, shuffled and cut into chunks: the same on every rank, from the train section."""
 
-    def __init__(self, *, urls: list[str], streams: int, owned: list[int], chunk_size: int, start_step: int,
-                 positions: dict[int, Position], images: TrainImages, tokenizer: Callable, seed: int,
-                 shuffle_buffer: int, image_views: int = 1, text_views: int = 1, cache_bytes: int = 0,
-                 gate: WorkerGate | None = None):
+    streams: int
+    chunk_size: int  # the samples each stream gives each batch
+    seed: int
+    shuffle_buffer: int
+    image_views: int = 1
+    text_views: int = 1
+    cache_bytes: int = 0  # decoded samples each data-loader worker keeps for the next passes
+
+    @classmethod
+    def from_config(cls, train: TrainConfig) -> StreamSettings:
+        return cls(streams=train.data_streams, chunk_size=train.batch_size // train.data_streams, seed=train.seed,
+                   shuffle_buffer=train.shuffle_buffer, image_views=train.image_views,
+                   text_views=train.text_views, cache_bytes=train.sample_cache_mb << 20)
+
+
+@dataclass(frozen=True)
+class StreamStart:
+    """Where this rank's streams stand: the streams it owns, the step they start at, and their positions (a
+    checkpoint's; a stream without one starts at its beginning)."""
+
+    owned: list[int]
+    step: int = 0
+    positions: dict[int, Position] = field(default_factory=dict)
+
+
+class StreamChunks(torch.utils.data.IterableDataset):
+    """Per step, one chunk of ``settings.chunk_size`` decoded samples from each stream this rank owns (split over
+    the data-loader workers)."""
+
+    def __init__(self, urls: list[str], settings: StreamSettings, start: StreamStart, images: TrainImages,
+                 tokenizer: Callable, gate: WorkerGate | None = None):
         super().__init__()
-        self.per_stream = stream_shards(urls, streams)
-        self.owned, self.chunk_size, self.start_step = owned, chunk_size, start_step
-        self.positions, self.images, self.tokenizer = positions, images, tokenizer
-        self.seed, self.shuffle_buffer = seed, shuffle_buffer
-        self.image_views, self.text_views = image_views, text_views
-        self.cache = SampleCache(cache_bytes)  # each data-loader worker fills its own copy
-        self.gate = gate
+        self.per_stream = stream_shards(urls, settings.streams)
+        self.settings, self.start = settings, start
+        self.images, self.tokenizer, self.gate = images, tokenizer, gate
+        self.cache = SampleCache(settings.cache_bytes)  # each data-loader worker fills its own copy
 
     def __iter__(self) -> Iterator[Chunk]:
         info = torch.utils.data.get_worker_info()
-        mine = self.owned if info is None else self.owned[info.id :: info.num_workers]
+        mine = self.start.owned if info is None else self.start.owned[info.id :: info.num_workers]
         if not mine:
             return
-        handler = SkipCounter()
-        sources = {
-            v: raw_stream(self.per_stream[v], v, self.seed, self.shuffle_buffer, self.positions.get(v, (0, 0)),
-                          handler, self.cache)
-            for v in mine
-        }
-        decoded_in = {v: self.positions.get(v, (0, 0))[0] for v in mine}  # the last pass that decoded a sample
-        for step in count(self.start_step):
+        handler, settings, positions = SkipCounter(), self.settings, self.start.positions
+        sources = {v: raw_stream(self.per_stream[v], v, settings.seed, settings.shuffle_buffer,
+                                 positions.get(v, (0, 0)), handler, self.cache) for v in mine}
+        decoded_in = {v: positions.get(v, (0, 0))[0] for v in mine}  # the last pass that decoded a sample
+        for step in count(self.start.step):
             if self.gate is not None:
                 self.gate.wait()
             for v in mine:
@@ -154,11 +175,11 @@ class StreamChunks(torch.utils.data.IterableDataset):
 
     def _chunk(self, step: int, stream: int, source: Iterator, handler: SkipCounter,
                decoded_in: dict[int, int]) -> Chunk:
-        seed = wds.utils.make_seed(self.seed, step, stream)  # augmentation resumes exactly
+        seed = wds.utils.make_seed(self.settings.seed, step, stream)  # augmentation resumes exactly
         torch.manual_seed(seed)  # the caption draws
         crops = random.Random(seed)
         images, texts, taken, position, skipped = [], [], [], None, 0
-        while len(taken) < self.chunk_size:
+        while len(taken) < self.settings.chunk_size:
             try:
                 position, sample = next(source)
             except UnreadableData as err:
@@ -171,9 +192,9 @@ class StreamChunks(torch.utils.data.IterableDataset):
                     f"with `cloob data validate`"))
             try:
                 image = self.cache.image(sample, IMAGE_KEYS, self.images.decode)
-                views = [self.images.crop(image, crops) for _ in range(self.image_views)]  # independent draws
-                captions = ([_text(sample)] if self.text_views == 1  # the metadata is parsed only when needed
-                            else draw_captions(sample_captions(sample), self.text_views))
+                views = [self.images.crop(image, crops) for _ in range(self.settings.image_views)]  # independent draws
+                captions = ([_text(sample)] if self.settings.text_views == 1  # the metadata is parsed only when needed
+                            else draw_captions(sample_captions(sample), self.settings.text_views))
             except Exception as err:  # a corrupt sample is skipped and counted, never fatal
                 handler(err)
                 skipped += 1
@@ -187,7 +208,7 @@ class StreamChunks(torch.utils.data.IterableDataset):
     def _tokens(self, samples: list[dict[str, Any]], texts: list[str]) -> torch.Tensor:
         """Sample-major tokens (a sample's views adjacent, as the objectives expect). With one text view the
         caption is the sample's own, so its row is kept with the sample for the next pass."""
-        if self.text_views > 1:
+        if self.settings.text_views > 1:
             return self.tokenizer(texts)
         missing = [i for i, sample in enumerate(samples) if TOKENS not in sample]
         if missing:

@@ -102,17 +102,34 @@ def test_compile_into_a_folder_is_one_line(capsys, tmp_path):
 
 
 def test_an_internal_error_is_one_line_and_verbose_shows_the_traceback(capsys, monkeypatch):
-    from cloob_core import cli as cloob_cli
+    from cloob_core.cli import config as config_command
 
     def broken() -> str:
         raise RuntimeError("an invariant broke")
 
-    monkeypatch.setattr(cloob_cli, "dump_defaults", broken)
+    monkeypatch.setattr(config_command, "dump_defaults", broken)
     done = cli(capsys, "config")
     line = done.error_line(internal=True)
     assert done.code == 1 and "RuntimeError: an invariant broke" in line and "--verbose" in line
     done = cli(capsys, "--verbose", "config")
     assert done.code == 1 and "Traceback (most recent call last)" in done.err and "an invariant broke" in done.err
+
+
+def test_a_lookup_that_fails_in_our_code_is_a_defect_and_in_a_library_a_users_mistake(capsys, monkeypatch):
+    """Our code checks the user's keys before it looks them up, so a KeyError raised in it is a defect (exit 1,
+    with the hint to report it); one raised in a library is about the input it was given (exit 2)."""
+    import functools
+    import os
+
+    from cloob_core.cli import config as config_command
+    from cloob_core.training import sample_cache
+
+    monkeypatch.setattr(config_command, "dump_defaults", functools.partial(sample_cache._first, {}, ("jpg",)))
+    done = cli(capsys, "config")
+    assert done.code == 1 and "KeyError" in done.error_line(internal=True)
+    monkeypatch.setattr(config_command, "dump_defaults", functools.partial(os.environ.__getitem__, "CLOOB_NO_SUCH"))
+    done = cli(capsys, "config")
+    assert done.code == 2 and "CLOOB_NO_SUCH" in done.error_line(internal=False)
 
 
 def test_an_error_re_raised_from_a_data_loader_worker_is_its_last_line():
