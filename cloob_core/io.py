@@ -168,18 +168,6 @@ def parse_json(data: bytes | str, source: str) -> Any:
         raise UnreadableFile(f"{source} is not valid JSON ({err})") from None
 
 
-def read_json(path: str | Path) -> Any:
-    return parse_json(Path(path).read_bytes(), str(path))
-
-
-def read_json_or(path: str | Path, default: Any) -> Any:
-    """The JSON at ``path``, or ``default`` when there is no such file yet."""
-    try:
-        return read_json(path)
-    except FileNotFoundError:
-        return default
-
-
 def read_torch(source: str | Path | IO[bytes], name: str) -> Any:
     """``torch.load`` as data only (``weights_only``: tensors and plain containers, never code); a refused
     pickle or a broken archive is one line naming ``name``, not torch's advice to turn the safety off."""

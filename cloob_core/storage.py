@@ -75,6 +75,14 @@ def read_json(location: str | os.PathLike) -> Any:
     return parse_json(read_bytes(location), str(location))
 
 
+def read_json_or(location: str | os.PathLike, default: Any) -> Any:
+    """The JSON at ``location``, or ``default`` when there is no such file yet."""
+    try:
+        return read_json(location)
+    except FileNotFoundError:
+        return default
+
+
 def exists(location: str | os.PathLike) -> bool:
     if is_s3(location):
         from botocore.exceptions import ClientError

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from cloob_core.cli.options import add_config_options, add_manifest_column_flags, add_section_flags, config_of
+from cloob_core.cli.options import add_config_options, config_of
 
 
 def _download(args: argparse.Namespace) -> int:
@@ -102,9 +102,7 @@ def _add_acquire(stages: argparse._SubParsersAction) -> None:
         "the parts whose source is unchanged.",
     )
     parser.add_argument("--output", required=True, metavar="DIR", help="output folder, local path or s3:// URL")
-    add_config_options(parser)
-    add_section_flags(parser, "acquire")
-    add_manifest_column_flags(parser)
+    add_config_options(parser, "acquire", manifest_columns=True)
     parser.set_defaults(func=_acquire)
 
 
@@ -126,9 +124,7 @@ def _add_download(stages: argparse._SubParsersAction) -> None:
                         help="re-attempt only the rows recorded in failures (except duplicates), into new "
                         "NNNNN-retryRR shards")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    add_config_options(parser)
-    add_section_flags(parser, "download")
-    add_section_flags(parser, "preprocess")
+    add_config_options(parser, "download", "preprocess")
     parser.set_defaults(func=_download)
 
 
@@ -153,9 +149,7 @@ def _add_validate(stages: argparse._SubParsersAction) -> None:
     parser.add_argument("--manifest", metavar="PATH", help="manifest to check before downloading")
     parser.add_argument("--shards", metavar="DIR", help="download/shards output folder to check")
     parser.add_argument("--report", metavar="DIR", help="write gx_results.json and summary.md here")
-    add_config_options(parser)
-    add_section_flags(parser, "validation")
-    add_manifest_column_flags(parser)
+    add_config_options(parser, "validation", manifest_columns=True)
     parser.set_defaults(func=_validate)
 
 
@@ -173,8 +167,7 @@ def _add_shards(stages: argparse._SubParsersAction) -> None:
     parser.add_argument("--split", choices=["train", "test", "all"], default="train",
                         help="packaged data set split (default: train)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    add_config_options(parser)
-    add_section_flags(parser, "preprocess")
+    add_config_options(parser, "preprocess")
     parser.set_defaults(func=_shards)
 
 

@@ -10,24 +10,24 @@ from cloob_core.config import CloobConfig, load_config
 from cloob_core.flags import add_model_flags, flag_values
 
 
-def add_config_options(parser: argparse.ArgumentParser) -> None:
+def add_config_options(parser: argparse.ArgumentParser, *sections: str, manifest_columns: bool = False) -> None:
+    """--params and --set; one ``--flag`` per field of each of ``sections`` (a given flag overrides both); with
+    ``manifest_columns``, --url-col, --caption-col and --input-format: how a manifest's parts are read."""
     parser.add_argument("--params", metavar="PATH",
                         help="YAML file with config sections (e.g. params.yaml); defaults are used where it is silent")
     parser.add_argument("--set", dest="overrides", metavar="SECTION.KEY=VALUE", action="append", default=[],
                         help="override one value, e.g. --set train.objective=clip (repeatable)")
+    for section in sections:
+        _add_section_flags(parser, section)
+    if manifest_columns:
+        kept = ("url_col", "caption_col", "input_format")
+        _add_section_flags(parser, "download", skip=tuple(
+            name for name in CloobConfig.model_fields["download"].annotation.model_fields if name not in kept))
 
 
-def add_section_flags(parser: argparse.ArgumentParser, section: str, skip: tuple[str, ...] = ()) -> None:
-    """One ``--flag`` per field of a config section; a given flag overrides ``--params``/``--set``."""
+def _add_section_flags(parser: argparse.ArgumentParser, section: str, skip: tuple[str, ...] = ()) -> None:
     add_model_flags(parser, CloobConfig.model_fields[section].annotation, f"cfg.{section}",
                     f"{section} settings (config section '{section}')", skip)
-
-
-def add_manifest_column_flags(parser: argparse.ArgumentParser) -> None:
-    """--url-col, --caption-col, --input-format: how a manifest's parts are read."""
-    kept = ("url_col", "caption_col", "input_format")
-    add_section_flags(parser, "download", skip=tuple(
-        name for name in CloobConfig.model_fields["download"].annotation.model_fields if name not in kept))
 
 
 def config_of(args: argparse.Namespace, preset: str | None = None) -> CloobConfig:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from cloob_core.cli.options import add_config_options, add_section_flags, config_of
+from cloob_core.cli.options import add_config_options, config_of
 from cloob_core.config import ConfigError
 
 
@@ -47,6 +47,5 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--record-stage", action="store_true",
                         help="instead: record the production model --model as GTO stage promote.registry_stage, "
                         "once its dvc.lock is committed")
-    add_config_options(parser)
-    add_section_flags(parser, "promote")
+    add_config_options(parser, "promote")
     parser.set_defaults(func=_promote)

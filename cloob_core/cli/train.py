@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from cloob_core.cli.options import add_config_options, add_section_flags, config_of
+from cloob_core.cli.options import add_config_options, config_of
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -47,6 +47,5 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                         help="after training, rank 0 copies OUTPUT (all but checkpoints/) to this local folder or "
                         "s3:// prefix: how pods of a multi-node job hand their result back")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    add_config_options(parser)
-    add_section_flags(parser, "train")
+    add_config_options(parser, "train")
     parser.set_defaults(func=_train)

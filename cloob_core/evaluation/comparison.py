@@ -67,10 +67,11 @@ def compare_runs(run_files: Sequence[str] = (), dvc_exps: str | None = None,
                  metrics_file: str = "reports/metrics.json", output: str | Path | None = None) -> Comparison:
     """``cloob eval compare``: runs given as ``LABEL=metrics.json`` and/or the experiments of a ``dvc exp show
     --json`` file, as one Markdown table (and, with ``output``, comparison.md and a bar chart there)."""
+    from cloob_core import storage
     from cloob_core.evaluation.figures import comparison_png
     from cloob_core.evaluation.records import read_metrics
     from cloob_core.evaluation.tables import comparison_markdown
-    from cloob_core.io import read_json, write_text
+    from cloob_core.io import write_text
 
     runs: dict[str, dict[str, dict]] = {}
     for spec in run_files:
@@ -79,7 +80,7 @@ def compare_runs(run_files: Sequence[str] = (), dvc_exps: str | None = None,
             raise ConfigError(f"--run {spec!r}: expected LABEL=PATH to a report's metrics.json")
         runs[label] = read_metrics(path)
     if dvc_exps:
-        runs.update(runs_from_dvc_exp_show(read_json(dvc_exps), metrics_file))
+        runs.update(runs_from_dvc_exp_show(storage.read_json(dvc_exps), metrics_file))
     if not runs:
         raise ConfigError("nothing to compare: give --run LABEL=metrics.json or --dvc-exps exps.json")
     comparison = Comparison(comparison_markdown(runs), runs)

@@ -12,7 +12,7 @@ from typing import Any
 from cloob_core import lease, storage
 from cloob_core.config import ConfigError
 from cloob_core.evaluation.tables import comparison_rows, markdown_table, suite_rows
-from cloob_core.io import atomic_write, read_json, read_json_or, write_json, write_text
+from cloob_core.io import atomic_write, write_json, write_text
 
 
 def benchmark_record(dataset: str, model: str, pretrained: str, task: str, metrics: dict[str, Any]) -> dict:
@@ -25,10 +25,10 @@ def write_result(output: Path, record: dict, plots: Sequence[str] = ()) -> Path:
     """``<dataset>_<task>.json``, merged into ``metrics.json`` (scalars only), listed in ``report.md``."""
     name = f"{record['dataset']}_{record['task']}"
     write_json(output / f"{name}.json", record)
-    combined = read_json_or(output / "metrics.json", {})
+    combined = storage.read_json_or(output / "metrics.json", {})
     combined[name] = {k: v for k, v in record["metrics"].items() if isinstance(v, int | float)}
     write_json(output / "metrics.json", combined)
-    entries = read_json_or(output / ".report.json", {})
+    entries = storage.read_json_or(output / ".report.json", {})
     entries[name] = {"record": f"{name}.json", "plots": list(plots), "model": record["model"],
                      "pretrained": record["pretrained"], "warnings": list(record.get("warnings", [])),
                      "scalars": combined[name]}
@@ -42,7 +42,7 @@ COMPLETE = "complete"  # the mark annotate() writes last into a suite result's i
 
 def annotate(output: Path, names: Sequence[str], **fields: Any) -> None:
     """Add ``fields`` to the index entries of these results (what a report over them carries along)."""
-    entries = read_json_or(output / ".report.json", {})
+    entries = storage.read_json_or(output / ".report.json", {})
     for name in names:
         entries[name].update(fields)
     write_json(output / ".report.json", entries)
@@ -66,7 +66,7 @@ def combine_reports(inputs: Sequence[Path], output: Path, *, keep: set[str] | No
     storage.ensure_folder(output)
     entries: dict[str, dict] = {}
     for folder in inputs:
-        found = read_json_or(folder / ".report.json", None)
+        found = storage.read_json_or(folder / ".report.json", None)
         if not found:
             raise ConfigError(f"{folder} holds no evaluation results (no .report.json); run `cloob eval` into it "
                               "first")
@@ -94,7 +94,7 @@ def read_metrics(path: str | Path) -> dict[str, dict]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path} does not exist; run the pipeline (dvc repro) or `cloob eval report` first")
-    metrics = read_json(path)
+    metrics = storage.read_json(path)
     if not isinstance(metrics, dict) or not all(isinstance(v, dict) for v in metrics.values()):
         raise ConfigError(f"{path} is not a report's metrics.json (an object of results, each an object of "
                           "metrics)")

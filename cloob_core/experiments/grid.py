@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from cloob_core import lease
+from cloob_core import lease, storage
 from cloob_core.config import CloobConfig, ConfigError, config_from_mapping
 from cloob_core.data.shard_files import shard_list
 from cloob_core.evaluation.features import Encoding, image_features
@@ -34,7 +34,7 @@ from cloob_core.evaluation.tasks.zeroshot import class_embeddings, classificatio
 from cloob_core.evaluation.trajectory import model_from_checkpoint, run_checkpoints
 from cloob_core.experiments.grid_report import GridReport, grid_report
 from cloob_core.experiments.grids import Grid, grid_named
-from cloob_core.io import read_json, write_json
+from cloob_core.io import write_json
 from cloob_core.training.loop import TrainingDiverged, plan_steps, train
 from cloob_core.training.optim import first_restart
 
@@ -119,7 +119,7 @@ def run_cell(base: CloobConfig, grid: Grid, cell: str, seed: int, folder: Path, 
     config = cell_config(base, overrides, seed, points)
     result_file = folder / RESULT_FILE
     if result_file.exists():
-        done = read_json(result_file)
+        done = storage.read_json(result_file)
         if _trained_by(done.get("config")) != _trained_by(config.model_dump()):
             raise ConfigError(f"{folder} holds a run of other settings (another grid, --quick or params); "
                               "choose another --output")
@@ -133,7 +133,7 @@ def run_cell(base: CloobConfig, grid: Grid, cell: str, seed: int, folder: Path, 
         log.warning("%s seed %d diverged: %s", cell, seed, err)
         write_json(result_file, {**described, "diverged": str(err), "trajectory": []})
         shutil.rmtree(run / "checkpoints", ignore_errors=True)
-        return read_json(result_file)
+        return storage.read_json(result_file)
     started = time.monotonic()
     checkpoints = run_checkpoints(str(run))
     trajectory = []

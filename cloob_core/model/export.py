@@ -16,7 +16,8 @@ from typing import Any
 import open_clip
 import torch
 
-from cloob_core.io import UnreadableFile, read_json, read_safetensors, read_torch, write_json, write_safetensors
+from cloob_core import storage
+from cloob_core.io import UnreadableFile, read_safetensors, read_torch, write_json, write_safetensors
 from cloob_core.model.dual_encoder import CLOOBModel, image_stats, without_random_init_warning
 from cloob_core.model.files import CONFIG_FILE, INFO_FILE, STATE_FILE
 
@@ -51,11 +52,11 @@ def load_exported(folder: str | Path) -> tuple[open_clip.CLIP, dict[str, Any]]:
     """Rebuild an exported model through open_clip's ``local-dir:`` loader, as any user of the folder does; the
     weights are read here so that a damaged or misfit file is one line, not torch's key lists."""
     folder = Path(folder)
-    info = read_json(folder / INFO_FILE)
+    info = storage.read_json(folder / INFO_FILE)
     missing = [key for key in ("architecture", "inv_tau") if not isinstance(info, dict) or key not in info]
     if missing:
         raise UnreadableFile(f"{folder / INFO_FILE} does not describe an exported model: no {', '.join(missing)}")
-    config = read_json(folder / CONFIG_FILE)
+    config = storage.read_json(folder / CONFIG_FILE)
     if not isinstance(config, dict) or not isinstance(config.get("model_cfg"), dict):
         raise UnreadableFile(f"{folder / CONFIG_FILE} is not an open_clip config: no model_cfg")
     with without_random_init_warning():  # the trained weights are loaded next

@@ -24,9 +24,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from cloob_core import storage
 from cloob_core.config import CloobConfig, Values, config_from_mapping, config_from_text
 from cloob_core.errors import StageError
-from cloob_core.io import read_json, write_text
+from cloob_core.io import write_text
 from cloob_core.threads import limit_spinning
 
 log = logging.getLogger(__name__)
@@ -148,7 +149,7 @@ def train(params: Params, shards: str, output_dir: str, gpus: int = 0, model: An
         code = subprocess.run(command, env=os.environ.copy(), check=False).returncode
     if code != 0:
         raise TrainingFailed(f"torchrun cloob train exited with status {code}; the ranks' log above says why")
-    return _record_training(read_json(Path(output_dir) / "metrics.json"), shards, model, metrics)
+    return _record_training(storage.read_json(Path(output_dir) / "metrics.json"), shards, model, metrics)
 
 
 def train_multinode(params: Params, shards: str, output_dir: str, job: str, run_id: str, model: Any = None,
@@ -171,7 +172,7 @@ def train_multinode(params: Params, shards: str, output_dir: str, job: str, run_
     workdir = storage.join(settings.job_workdir, name)
     trainjob.run(trainjob.manifest(settings, name, trainjob.job_config(config, shards, workdir), workdir), settings)
     storage.download_tree(storage.join(workdir, "output"), output_dir)
-    return _record_training(read_json(Path(output_dir) / "metrics.json"), shards, model, metrics)
+    return _record_training(storage.read_json(Path(output_dir) / "metrics.json"), shards, model, metrics)
 
 
 def plan_evaluation(params: Params) -> list[str]:
@@ -215,7 +216,7 @@ def collect_dataset(dataset: str, part_dirs: Sequence[str], output_dir: str, met
     _log_metrics(combined, metrics)
     if classification is not None:
         for record in sorted((Path(output_dir) / "results").glob("*_zeroshot_classification.json")):
-            result = read_json(record)["metrics"]
+            result = storage.read_json(record)["metrics"]
             matrix = result.get("confusion_matrix")
             if matrix:
                 names = result.get("classnames") or [str(i) for i in range(len(matrix))]

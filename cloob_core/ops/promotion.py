@@ -33,7 +33,7 @@ from cloob_core.config import PromoteConfig
 from cloob_core.errors import StageError
 from cloob_core.evaluation.records import read_metrics
 from cloob_core.evaluation.suite_report import SUITE_FILE
-from cloob_core.io import file_digest, json_bytes, read_json, read_json_or, write_json
+from cloob_core.io import file_digest, json_bytes, write_json
 from cloob_core.model.files import INFO_FILE, STATE_FILE
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ def _check_candidate(model_dir: Path) -> None:
     missing = [name for name in (STATE_FILE, INFO_FILE) if not (model_dir / name).is_file()]
     if missing:
         raise PromotionError(f"{model_dir} has no {' or '.join(missing)}: not a `cloob train` model folder")
-    if not isinstance(read_json(model_dir / INFO_FILE), dict):
+    if not isinstance(storage.read_json(model_dir / INFO_FILE), dict):
         raise PromotionError(f"{model_dir / INFO_FILE} does not describe a model (not a JSON object)")
 
 
@@ -346,7 +346,7 @@ def record_production_stage(settings: PromoteConfig, model_dir: str | Path,
     record = record_stage(model_dir, settings.registry_stage, candidate, settings.store)
     if not record.recorded:
         raise RegistryError(record.line)
-    decision = read_json_or(decision_file, None) if decision_file is not None else None
+    decision = storage.read_json_or(decision_file, None) if decision_file is not None else None
     if isinstance(decision, dict) and decision.get("candidate") == candidate:
         write_json(decision_file, {**decision, "registry": record.line})
     return record.line
@@ -354,7 +354,7 @@ def record_production_stage(settings: PromoteConfig, model_dir: str | Path,
 
 def read_suite(metrics_file: str | Path) -> dict[str, Any] | None:
     """The suite fingerprint beside a report's metrics.json (None for a report made without a suite)."""
-    return read_json_or(Path(metrics_file).parent / SUITE_FILE, None)
+    return storage.read_json_or(Path(metrics_file).parent / SUITE_FILE, None)
 
 
 def refresh_production_metrics(settings: PromoteConfig, *, metrics_file: str | Path) -> dict[str, Any]:

@@ -8,12 +8,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cloob_core import storage
 from cloob_core.config import CloobConfig
 from cloob_core.evaluation.records import Report
 from cloob_core.evaluation.run import ModelSource
 from cloob_core.evaluation.suite import evaluate_suite
 from cloob_core.evaluation.suite_report import SUITE_FILE, suite_report
-from cloob_core.io import read_json
 from cloob_core.ops.promotion import fetch_production, record_production_metrics
 
 
@@ -33,5 +33,6 @@ def reevaluate_production(config: CloobConfig, output: str | Path, *, device: st
     evaluate_suite(config.eval, ModelSource(model=str(output / "model"), device=device), output / "datasets",
                    progress=progress)
     report = suite_report(config.eval, [output / "datasets"], output / "report")
-    pointer = record_production_metrics(config.promote, report.metrics, read_json(output / "report" / SUITE_FILE))
+    suite = storage.read_json(output / "report" / SUITE_FILE)
+    pointer = record_production_metrics(config.promote, report.metrics, suite)
     return ProductionEvaluation(fetched["model_id"], report, pointer)

@@ -13,13 +13,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from cloob_core import storage
 from cloob_core.config import ConfigError
 from cloob_core.evaluation.features import Encoding, image_features, text_features
 from cloob_core.evaluation.figures import confusion_png, per_class_png
 from cloob_core.evaluation.inputs import EvalModel, ImageSet
 from cloob_core.evaluation.records import benchmark_record, write_result
 from cloob_core.evaluation.tasks.common import EvalOptions, EvalResult, need, task_record
-from cloob_core.io import read_json
 from cloob_core.objectives.losses import hopfield_retrieval
 
 
@@ -125,7 +125,7 @@ def zeroshot(model: EvalModel, images: ImageSet, output: Path, encoding: Encodin
 def mean_over_test_sets(model: EvalModel, test_sets: list[ImageSet], output: Path, name: str) -> dict[str, Any]:
     """The paper's figure for data sets with several test sets: each set's zero-shot metrics and their mean."""
     task = "zeroshot_classification"
-    per_set = {images.name: read_json(output / f"{images.name}_{task}.json")["metrics"]
+    per_set = {images.name: storage.read_json(output / f"{images.name}_{task}.json")["metrics"]
                for images in test_sets}
     keys = [key for key in next(iter(per_set.values()))
             if (key.startswith("acc") or key == "mean_per_class_recall") and all(key in m for m in per_set.values())]
