@@ -101,3 +101,26 @@ def test_the_export_holds_no_pickle(exported):
     assert json.loads((folder / STATE_FILE).read_bytes()[8:8 + header])
     config = json.loads((folder / CONFIG_FILE).read_text())
     assert config["model_cfg"]["embed_dim"] == 64 and config["preprocess_cfg"]["interpolation"] == "bicubic"
+
+
+def test_a_folder_in_the_earlier_layout_still_loads(exported, tmp_path):
+    """A production model promoted before the export moved to safetensors (``open_clip_model.pt``, the
+    architecture's config as ``cloob-tiny.json``) is evaluated as it was, to the same embeddings."""
+    import open_clip
+
+    from cloob_core.io import file_digest
+
+    folder, image = exported
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    state = load_model(model=str(folder)).model.state_dict()
+    torch.save(state, earlier / "open_clip_model.pt")
+    (earlier / "cloob-tiny.json").write_text(json.dumps(open_clip.get_model_config("cloob-tiny")))
+    info = json.loads((folder / INFO_FILE).read_text())
+    (earlier / INFO_FILE).write_text(json.dumps({**info, "open_clip_config": "cloob-tiny.json",
+                                                 "state_dict": "open_clip_model.pt", "tokenizer": "cloob-tiny"}))
+    now, then = load_model(model=str(folder)), load_model(model=str(earlier))
+    pixels = now.transform(Image.open(image))[None]
+    torch.testing.assert_close(then.encode_images(then.transform(Image.open(image))[None]), now.encode_images(pixels))
+    assert then.tokenizer(CAPTIONS).tolist() == now.tokenizer(CAPTIONS).tolist()
+    assert then.fingerprint == file_digest(earlier / "open_clip_model.pt")[:16] != now.fingerprint

@@ -57,7 +57,8 @@ def test_a_tiny_model_learns_and_exports_for_open_clip(shards, tmp_path):
     assert metrics["steps"] == 62 and metrics["final_loss"] == losses[-1]
     assert (tmp_path / "run" / "training_curves.png").read_bytes().startswith(b"\x89PNG")
     # the export is plain open_clip: the same embeddings as the trained model
-    model, info = load_exported(tmp_path / "run" / "model")
+    exported = load_exported(tmp_path / "run" / "model")
+    model, info = exported.model, exported.info
     assert info["architecture"] == "cloob-tiny" and info["inv_tau"] == pytest.approx(30.0)
     images = torch.randn(4, 3, 32, 32)
     trained = result.model.eval()

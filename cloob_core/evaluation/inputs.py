@@ -25,8 +25,8 @@ from cloob_core.config import PACKAGED_SETS, PACKAGED_SOURCES, ConfigError
 from cloob_core.evaluation.class_sets import packaged_class_set, packaged_class_sets
 from cloob_core.io import file_digest
 from cloob_core.model.dual_encoder import register_project_configs, without_random_init_warning
-from cloob_core.model.export import LOCAL_DIR, load_exported, load_weights, read_state_dict
-from cloob_core.model.files import INFO_FILE, STATE_FILE
+from cloob_core.model.export import load_exported, load_weights, read_state_dict
+from cloob_core.model.files import INFO_FILE
 from cloob_core.threads import plan_threads
 
 log = logging.getLogger(__name__)
@@ -74,9 +74,9 @@ def load_model(model: str | None = None, architecture: str | None = None, weight
             folder = _local_copy(model, Path(scratch))
             if not (folder / INFO_FILE).exists():
                 raise FileNotFoundError(f"{model} is not a `cloob train` model folder (no {INFO_FILE})")
-            net, info = load_exported(folder)
-            tokenizer = open_clip.get_tokenizer(LOCAL_DIR + str(folder))  # read now: the folder may be a scratch
-            fingerprint = file_digest(folder / STATE_FILE)[:16]
+            exported = load_exported(folder)  # its tokenizer is read now: the folder may be a scratch copy
+            fingerprint = file_digest(exported.weights)[:16]
+        net, tokenizer, info = exported.model, exported.tokenizer, exported.info
         architecture, inv_tau, source = info["architecture"], float(info["inv_tau"]), model
     elif architecture and weights:
         with without_random_init_warning():  # the weights are loaded next

@@ -10,6 +10,8 @@ files where the architecture has one), plus ``model_info.json`` with what open_c
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,7 @@ import torch
 from cloob_core import storage
 from cloob_core.io import UnreadableFile, read_safetensors, read_torch, write_json, write_safetensors
 from cloob_core.model.dual_encoder import CLOOBModel, image_stats, without_random_init_warning
-from cloob_core.model.files import CONFIG_FILE, INFO_FILE, STATE_FILE
+from cloob_core.model.files import CONFIG_FILE, EARLIER_STATE_FILE, INFO_FILE, STATE_FILE
 
 LOCAL_DIR = "local-dir:"  # open_clip's prefix for a model folder
 
@@ -48,21 +50,47 @@ def export_model(model: CLOOBModel, folder: Path, extra: dict[str, Any]) -> Path
     return folder
 
 
-def load_exported(folder: str | Path) -> tuple[open_clip.CLIP, dict[str, Any]]:
+@dataclass(frozen=True)
+class Exported:
+    """An export loaded back: the model, its ``model_info.json``, its tokenizer and the file its weights came
+    from (what identifies them)."""
+
+    model: open_clip.CLIP
+    info: dict[str, Any]
+    tokenizer: Callable[[Sequence[str]], torch.Tensor]
+    weights: Path
+
+
+def load_exported(folder: str | Path) -> Exported:
     """Rebuild an exported model through open_clip's ``local-dir:`` loader, as any user of the folder does; the
-    weights are read here so that a damaged or misfit file is one line, not torch's key lists."""
+    weights are read here so that a damaged or misfit file is one line, not torch's key lists. A folder in the
+    earlier layout (``open_clip_model.pt`` and ``<architecture>.json``: a production model promoted before) is
+    read as it was written."""
     folder = Path(folder)
     info = storage.read_json(folder / INFO_FILE)
     missing = [key for key in ("architecture", "inv_tau") if not isinstance(info, dict) or key not in info]
     if missing:
         raise UnreadableFile(f"{folder / INFO_FILE} does not describe an exported model: no {', '.join(missing)}")
+    if not (folder / CONFIG_FILE).exists() and (folder / EARLIER_STATE_FILE).exists():
+        return _load_earlier_layout(folder, info)
     config = storage.read_json(folder / CONFIG_FILE)
     if not isinstance(config, dict) or not isinstance(config.get("model_cfg"), dict):
         raise UnreadableFile(f"{folder / CONFIG_FILE} is not an open_clip config: no model_cfg")
     with without_random_init_warning():  # the trained weights are loaded next
         model = open_clip.create_model(LOCAL_DIR + str(folder), load_weights=False)
     load_weights(model, read_state_dict(folder / STATE_FILE), str(folder / STATE_FILE))
-    return model, info
+    return Exported(model, info, open_clip.get_tokenizer(LOCAL_DIR + str(folder)), folder / STATE_FILE)
+
+
+def _load_earlier_layout(folder: Path, info: dict[str, Any]) -> Exported:
+    architecture = info["architecture"]
+    if architecture not in open_clip.list_models():
+        open_clip.add_model_config(folder / f"{architecture}.json")
+    with without_random_init_warning():  # the trained weights are loaded next
+        model = open_clip.create_model(architecture, pretrained=None)
+    weights = folder / EARLIER_STATE_FILE
+    load_weights(model, read_state_dict(weights), str(weights))
+    return Exported(model, info, open_clip.get_tokenizer(architecture), weights)
 
 
 def read_state_dict(path: str | Path) -> Any:

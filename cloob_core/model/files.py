@@ -3,4 +3,5 @@ without loading them. The first two are the names open_clip's ``local-dir:`` and
 
 CONFIG_FILE = "open_clip_config.json"  # {"model_cfg": ..., "preprocess_cfg": ...}
 STATE_FILE = "open_clip_model.safetensors"  # the weights of a plain open_clip.CLIP, no pickle
+EARLIER_STATE_FILE = "open_clip_model.pt"  # the weights in the earlier layout (a torch state dict), still read
 INFO_FILE = "model_info.json"  # what open_clip does not keep: architecture name, inv_tau, how it was trained
