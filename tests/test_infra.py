@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from cloob_core.config import CloobConfig
 from cloob_core.ops import trainjob
 from cloob_core.ops.cluster import ClusterSettings
 
@@ -95,8 +96,8 @@ def test_the_pod_monitor_selects_the_training_pods_and_their_metrics_port(render
     (monitor,) = by_kind(documents, "PodMonitor")
     selector = monitor["spec"]["selector"]["matchLabels"]
     settings = ClusterSettings(image="i", job_workdir="s3://w", nodes=2)
-    pod = trainjob.manifest(settings, "n", "", "s3://d", "s3://w")["spec"]["pytorchReplicaSpecs"]["Master"][
-        "template"]
+    config = trainjob.job_config(CloobConfig(), "s3://d", "s3://w")
+    pod = trainjob.manifest(settings, "n", config, "s3://w")["spec"]["pytorchReplicaSpecs"]["Master"]["template"]
     assert selector.items() <= pod["metadata"]["labels"].items()
     ports = {port["name"] for port in pod["spec"]["containers"][0]["ports"]}
     assert {endpoint["port"] for endpoint in monitor["spec"]["podMetricsEndpoints"]} <= ports
@@ -113,7 +114,8 @@ def test_training_job_pod_templates_are_valid_kubernetes(kind):
     kv = validator()
     settings = ClusterSettings(image="reg/cloob:cuda", job_workdir="s3://w", job_kind=kind, nodes=3,
                                     node_selector={"pool": "a100"}, service_account="cloob-pipeline")
-    body = trainjob.manifest(settings, "cloob-train-x", "train: {}\n", "s3://d", "s3://w/x")
+    body = trainjob.manifest(settings, "cloob-train-x", trainjob.job_config(CloobConfig(), "s3://d", "s3://w/x"),
+                             "s3://w/x")
     if kind == "pytorchjob":
         templates = [replica["template"] for replica in body["spec"]["pytorchReplicaSpecs"].values()]
     else:  # the trainer's container (with the runtime's defaults) plus the override of the node job's pods
