@@ -117,11 +117,12 @@ def write_safetensors(path: str | Path, tensors: dict[str, Any]) -> Path:
 def read_safetensors(path: str | Path) -> dict[str, Any]:
     """A safetensors file's tensors; a damaged file is one line naming it."""
     from safetensors import SafetensorError
-    from safetensors.torch import load
+    from safetensors.torch import load_file
 
-    data = Path(path).read_bytes()
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"{path} does not exist")
     try:
-        return load(data)
+        return load_file(path)  # mapped, not read into memory first: weights files are large
     except (SafetensorError, ValueError) as err:
         raise UnreadableFile(f"{path} cannot be read as safetensors: {str(err).splitlines()[0][:200]}") from None
 

@@ -35,9 +35,8 @@ def export_model(model: CLOOBModel, folder: Path, extra: dict[str, Any]) -> Path
     # the evaluation's preprocessing, spelled out so that open_clip builds the same one from the folder
     preprocess_cfg = {"mean": list(mean), "std": list(std), "interpolation": "bicubic", "resize_mode": "shortest"}
     write_json(folder / CONFIG_FILE, {"model_cfg": model_cfg, "preprocess_cfg": preprocess_cfg})
-    tokenizer = open_clip.get_tokenizer(architecture)
-    if hasattr(tokenizer, "save_pretrained"):  # an HF tokenizer: local-dir: reads its files from the folder
-        tokenizer.save_pretrained(str(folder))
+    if model_cfg["text_cfg"].get("hf_tokenizer_name"):  # an HF tokenizer: local-dir: reads its files from here
+        open_clip.get_tokenizer(architecture).save_pretrained(str(folder))
     info = {
         "architecture": architecture,
         "context_length": int(model_cfg["text_cfg"].get("context_length", 77)),  # what the tokenizer pads to
