@@ -37,7 +37,7 @@ from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import IO, Any, ParamSpec, TypeVar
 
-from cloob_core import storage
+from cloob_core import conditional_write, storage
 from cloob_core.errors import StageError
 
 log = logging.getLogger(__name__)
@@ -137,7 +137,7 @@ def _busy(label: str, holder: Holder | None) -> OutputBusy:
 def _local_lease(location: str, label: str) -> Iterator[None]:
     path = Path(location)
     try:
-        handle: IO = storage.hold_lock(path, wait_s=0)
+        handle: IO = conditional_write.hold_lock(path, wait_s=0)
     except TimeoutError:
         raise _busy(label, Holder.parse(_read_quietly(path))) from None
     try:
@@ -174,9 +174,9 @@ class _Renewal(threading.Thread):
     def run(self) -> None:
         while not self._stop_event.wait(self.holder.ttl_s / 3):
             try:
-                self.version = storage.write_if_unchanged(self.location, self.holder.encode(), self.version)
+                self.version = conditional_write.write_if_unchanged(self.location, self.holder.encode(), self.version)
                 self._last_renewed = time.monotonic()
-            except storage.WriteConflict:
+            except conditional_write.WriteConflict:
                 current, version, _ = _read_holder(self.location)
                 if current is None or current.token != self.holder.token:
                     self.lost = f"taken over by {current.describe() if current else 'another run'}"
@@ -254,8 +254,8 @@ def _acquire_s3(location: str, label: str, me: Holder) -> str:
     reply was lost, a live holder (busy), a stale one, or a lease released in between."""
     for _attempt in range(5):
         try:
-            return storage.write_if_unchanged(location, me.encode(), None)
-        except storage.WriteConflict:
+            return conditional_write.write_if_unchanged(location, me.encode(), None)
+        except conditional_write.WriteConflict:
             pass
         holder, version, age = _read_holder(location)
         if holder is not None and holder.token == me.token:  # our own create or takeover; its reply was lost
@@ -266,8 +266,8 @@ def _acquire_s3(location: str, label: str, me: Holder) -> str:
         if why is None:
             raise _busy(label, holder)
         try:
-            taken = storage.write_if_unchanged(location, me.encode(), version)
-        except storage.WriteConflict:
+            taken = conditional_write.write_if_unchanged(location, me.encode(), version)
+        except conditional_write.WriteConflict:
             continue  # another contender took it first (or our takeover's reply was lost): look again
         log.warning("taking over the lease on %s from %s (%s)", label,
                     holder.describe() if holder else "an unreadable holder", why)

@@ -1,24 +1,32 @@
 """Local paths and ``s3://`` URLs behind one small interface, so every stage reads and writes either.
 
-S3 goes through boto3 with its standard configuration: credentials and region from the environment (or an
-attached role), and ``AWS_ENDPOINT_URL`` / ``AWS_ENDPOINT_URL_S3`` for S3-compatible servers such as MinIO.
-Writes are atomic on both: a local file is written beside its target and renamed; an S3 object appears only
-when its upload completes.
+Reads, listings, copies and deletes go through fsspec: its local filesystem, and s3fs for ``s3://`` (installed
+with dvc-s3). Here is only what fsspec lacks: local writes that are atomic (written beside the target, fsynced and
+renamed, so a reader sees the old file or the new one; an S3 object appears only when its upload completes
+anyway), an S3 error that names the object and S3's error code, and a missing bucket told apart from a missing
+file. The conditional write is :mod:`cloob_core.conditional_write`.
+
+S3 is configured the standard way: credentials and region from the environment (or an attached role),
+``AWS_ENDPOINT_URL`` / ``AWS_ENDPOINT_URL_S3`` for S3-compatible servers such as MinIO, and retries from
+``AWS_RETRY_MODE`` / ``AWS_MAX_ATTEMPTS``. s3fs's own retry loop is turned off, so that one policy holds.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-import hashlib
 import os
 import shutil
-import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from cloob_core.io import atomic_path, parse_json
 
 LEASE_PREFIX = ".cloob-lease"  # the files of cloob_core.lease: bookkeeping while a stage writes, never content
+STREAM_BLOCK = 16 * 1024 * 1024  # an S3 object read from start to end is fetched in ranges of this size
+RANGE_BLOCK = 2 * 1024 * 1024  # a reader that seeks (parquet: footer, then row groups) fetches ranges this small
 
 
 def is_s3(location: str | os.PathLike) -> bool:
@@ -34,24 +42,66 @@ def split_s3(url: str) -> tuple[str, str]:
     return bucket, key
 
 
+@dataclass(frozen=True)
+class _S3:
+    client: Any  # boto3: the conditional writes and the leases
+    files: Any  # s3fs: everything else
+
+
 @functools.cache
-def _client_for_process(pid: int) -> Any:
+def _s3_for_process(pid: int) -> _S3:
+    """This process's S3 clients. Both are thread-safe, but neither may cross a fork (a data-loader worker
+    makes its own): hence the cache by process id."""
     import boto3
+    import s3fs
     from botocore.config import Config
 
-    # Bounded waits (botocore's defaults, stated here): 60 s to connect and for the next bytes of an answer;
-    # retries as the environment configures them (AWS_RETRY_MODE, AWS_MAX_ATTEMPTS).
-    return boto3.session.Session().client("s3", config=Config(connect_timeout=60, read_timeout=60))
+    # Bounded waits, stated here: 60 s to connect and for the next bytes of an answer (s3fs would give 5 and 15).
+    # Listings are not cached, since a stage lists what another process has just written.
+    client = boto3.session.Session().client("s3", config=Config(connect_timeout=60, read_timeout=60))
+    files = s3fs.S3FileSystem(config_kwargs={"connect_timeout": 60, "read_timeout": 60}, use_listings_cache=False,
+                              skip_instance_cache=True)
+    files.retries = 1  # one try of s3fs's loop (a class attribute, not an argument): botocore's retries hold
+    return _S3(client, files)
 
 
 def s3_client() -> Any:
-    """One boto3 client per process (clients are thread-safe, but must not cross a fork)."""
-    return _client_for_process(os.getpid())
+    """This process's boto3 S3 client."""
+    return _s3_for_process(os.getpid()).client
+
+
+def s3_filesystem() -> Any:
+    """This process's s3fs filesystem (what engines such as DuckDB and pyarrow read through)."""
+    return _s3_for_process(os.getpid()).files
 
 
 def endpoint() -> str:
     """The S3 endpoint this process talks to (an S3-compatible server's URL, or AWS's regional one)."""
     return s3_client().meta.endpoint_url
+
+
+@contextlib.contextmanager
+def _filesystem(location: str | os.PathLike) -> Iterator[tuple[Any, str]]:
+    """The fsspec filesystem that holds ``location``, and the path it knows it by. An S3 failure inside the block
+    is re-raised naming ``location`` and S3's error code, which s3fs's errors leave out ("[Errno 16] Please reduce
+    your request rate."); a missing file is left to the caller."""
+    if not is_s3(location):
+        import fsspec
+
+        yield fsspec.filesystem("file"), str(location)
+        return
+    try:
+        yield s3_filesystem(), str(location)[len("s3://") :]
+    except FileNotFoundError:
+        raise
+    except OSError as err:
+        if str(location) in str(err):
+            raise
+        code = getattr(err.__cause__, "response", {}).get("Error", {}).get("Code")
+        message = f"{location}: {err.strerror or err}" + (f" ({code})" if code else "")
+        named = type(err)(message)  # a message alone, so it reads as one line without "[Errno 16]" before it
+        named.errno = err.errno  # what callers test (a full disk, say) is kept
+        raise named from err
 
 
 def join(base: str | os.PathLike, *parts: str) -> str:
@@ -61,13 +111,19 @@ def join(base: str | os.PathLike, *parts: str) -> str:
 
 
 def read_bytes(location: str | os.PathLike) -> bytes:
-    if is_s3(location):
-        bucket, key = split_s3(str(location))
-        try:
-            return s3_client().get_object(Bucket=bucket, Key=key)["Body"].read()
-        except s3_client().exceptions.NoSuchKey:
-            raise FileNotFoundError(str(location)) from None
-    return Path(location).read_bytes()
+    try:
+        with _filesystem(location) as (files, path):
+            return files.cat_file(path)
+    except FileNotFoundError as err:
+        _unless_no_bucket(err, location)
+        raise FileNotFoundError(f"{location} does not exist") from None
+
+
+def _unless_no_bucket(err: OSError, location: str | os.PathLike) -> None:
+    """Let the caller take ``err`` for "no such file", unless it says the bucket is missing: that is a wrong
+    address, not an empty folder, and s3fs's message names neither the bucket nor the file."""
+    if type(err.__cause__).__name__ == "NoSuchBucket":
+        raise FileNotFoundError(f"{location}: its bucket does not exist (NoSuchBucket)") from None
 
 
 def read_json(location: str | os.PathLike) -> Any:
@@ -84,58 +140,66 @@ def read_json_or(location: str | os.PathLike, default: Any) -> Any:
 
 
 def exists(location: str | os.PathLike) -> bool:
-    if is_s3(location):
-        from botocore.exceptions import ClientError
-
-        bucket, key = split_s3(str(location))
-        try:
-            s3_client().head_object(Bucket=bucket, Key=key)
-        except ClientError as err:
-            if err.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
-                return False
-            raise
-        return True
-    return Path(location).exists()
+    """A file or a folder is there: for S3, an object or any object under the prefix. A missing bucket is an
+    error, not an absent file (fsspec's ``exists`` would say False)."""
+    try:
+        with _filesystem(location) as (files, path):
+            files.info(path)
+    except (FileNotFoundError, NotADirectoryError) as err:
+        _unless_no_bucket(err, location)
+        return False
+    return True
 
 
-def found(location: str | os.PathLike) -> bool:
-    """A file or a folder is there: for S3, an object or any object under the prefix."""
-    if is_s3(location):
-        bucket, key = split_s3(str(location))
-        key = key.rstrip("/")
-        if key and exists(location):
-            return True
-        listed = s3_client().list_objects_v2(Bucket=bucket, Prefix=f"{key}/" if key else "", MaxKeys=1)
-        return bool(listed.get("KeyCount"))
-    return Path(location).exists()
+def _version(path: str, info: dict[str, Any]) -> str:
+    """What changes when a file is rewritten: the S3 ETag, or locally the modification time in nanoseconds
+    (fsspec gives it in float seconds, which would change the digests recorded from it)."""
+    return str(info["ETag"]) if "ETag" in info else str(os.stat(path).st_mtime_ns)
+
+
+def file_version(location: str | os.PathLike) -> tuple[int, str] | None:
+    """``(size, version)`` of the file at ``location`` (see :func:`tree_entries`); None when no file is there."""
+    try:
+        with _filesystem(location) as (files, path):
+            info = files.info(path)
+    except (FileNotFoundError, NotADirectoryError) as err:
+        _unless_no_bucket(err, location)
+        return None
+    return (int(info["size"]), _version(path, info)) if info["type"] == "file" else None
+
+
+def tree_entries(location: str) -> list[tuple[str, int, str]]:
+    """``(path, size, version)`` of every file under the folder ``location``, sorted by path (``/``-separated,
+    relative to it); the version is the S3 ETag, or locally the modification time in nanoseconds."""
+    try:
+        with _filesystem(location) as (files, path):
+            root = files._strip_protocol(path).rstrip("/") + "/"
+            found = files.find(path, detail=True)
+    except (FileNotFoundError, NotADirectoryError) as err:
+        _unless_no_bucket(err, location)
+        return []
+    return sorted((name[len(root):], int(info["size"]), _version(name, info)) for name, info in found.items()
+                  if info["type"] == "file" and name.startswith(root)
+                  and not name.rpartition("/")[2].startswith(LEASE_PREFIX))
 
 
 def list_names(folder: str | os.PathLike, suffix: str = "") -> list[str]:
     """Base names of the files directly in ``folder`` that end with ``suffix``, sorted."""
-    if is_s3(folder):
-        bucket, prefix = split_s3(str(folder))
-        prefix = prefix.rstrip("/") + "/" if prefix.strip("/") else ""
-        names = []
-        paginator = s3_client().get_paginator("list_objects_v2")
-        for page in paginator.paginate(Bucket=bucket, Prefix=prefix, Delimiter="/"):
-            for item in page.get("Contents", []):
-                name = item["Key"][len(prefix) :]
-                if name.endswith(suffix) and not name.startswith(LEASE_PREFIX):
-                    names.append(name)
-        return sorted(names)
-    path = Path(folder)
-    if not path.is_dir():
+    try:
+        with _filesystem(folder) as (files, path):
+            root = files._strip_protocol(path).rstrip("/")
+            listed = files.ls(path, detail=True)
+    except (FileNotFoundError, NotADirectoryError) as err:
+        _unless_no_bucket(err, folder)
         return []
-    return sorted(p.name for p in path.iterdir()
-                  if p.is_file() and p.name.endswith(suffix) and not p.name.startswith(LEASE_PREFIX))
+    names = (entry["name"].rstrip("/").rpartition("/") for entry in listed if entry["type"] == "file")
+    return sorted(name for parent, _, name in names
+                  if parent == root and name.endswith(suffix) and not name.startswith(LEASE_PREFIX))
 
 
 def delete(location: str | os.PathLike) -> None:
-    if is_s3(location):
-        bucket, key = split_s3(str(location))
-        s3_client().delete_object(Bucket=bucket, Key=key)
-    else:
-        Path(location).unlink(missing_ok=True)
+    with contextlib.suppress(FileNotFoundError), _filesystem(location) as (files, path):
+        files.rm_file(path)  # S3 deletes a missing key without a word; so does this, locally
 
 
 def ensure_folder(folder: str | os.PathLike) -> None:
@@ -153,7 +217,7 @@ def ensure_folder(folder: str | os.PathLike) -> None:
 
 def upload_file(local: str | os.PathLike, location: str) -> None:
     """Publish a finished local file at ``location``: a rename (a copy first when it crosses file systems),
-    or a (multipart) upload to S3, which makes the object visible only once complete."""
+    or an upload to S3."""
     if is_s3(location):
         copy_file(local, location)
         return
@@ -165,11 +229,11 @@ def upload_file(local: str | os.PathLike, location: str) -> None:
 
 
 def copy_file(local: str | os.PathLike, location: str) -> None:
-    """Publish a copy of a local file at ``location`` (the source stays): an atomic local copy, or a (multipart)
-    upload to S3."""
+    """Publish a copy of a local file at ``location`` (the source stays): an atomic local copy, or an upload to
+    S3 (multipart when large), which makes the object visible only once complete."""
     if is_s3(location):
-        bucket, key = split_s3(location)
-        s3_client().upload_file(str(local), bucket, key)
+        with _filesystem(location) as (files, path):
+            files.put_file(str(local), path)
         return
     with atomic_path(location) as tmp:
         shutil.copyfile(local, tmp)
@@ -177,206 +241,49 @@ def copy_file(local: str | os.PathLike, location: str) -> None:
 
 def write_bytes(location: str | os.PathLike, data: bytes) -> None:
     if is_s3(location):
-        bucket, key = split_s3(str(location))
-        s3_client().put_object(Bucket=bucket, Key=key, Body=data)
+        with _filesystem(location) as (files, path):
+            files.pipe_file(path, data)
         return
     with atomic_path(location) as tmp:
         tmp.write_bytes(data)
 
 
-class WriteConflict(Exception):
-    """A conditional write found the object changed since it was read."""
-
-
-def read_versioned(location: str | os.PathLike) -> tuple[bytes | None, str | None]:
-    """The object's bytes and a version token for :func:`write_if_unchanged` (``(None, None)``: no object)."""
-    if is_s3(location):
-        bucket, key = split_s3(str(location))
-        try:
-            reply = s3_client().get_object(Bucket=bucket, Key=key)
-        except s3_client().exceptions.NoSuchKey:
-            return None, None
-        return reply["Body"].read(), reply["ETag"]
-    try:
-        data = Path(location).read_bytes()
-    except FileNotFoundError:
-        return None, None
-    return data, hashlib.sha256(data).hexdigest()
-
-
-def write_if_unchanged(location: str | os.PathLike, data: bytes, version: str | None) -> str:
-    """Write ``data`` only if the object is still at ``version`` (``None``: only if there is none yet); else
-    raise :class:`WriteConflict`; the version written otherwise (for the next conditional write). On S3 a
-    conditional PUT (``If-Match`` / ``If-None-Match: *``, which AWS S3 and MinIO honour), checked and applied by the
-    server in one step. Locally the check and the atomic rename happen
-    under an exclusive ``flock`` on ``<location>.lock``, which every writer through here takes."""
-    if is_s3(location):
-        from botocore.exceptions import ClientError
-
-        bucket, key = split_s3(str(location))
-        condition = {"IfNoneMatch": "*"} if version is None else {"IfMatch": version}
-        try:
-            return s3_client().put_object(Bucket=bucket, Key=key, Body=data, **condition)["ETag"]
-        except ClientError as err:
-            if err.response.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict",
-                                                             "412", "409"):
-                raise WriteConflict(f"{location} changed since it was read") from None
-            raise
-
-    path = Path(location)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        lock = hold_lock(path.with_name(path.name + ".lock"), LOCK_WAIT_S)
-    except TimeoutError as err:
-        raise TimeoutError(f"{err} for over {LOCK_WAIT_S:g} s; is a process stuck?") from None
-    with lock:
-        if read_versioned(path)[1] != version:
-            raise WriteConflict(f"{location} changed since it was read")
-        with atomic_path(path) as tmp:
-            tmp.write_bytes(data)
-    return hashlib.sha256(data).hexdigest()  # the version read_versioned gives
-
-
-def outcome_unknown(err: BaseException) -> bool:
-    """Whether a failed request may still have been applied: the server answered 5xx (after its retries) or the
-    connection broke after the request was sent. A conditional write that ends so must be checked by reading."""
-    from botocore import exceptions
-
-    if isinstance(err, exceptions.ClientError):
-        return int(err.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0) >= 500
-    return isinstance(err, (exceptions.ConnectionError, exceptions.HTTPClientError))
-
-
-def honours_conditional_writes(folder: str) -> bool:
-    """Probe whether the store under ``folder`` applies conditional writes: a second create of one object
-    (``If-None-Match: *``) and a write against a wrong version (``If-Match``) must both be refused. Some
-    S3-compatible servers and proxies ignore the headers and overwrite. Local folders use a lock: always True.
-    The probe object has a unique name and is removed; a reply lost on the way is recognised by reading it."""
-    if not is_s3(folder):
-        return True
-    import uuid
-
-    probe = join(folder, ".cas-probe", uuid.uuid4().hex)
-    token = uuid.uuid4().hex.encode()
-    try:
-        try:
-            write_if_unchanged(probe, token, None)
-        except WriteConflict:
-            if read_bytes(probe) != token:  # the name is unique: only a lost reply of our own create explains it
-                return False
-        refused = 0
-        for version in (None, '"0123456789abcdef0123456789abcdef"'):
-            try:
-                write_if_unchanged(probe, b"overwritten", version)
-            except WriteConflict:
-                refused += 1
-        return refused == 2 and read_bytes(probe) == token
-    finally:
-        delete(probe)
-
-
-LOCK_WAIT_S = 60.0  # a writer holds the lock for one read and one rename: a minute means it is stuck
-
-
-def hold_lock(path: Path, wait_s: float) -> IO:
-    """An exclusive ``flock`` on ``path`` (created if missing), waiting at most ``wait_s`` seconds, else
-    ``TimeoutError``. Released when the returned handle closes, also when the process dies. A holder may remove
-    the file as it lets go: then the fresh file is locked instead."""
-    import fcntl
-
-    deadline = time.monotonic() + wait_s
-    while True:
-        handle = open(path, "a")  # noqa: SIM115 - the caller holds it open
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.close()
-            if time.monotonic() >= deadline:
-                raise TimeoutError(f"{path} is locked by another process") from None
-            time.sleep(0.02)
-            continue
-        try:
-            if os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino:
-                return handle
-        except FileNotFoundError:
-            pass
-        handle.close()
-
-
 def open_read(location: str) -> IO[bytes]:
-    """A streaming binary reader: a local file, or the body of an S3 object."""
-    if is_s3(location):
-        bucket, key = split_s3(location)
-        return s3_client().get_object(Bucket=bucket, Key=key)["Body"]
-    return open(location, "rb")
+    """A reader of a file from start to end (a tar shard): local, or an S3 object fetched in large ranges."""
+    return _open(location, STREAM_BLOCK)
 
 
-def open_seekable(location: str, block_size: int = 2 * 1024 * 1024) -> IO[bytes]:
-    """A seekable binary reader: a local file, or an S3 object read by ranges of ``block_size`` through s3fs, so
-    that a parquet reader fetches the footer and the row groups it needs, not the object."""
-    if is_s3(location):
-        return s3_filesystem().open(location, "rb", block_size=block_size, cache_type="readahead")
-    return open(location, "rb")
+def open_seekable(location: str) -> IO[bytes]:
+    """A reader that seeks: local, or an S3 object fetched in small ranges, so that a parquet reader fetches the
+    footer and the row groups it needs, not the object."""
+    return _open(location, RANGE_BLOCK)
 
 
-def s3_filesystem() -> Any:
-    """fsspec's S3 filesystem on this process's endpoint (what engines such as DuckDB and pyarrow read through)."""
-    import s3fs
-
-    return s3fs.S3FileSystem(client_kwargs={"endpoint_url": endpoint()})
-
-
-def tree_entries(location: str) -> list[tuple[str, int, str]]:
-    """``(path, size, version)`` of every file under the folder ``location``, sorted by path (``/``-separated,
-    relative to it); the version is the S3 ETag, or locally the modification time in nanoseconds."""
-    if is_s3(location):
-        bucket, prefix = split_s3(location)
-        prefix = prefix.rstrip("/") + "/" if prefix.strip("/") else ""
-        entries = []
-        for page in s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-            entries += [(item["Key"][len(prefix):], item["Size"], item["ETag"]) for item in page.get("Contents", [])
-                        if not item["Key"].endswith("/") and not item["Key"].rpartition("/")[2].startswith(
-                            LEASE_PREFIX)]
-        return sorted(entries)
-    root = Path(location)
-    files = (p for p in root.rglob("*") if p.is_file() and not p.name.startswith(LEASE_PREFIX)) if root.is_dir() \
-        else ()
-    return sorted((p.relative_to(root).as_posix(), p.stat().st_size, str(p.stat().st_mtime_ns)) for p in files)
-
-
-def _tree_files(location: str) -> list[str]:
-    """Paths (``/``-separated, relative to ``location``) of every file under it, sorted."""
-    return [path for path, _, _ in tree_entries(location)]
+def _open(location: str, block_size: int) -> IO[bytes]:
+    with _filesystem(location) as (files, path):
+        return files.open(path, "rb", block_size=block_size, cache_type="readahead") if is_s3(location) \
+            else open(path, "rb")
 
 
 def upload_tree(local: str | os.PathLike, location: str, exclude: tuple[str, ...] = ()) -> list[str]:
     """Publish a copy of every file under the local folder at ``location`` (top-level names in ``exclude`` are
     skipped); each file appears whole. Returns the relative paths copied."""
     copied = []
-    for name in _tree_files(str(local)):
+    for name, _, _ in tree_entries(str(local)):
         if name.split("/", 1)[0] in exclude:
             continue
-        target = join(location, *name.split("/"))
-        if not is_s3(target):
-            Path(target).parent.mkdir(parents=True, exist_ok=True)
-        copy_file(Path(local, name), target)
+        copy_file(Path(local, name), join(location, *name.split("/")))
         copied.append(name)
     return copied
 
 
 def download_tree(location: str, local: str | os.PathLike) -> list[str]:
     """Every file under ``location`` (local or s3://) into the local folder, each written atomically."""
-    names = _tree_files(location)
+    names = [name for name, _, _ in tree_entries(location)]
     if not names:
         raise FileNotFoundError(f"{location} holds no files")
-    for name in names:
-        target = Path(local, name)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        source = join(location, *name.split("/"))
-        if is_s3(source):
-            with atomic_path(target) as tmp:
-                bucket, key = split_s3(source)
-                s3_client().download_file(bucket, key, str(tmp))
-        else:
-            copy_file(source, str(target))
+    with _filesystem(location) as (files, root):
+        for name in names:
+            with atomic_path(Path(local, name)) as tmp:
+                files.get_file(f"{root.rstrip('/')}/{name}", str(tmp))
     return names

@@ -70,15 +70,10 @@ def _check_unchanged(path: str, url: str, repo: str | None, rev: str | None) -> 
     for name, info in DVCFileSystem(repo, rev=rev).find(path, detail=True).items():
         meta = getattr((info.get("dvc_info") or {}).get("entry"), "meta", None)
         recorded[name[len(path):].lstrip("/")] = getattr(meta, "etag", None)
-    bucket, prefix = storage.split_s3(url)
-    client = storage.s3_client()
     moved = []
     for name, etag in sorted(recorded.items()):
-        try:
-            current = client.head_object(Bucket=bucket, Key=f"{prefix.rstrip('/')}/{name}")["ETag"].strip('"')
-        except client.exceptions.ClientError:
-            current = None
-        if etag is None or current != etag:
+        current = storage.file_version(storage.join(url, *name.split("/")))
+        if etag is None or current is None or current[1].strip('"') != etag:
             moved.append(name)
     if moved:
         raise ValueError(f"{url} no longer holds {path} as {rev or 'the workspace'} recorded it ({len(moved)} of "

@@ -22,7 +22,7 @@ def s3_server():
                                             "AWS_DEFAULT_REGION")}
     os.environ.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
                       AWS_DEFAULT_REGION="us-east-1")
-    storage._client_for_process.cache_clear()
+    storage._s3_for_process.cache_clear()
     try:
         yield endpoint
     finally:
@@ -32,7 +32,7 @@ def s3_server():
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-        storage._client_for_process.cache_clear()
+        storage._s3_for_process.cache_clear()
 
 
 @pytest.fixture
@@ -132,13 +132,13 @@ def fault_proxy(s3_bucket, s3_server, monkeypatch):
 
     proxy = FaultProxy(s3_server)
     monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.start())
-    storage._client_for_process.cache_clear()
+    storage._s3_for_process.cache_clear()
     try:
         yield proxy
     finally:
         proxy.stop()
         monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server)
-        storage._client_for_process.cache_clear()
+        storage._s3_for_process.cache_clear()
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -121,7 +120,7 @@ def list_parts(location: str, input_format: str = "auto") -> list[SourcePart]:
     location = str(location).rstrip("/") if str(location) != "/" else str(location)
     entries = storage.tree_entries(location)
     if not entries:
-        single = _single_file(location)
+        single = storage.file_version(location)
         if single is None:
             raise ManifestError(f"manifest {location} does not exist (no file, and no folder with parts)")
         kind, compression = _format_of(location, input_format)
@@ -139,24 +138,6 @@ def list_parts(location: str, input_format: str = "auto") -> list[SourcePart]:
         raise ManifestError(f"manifest folder {location} holds no manifest parts (.parquet, .csv, .tsv, .jsonl, "
                             "optionally compressed; names starting with _ or . are skipped)")
     return parts
-
-
-def _single_file(location: str) -> tuple[int, str] | None:
-    """(size, version) of the file ``location``, or None when there is none."""
-    if storage.is_s3(location):
-        bucket, key = storage.split_s3(location)
-        try:
-            head = storage.s3_client().head_object(Bucket=bucket, Key=key)
-        except Exception as err:  # botocore's ClientError for 404/403
-            if getattr(err, "response", {}).get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
-                return None
-            raise
-        return int(head["ContentLength"]), str(head["ETag"])
-    try:
-        stat = os.stat(location)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    return stat.st_size, str(stat.st_mtime_ns)
 
 
 def _text_chunks(part: SourcePart, url_col: str, caption_col: str, batch_rows: int) -> Iterator[pd.DataFrame]:

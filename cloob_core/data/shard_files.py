@@ -26,7 +26,7 @@ def _gopen_s3(url: str, mode: str = "rb", bufsize: int = 8192, **_: Any) -> Any:
 
 
 def register_s3() -> None:
-    """Let webdataset open ``s3://`` shards through boto3 (it has no handler of its own)."""
+    """Let webdataset open ``s3://`` shards through s3fs (its own handler pipes through the AWS CLI)."""
     sys.modules["webdataset.gopen"].gopen_schemes["s3"] = _gopen_s3  # the package re-exports a function of that name
 
 

@@ -106,7 +106,7 @@ def _check_entry(where: str, entry: DatasetConfig, tasks: Sequence[str]) -> None
                          f"{', '.join(sorted(needed - {'train', 'test'}))}")
     if entry.source not in PACKAGED_SOURCES:
         try:
-            found = storage.found(entry.source)
+            found = storage.exists(entry.source)
         except Exception as err:  # a bucket that does not exist, access denied, a store that does not answer
             if not user_facing(err):
                 raise
@@ -122,7 +122,7 @@ def _check_entry(where: str, entry: DatasetConfig, tasks: Sequence[str]) -> None
                                  f"{entry.source} has no splits (give a tree with train/ and test/ inside)")
             if set(tasks) & set(CLASSIFYING):
                 _check_classes(where, entry.source, split if there else None)
-    if entry.classnames and entry.classnames not in packaged_class_sets() and not storage.found(entry.classnames):
+    if entry.classnames and entry.classnames not in packaged_class_sets() and not storage.exists(entry.classnames):
         raise SuiteError(f"{where}: classnames {entry.classnames!r} is no file and no packaged class list "
                          f"({', '.join(packaged_class_sets())})")
 

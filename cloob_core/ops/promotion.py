@@ -28,7 +28,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from cloob_core import storage
+from cloob_core import conditional_write, storage
 from cloob_core.config import PromoteConfig
 from cloob_core.errors import StageError
 from cloob_core.evaluation.records import read_metrics
@@ -167,7 +167,7 @@ def fetch_production(store: str, output_dir: str | Path) -> dict[str, Any]:
 def _read_pointer(store: str) -> tuple[dict[str, Any] | None, str | None]:
     """The production pointer and its version (for the conditional write that replaces it)."""
     location = storage.join(store, POINTER)
-    raw, version = storage.read_versioned(location)
+    raw, version = conditional_write.read_versioned(location)
     if raw is None:
         return None, None
     try:
@@ -190,12 +190,12 @@ def _swap_pointer(store: str, pointer: dict[str, Any], version: str | None,
     whoever replaces a pointer records its decision first (:func:`_complete_interrupted`)."""
     location = storage.join(store, POINTER)
     try:
-        storage.write_if_unchanged(location, json_bytes(pointer), version)
+        conditional_write.write_if_unchanged(location, json_bytes(pointer), version)
         return True
-    except storage.WriteConflict:
+    except conditional_write.WriteConflict:
         pass
     except Exception as err:
-        if not storage.outcome_unknown(err):
+        if not conditional_write.outcome_unknown(err):
             raise
         log.warning("writing %s failed (%s); reading it back to see whether the write was applied", location,
                     type(err).__name__)
@@ -212,7 +212,7 @@ def check_store(settings: PromoteConfig) -> None:
     unless ``promote.single_writer`` says only one gate ever writes. Probed on every run (three small requests),
     so a proxy put in front of a store that passed once is caught too."""
     storage.ensure_folder(settings.store)
-    if settings.single_writer or storage.honours_conditional_writes(settings.store):
+    if settings.single_writer or conditional_write.honours_conditional_writes(settings.store):
         return
     raise PromotionError(
         f"the store {settings.store} (endpoint {storage.endpoint()}) ignores conditional writes (If-None-Match / "
