@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 
-from cloob_core.cli.options import add_config_options
+from cloob_core.cli.options import add_command, add_config_options
 from cloob_core.config import dump_defaults, load_config
 
 
 def _config(args: argparse.Namespace) -> int:
+    """Print the typed configuration as YAML. Without options: the defaults, which is what params.yaml holds. With
+    --params/--set: the validated result."""
     if args.params or args.overrides:
         import yaml
 
@@ -19,11 +21,6 @@ def _config(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser(
-        "config",
-        help="print the configuration (defaults, or a params file with overrides applied)",
-        description="Print the typed configuration as YAML. Without options: the defaults, which is what "
-        "params.yaml holds. With --params/--set: the validated result.",
-    )
+    parser = add_command(sub, "config", _config,
+                         "print the configuration (defaults, or a params file with overrides applied)")
     add_config_options(parser)
-    parser.set_defaults(func=_config)

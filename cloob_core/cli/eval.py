@@ -8,7 +8,7 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from cloob_core.cli.options import add_config_options, add_output_and_device, config_of
+from cloob_core.cli.options import add_command, add_config_options, add_output_and_device, config_of
 from cloob_core.config import TASK_RESULTS
 
 DATA_HELP = ("a packaged set (captioned, tuxpaint, fluent-emoji, mnist, sklearn-digits), an ImageFolder tree (SPLIT/ "
@@ -41,6 +41,9 @@ def _task(args: argparse.Namespace) -> int:
 
 
 def _trajectory(args: argparse.Namespace) -> int:
+    """Evaluate each checkpoint of a `cloob train` run (RUN/checkpoints/step-*.pt) as the model it was: effective
+    eigenvalues and spectra, Ajne uniformity and InfoNCE saturation p1 of the data's matched pairs, into
+    OUTPUT/trajectory.json. Keep the checkpoints with train.keep_checkpoints."""
     from cloob_core.evaluation.trajectory import evaluate_trajectory
 
     result = evaluate_trajectory(args.run, args.data, args.split, args.output, device=args.device,
@@ -52,6 +55,8 @@ def _trajectory(args: argparse.Namespace) -> int:
 
 
 def _suite(args: argparse.Namespace) -> int:
+    """Evaluate every data set of the config's eval suite (or those named) on its tasks, into OUTPUT/<data set>/. Each
+    entry's source, splits and class list are checked before the model loads; a data set's tasks share its features."""
     from cloob_core.evaluation.run import ModelSource
     from cloob_core.evaluation.suite import evaluate_suite
 
@@ -66,6 +71,9 @@ def _suite(args: argparse.Namespace) -> int:
 
 
 def _production(args: argparse.Namespace) -> int:
+    """Fetch the production model of promote.store, evaluate it on the config's eval suite into OUTPUT (model/,
+    datasets/, report/) and record its metrics with the suite's fingerprint, so the promotion gate compares the next
+    candidate with it on the same suite."""
     from cloob_core.evaluation.tables import summary_table
     from cloob_core.ops.reevaluation import reevaluate_production
 
@@ -78,6 +86,9 @@ def _production(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
+    """Combine the results of evaluation folders into OUTPUT/metrics.json, OUTPUT/report.md with the plots beside it,
+    and print the summary table. With --params (or --set), the config's eval suite: only its results, all of them
+    required, and its aggregates as the result 'suite'."""
     from cloob_core.evaluation.records import combine_reports
     from cloob_core.evaluation.suite_report import suite_report
     from cloob_core.evaluation.tables import summary_table
@@ -92,6 +103,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _summary(args: argparse.Namespace) -> int:
+    """Print the headline numbers of a `cloob eval report` folder."""
     from cloob_core.evaluation.records import read_metrics
     from cloob_core.evaluation.tables import summary_table
 
@@ -100,6 +112,8 @@ def _summary(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
+    """One table (Markdown) and one bar chart of zero-shot, linear-probe and retrieval results of several runs: report
+    metrics.json files by label, or the experiments of `dvc exp show --json`."""
     from cloob_core.evaluation.comparison import compare_runs
 
     comparison = compare_runs(args.run, args.dvc_exps, args.metrics_file, args.output)
@@ -144,13 +158,12 @@ def _add_task_options(parser: argparse.ArgumentParser) -> None:
                         help='a JSON file {"classnames": [...], "templates": ["a photo of a {c}.", ...]}, or a '
                         "packaged set of the paper's data sets (cifar10, imagenet, pets, ...)")
     parser.add_argument("--label-key", default="label", help="class field in shard json (default: label)")
-    parser.set_defaults(func=_task)
 
 
 def _add_zeroshot(tasks: argparse._SubParsersAction) -> None:
-    parser = tasks.add_parser("zeroshot", help="prompt-ensemble zero-shot classification",
-                              description="Zero-shot classification with a prompt ensemble: acc1, acc5, mean "
-                              "per-class recall, per-class accuracy, confusion matrix.")
+    parser = add_command(tasks, "zeroshot", _task, "prompt-ensemble zero-shot classification",
+                         "Zero-shot classification with a prompt ensemble: acc1, acc5, mean per-class recall, "
+                         "per-class accuracy, confusion matrix.")
     parser.add_argument("--data", nargs="+", default=["captioned"],
                         help=DATA_HELP + "; several give each set's metrics and their mean, as for ImageNet-V2's "
                         "three test sets (default: captioned)")
@@ -162,10 +175,9 @@ def _add_zeroshot(tasks: argparse._SubParsersAction) -> None:
 
 
 def _add_linear_probe(tasks: argparse._SubParsersAction) -> None:
-    parser = tasks.add_parser("linear-probe", help="L-BFGS logistic regression with CLIP's lambda search",
-                              description="Linear probe on cached image features: lambda by CLIP's parametric "
-                              "binary search on the validation split (or a random half of train), refit on "
-                              "train(+val), scored on test.")
+    parser = add_command(tasks, "linear-probe", _task, "L-BFGS logistic regression with CLIP's lambda search",
+                         "Linear probe on cached image features: lambda by CLIP's parametric binary search on the "
+                         "validation split (or a random half of train), refit on train(+val), scored on test.")
     parser.add_argument("--train-data", default="captioned", help=DATA_HELP + " (default: captioned)")
     parser.add_argument("--train-split", default="train")
     parser.add_argument("--test-data", help="test images (default: --train-data)")
@@ -179,76 +191,55 @@ def _add_linear_probe(tasks: argparse._SubParsersAction) -> None:
 
 def _add_one_set_task(tasks: argparse._SubParsersAction, name: str) -> None:
     summary, description = TASK_HELP[name]
-    parser = tasks.add_parser(name, help=summary, description=description)
+    parser = add_command(tasks, name, _task, summary, description)
     parser.add_argument("--data", default="captioned", help=DATA_HELP + " (default: captioned)")
     parser.add_argument("--split", default="test")
     _add_task_options(parser)
 
 
 def _add_trajectory(tasks: argparse._SubParsersAction) -> None:
-    parser = tasks.add_parser(
-        "trajectory", help="the diagnostics at every checkpoint of a training run (the paper's Fig. 2, A1)",
-        description="Evaluate each checkpoint of a `cloob train` run (RUN/checkpoints/step-*.pt) as the model it "
-        "was: effective eigenvalues and spectra, Ajne uniformity and InfoNCE saturation p1 of the data's matched "
-        "pairs, into OUTPUT/trajectory.json. Keep the checkpoints with train.keep_checkpoints.")
+    parser = add_command(tasks, "trajectory", _trajectory,
+                         "the diagnostics at every checkpoint of a training run (the paper's Fig. 2, A1)")
     parser.add_argument("--run", required=True, metavar="DIR", help="`cloob train` output folder")
     parser.add_argument("--data", default="captioned", help=DATA_HELP + " (default: captioned)")
     parser.add_argument("--split", default="test")
     add_output_and_device(parser, "runs/trajectory")
-    parser.set_defaults(func=_trajectory)
 
 
 def _add_suite(tasks: argparse._SubParsersAction) -> None:
-    parser = tasks.add_parser(
-        "suite", help="the evaluation suite of the config (eval.datasets), each data set on its tasks",
-        description="Evaluate every data set of the config's eval suite (or those named) on its tasks, into "
-        "OUTPUT/<data set>/. Each entry's source, splits and class list are checked before the model loads; a data "
-        "set's tasks share its features.")
+    parser = add_command(tasks, "suite", _suite,
+                         "the evaluation suite of the config (eval.datasets), each data set on its tasks")
     add_config_options(parser)
     parser.add_argument("--dataset", action="append", metavar="NAME", help="only this data set (repeatable)")
     parser.add_argument("--task", action="append", choices=list(TASK_RESULTS), help="only this task (repeatable)")
     _add_model_source(parser)
     add_output_and_device(parser, "runs/eval")
     parser.add_argument("--cache", metavar="DIR", help="feature cache kept between runs (default: none)")
-    parser.set_defaults(func=_suite)
 
 
 def _add_production(tasks: argparse._SubParsersAction) -> None:
-    parser = tasks.add_parser(
-        "production", help="re-evaluate the production model on the suite and record its metrics",
-        description="Fetch the production model of promote.store, evaluate it on the config's eval suite into "
-        "OUTPUT (model/, datasets/, report/) and record its metrics with the suite's fingerprint, so the promotion "
-        "gate compares the next candidate with it on the same suite.")
+    parser = add_command(tasks, "production", _production,
+                         "re-evaluate the production model on the suite and record its metrics")
     add_config_options(parser)
     add_output_and_device(parser, "runs/production")
-    parser.set_defaults(func=_production)
 
 
 def _add_report(tasks: argparse._SubParsersAction) -> None:
-    parser = tasks.add_parser("report", help="one report over several evaluation folders, with a summary",
-                              description="Combine the results of evaluation folders into OUTPUT/metrics.json, "
-                              "OUTPUT/report.md with the plots beside it, and print the summary table. With "
-                              "--params (or --set), the config's eval suite: only its results, all of them "
-                              "required, and its aggregates as the result 'suite'.")
+    parser = add_command(tasks, "report", _report, "one report over several evaluation folders, with a summary")
     add_config_options(parser)
     parser.add_argument("--inputs", nargs="+", required=True, metavar="DIR",
                         help="evaluation output folders (with the suite: also `cloob eval suite`'s OUTPUT)")
     parser.add_argument("--output", required=True, metavar="DIR", help="report folder")
-    parser.set_defaults(func=_report)
 
 
 def _add_summary(tasks: argparse._SubParsersAction) -> None:
-    parser = tasks.add_parser("summary", help="print the summary table of a report's metrics.json",
-                              description="Print the headline numbers of a `cloob eval report` folder.")
+    parser = add_command(tasks, "summary", _summary, "print the summary table of a report's metrics.json")
     parser.add_argument("--metrics", default="reports/metrics.json", help="default: reports/metrics.json")
-    parser.set_defaults(func=_summary)
 
 
 def _add_compare(tasks: argparse._SubParsersAction) -> None:
-    parser = tasks.add_parser(
-        "compare", help="several runs' results side by side (e.g. the objectives as DVC experiments)",
-        description="One table (Markdown) and one bar chart of zero-shot, linear-probe and retrieval results of "
-        "several runs: report metrics.json files by label, or the experiments of `dvc exp show --json`.")
+    parser = add_command(tasks, "compare", _compare,
+                         "several runs' results side by side (e.g. the objectives as DVC experiments)")
     parser.add_argument("--run", action="append", default=[], metavar="LABEL=METRICS_JSON",
                         help="a report's metrics.json (repeatable)")
     parser.add_argument("--dvc-exps", metavar="FILE", help="output of `dvc exp show --json`: each experiment "
@@ -256,4 +247,3 @@ def _add_compare(tasks: argparse._SubParsersAction) -> None:
     parser.add_argument("--metrics-file", default="reports/metrics.json",
                         help="the metrics file of the experiments (default: reports/metrics.json)")
     parser.add_argument("--output", help="folder for comparison.md and comparison.png")
-    parser.set_defaults(func=_compare)

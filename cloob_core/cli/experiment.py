@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from cloob_core.cli.options import add_config_options, config_of
+from cloob_core.cli.options import add_command, add_config_options, config_of
 
 
 def _print_run(result: dict) -> None:
@@ -34,17 +34,15 @@ def _experiment(args: argparse.Namespace) -> int:
 def add_commands(sub: argparse._SubParsersAction) -> None:
     from cloob_core.experiments.grids import GRIDS
 
-    parser = sub.add_parser(
-        "experiment", help="a grid of training runs with seeds: the paper's ablation, or the recipe sweep",
-        description="Train every cell of a grid (" + "; ".join(f"{g.name}: {g.description}" for g in
-                                                                GRIDS.values()) + ") on train.shards with seeds "
-        "0..SEEDS-1, measure each run at its checkpoints on the eval suite (zero-shot, retrieval, diagnostics), "
-        "and write OUTPUT/table.md (mean ± std over seeds), summary.json and the figures. A rerun resumes: "
-        "finished runs are kept.")
+    description = ("Train every cell of a grid (" + "; ".join(f"{g.name}: {g.description}" for g in GRIDS.values())
+                   + ") on train.shards with seeds 0..SEEDS-1, measure each run at its checkpoints on the eval suite "
+                   "(zero-shot, retrieval, diagnostics), and write OUTPUT/table.md (mean ± std over seeds), "
+                   "summary.json and the figures. A rerun resumes: finished runs are kept.")
+    parser = add_command(sub, "experiment", _experiment,
+                         "a grid of training runs with seeds: the paper's ablation, or the recipe sweep", description)
     parser.add_argument("grid", choices=sorted(GRIDS), help="which grid")
     parser.add_argument("--output", required=True, metavar="DIR", help="results folder")
     parser.add_argument("--seeds", type=int, default=3, help="seeds per cell (default: 3)")
     parser.add_argument("--points", type=int, default=8, help="checkpoints measured per run (default: 8)")
     parser.add_argument("--quick", action="store_true", help="the grid's short smoke-test settings (CI)")
     add_config_options(parser)
-    parser.set_defaults(func=_experiment)

@@ -4,10 +4,21 @@ of a section) and how a command reads it."""
 from __future__ import annotations
 
 import argparse
+import inspect
+from collections.abc import Callable
 from typing import Any
 
 from cloob_core.config import CloobConfig, load_config
 from cloob_core.flags import add_model_flags, flag_values
+
+
+def add_command(commands: argparse._SubParsersAction, name: str, handler: Callable[[argparse.Namespace], int],
+                summary: str, description: str | None = None) -> argparse.ArgumentParser:
+    """The subcommand ``name``, run by ``handler``. Its ``--help`` describes it with the handler's docstring unless
+    ``description`` is given, so what a command does is written once, on the function that does it."""
+    parser = commands.add_parser(name, help=summary, description=description or inspect.getdoc(handler) or summary)
+    parser.set_defaults(func=handler)
+    return parser
 
 
 def add_config_options(parser: argparse.ArgumentParser, *sections: str, manifest_columns: bool = False) -> None:

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import argparse
 
-from cloob_core.cli.options import add_config_options, config_of
+from cloob_core.cli.options import add_command, add_config_options, config_of
 from cloob_core.config import ConfigError
 
 
 def _promote(args: argparse.Namespace) -> int:
+    """Compare a model's evaluation metrics with production's; promote (copy it into the store and move the
+    production.json pointer atomically) when promote.metric improves by promote.min_improvement and no guarded metric
+    regresses beyond its tolerance. Every decision is kept in STORE/history/. Not promoting is a normal outcome (exit
+    status 0)."""
     from cloob_core.ops import promotion
 
     settings = config_of(args).promote
@@ -31,12 +35,8 @@ def _promote(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser(
-        "promote", help="the promotion gate: make a model production if it beats the current one",
-        description="Compare a model's evaluation metrics with production's; promote (copy it into the store and "
-        "move the production.json pointer atomically) when promote.metric improves by promote.min_improvement and "
-        "no guarded metric regresses beyond its tolerance. Every decision is kept in STORE/history/. Not "
-        "promoting is a normal outcome (exit status 0).")
+    parser = add_command(sub, "promote", _promote,
+                         "the promotion gate: make a model production if it beats the current one")
     parser.add_argument("--model", metavar="DIR", help="the candidate: a `cloob train` model folder")
     parser.add_argument("--metrics", default="reports/metrics.json",
                         help="its `cloob eval report` metrics.json (default: reports/metrics.json)")
@@ -48,4 +48,3 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                         help="instead: record the production model --model as GTO stage promote.registry_stage, "
                         "once its dvc.lock is committed")
     add_config_options(parser, "promote")
-    parser.set_defaults(func=_promote)

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import argparse
 
-from cloob_core.cli.options import add_config_options, config_of
+from cloob_core.cli.options import add_command, add_config_options, config_of
 
 
 def _train(args: argparse.Namespace) -> int:
+    """Train the dual encoder on shards from `cloob data`. Launch with torchrun (or under the Kubeflow Training Operator
+    or SLURM) for several GPUs or nodes; a plain call is one process on the CPU or one GPU. Writes OUTPUT/model
+    (open_clip_config.json, open_clip_model.safetensors, model_info.json: open_clip loads it as local-dir:OUTPUT/model),
+    checkpoints/, metrics.json, loss_history.csv, training_curves.png and tensorboard/."""
     from cloob_core.training.loop import train
 
     result = train(config_of(args, preset=args.preset), args.output, resume=args.resume,
@@ -27,15 +31,9 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser(
-        "train",
-        help="pretrain with CLOOB (or another objective) on WebDataset shards; single process, torchrun or SLURM",
-        description="Train the dual encoder on shards from `cloob data`. Launch with torchrun (or under the "
-        "Kubeflow Training Operator or SLURM) for several GPUs or nodes; a plain call is one process on the CPU "
-        "or one GPU. Writes OUTPUT/model (open_clip_config.json, open_clip_model.safetensors, model_info.json: "
-        "open_clip loads it as local-dir:OUTPUT/model), checkpoints/, metrics.json, loss_history.csv, "
-        "training_curves.png and tensorboard/.",
-    )
+    parser = add_command(sub, "train", _train,
+                         "pretrain with CLOOB (or another objective) on WebDataset shards; single process, torchrun or "
+                         "SLURM")
     parser.add_argument("--output", default="runs/train", help="output folder (default: runs/train)")
     parser.add_argument("--resume", metavar="latest|PATH",
                         help="continue from a checkpoint: 'latest' (OUTPUT/checkpoints, then train.checkpoint_sync) "
@@ -48,4 +46,3 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                         "s3:// prefix: how pods of a multi-node job hand their result back")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_config_options(parser, "train")
-    parser.set_defaults(func=_train)
