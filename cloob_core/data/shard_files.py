@@ -1,6 +1,6 @@
 """Finding and opening a folder of shards, for its readers (the training streams, the evaluation's shard sets):
 the shard list and sample count from ``sizes.json`` (or a brace pattern, or the folder's tars), ``s3://`` for
-webdataset through boto3, and the handler that skips what cannot be read with a count instead of ending a run.
+webdataset through fsspec (s3fs), and the handler that skips what cannot be read with a count instead of ending a run.
 """
 
 from __future__ import annotations
