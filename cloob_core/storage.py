@@ -260,9 +260,10 @@ def open_seekable(location: str) -> IO[bytes]:
 
 
 def _open(location: str, block_size: int) -> IO[bytes]:
+    if not is_s3(location):
+        return open(location, "rb")
     with _filesystem(location) as (files, path):
-        return files.open(path, "rb", block_size=block_size, cache_type="readahead") if is_s3(location) \
-            else open(path, "rb")
+        return files.open(path, "rb", block_size=block_size, cache_type="readahead")
 
 
 def upload_tree(local: str | os.PathLike, location: str, exclude: tuple[str, ...] = ()) -> list[str]:
