@@ -151,7 +151,7 @@ def test_an_s3_lease_that_is_not_renewed_lapses_and_is_taken_over(tmp_path, s3_b
 
 
 def test_an_s3_lease_is_renewed_while_held_and_a_holder_that_lost_it_fails(tmp_path, s3_bucket, monkeypatch):
-    monkeypatch.setattr(lease, "TTL_S", 2.5)  # well above the 1 s resolution of HTTP dates
+    monkeypatch.setattr(lease, "TTL_S", 4.0)  # well above the 1 s resolution of HTTP dates and a loaded scheduler
     output = f"s3://{s3_bucket}/renewed"
     location = storage.join(output, lease.lease_name())
     held, release = threading.Event(), threading.Event()
