@@ -142,30 +142,31 @@ def read_json_or(location: str | os.PathLike, default: Any) -> Any:
 def exists(location: str | os.PathLike) -> bool:
     """A file or a folder is there: for S3, an object or any object under the prefix. A missing bucket is an
     error, not an absent file (fsspec's ``exists`` would say False)."""
+    return _info(location) is not None
+
+
+def file_version(location: str | os.PathLike) -> tuple[int, str] | None:
+    """``(size, version)`` of the file at ``location`` (see :func:`tree_entries`); None when no file is there."""
+    info = _info(location)
+    if info is None or info["type"] != "file":
+        return None
+    return int(info["size"]), _version(info["name"], info)
+
+
+def _info(location: str | os.PathLike) -> dict[str, Any] | None:
+    """fsspec's description of the file or folder at ``location``; None when there is neither."""
     try:
         with _filesystem(location) as (files, path):
-            files.info(path)
+            return files.info(path)
     except (FileNotFoundError, NotADirectoryError) as err:
         _unless_no_bucket(err, location)
-        return False
-    return True
+        return None
 
 
 def _version(path: str, info: dict[str, Any]) -> str:
     """What changes when a file is rewritten: the S3 ETag, or locally the modification time in nanoseconds
     (fsspec gives it in float seconds, which would change the digests recorded from it)."""
     return str(info["ETag"]) if "ETag" in info else str(os.stat(path).st_mtime_ns)
-
-
-def file_version(location: str | os.PathLike) -> tuple[int, str] | None:
-    """``(size, version)`` of the file at ``location`` (see :func:`tree_entries`); None when no file is there."""
-    try:
-        with _filesystem(location) as (files, path):
-            info = files.info(path)
-    except (FileNotFoundError, NotADirectoryError) as err:
-        _unless_no_bucket(err, location)
-        return None
-    return (int(info["size"]), _version(path, info)) if info["type"] == "file" else None
 
 
 def tree_entries(location: str) -> list[tuple[str, int, str]]:

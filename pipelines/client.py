@@ -70,11 +70,8 @@ def _check_unchanged(path: str, url: str, repo: str | None, rev: str | None) -> 
     for name, info in DVCFileSystem(repo, rev=rev).find(path, detail=True).items():
         meta = getattr((info.get("dvc_info") or {}).get("entry"), "meta", None)
         recorded[name[len(path):].lstrip("/")] = getattr(meta, "etag", None)
-    moved = []
-    for name, etag in sorted(recorded.items()):
-        current = storage.file_version(storage.join(url, *name.split("/")))
-        if etag is None or current is None or current[1].strip('"') != etag:
-            moved.append(name)
+    current = {name: version.strip('"') for name, _, version in storage.tree_entries(url)}  # one listing
+    moved = [name for name, etag in sorted(recorded.items()) if etag is None or current.get(name) != etag]
     if moved:
         raise ValueError(f"{url} no longer holds {path} as {rev or 'the workspace'} recorded it ({len(moved)} of "
                          f"{len(recorded)} files differ, e.g. {moved[0]}): `dvc push` that revision again, or "
