@@ -174,3 +174,67 @@ def test_poly_view_batches_split_by_sample_across_ranks_match_one_process(tmp_pa
         objective = build_objective(name, image_views=VIEWS[0], text_views=VIEWS[1])
         loss, grads = loss_and_grads(model, objective, images, texts)
         assert_same(distributed[name], loss, grads, name)
+
+
+ACCUM = 2  # micro-batches per step
+STEPS = 3
+
+
+def _step_batch(step: int, views: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The global batch of ``step``: BATCH samples, sample-major views (one view each for the two-view objectives)."""
+    generator = torch.Generator().manual_seed(100 + step)
+    centre = torch.randn(BATCH, 1, 8, generator=generator, dtype=torch.float64)
+    images = centre + 0.5 * torch.randn(BATCH, views[0], 8, generator=generator, dtype=torch.float64)
+    texts = centre[..., :6] + 0.5 * torch.randn(BATCH, views[1], 6, generator=generator, dtype=torch.float64)
+    return images.reshape(-1, 8), texts.reshape(-1, 6)
+
+
+def _objective_and_views(name: str):
+    if name in POLY_VIEW_OBJECTIVES:
+        return build_objective(name, image_views=VIEWS[0], text_views=VIEWS[1]), VIEWS
+    return configured(name), (1, 1)
+
+
+def _train_steps(model: nn.Module, name: str, accum_freq: int, rank: int, world_size: int) -> dict[str, torch.Tensor]:
+    """STEPS optimiser steps of ``training.step`` on this rank's share of each global batch; the parameters after."""
+    from cloob_core.training.step import StepParts, accumulate_gradients, optimizer_step
+
+    objective, views = _objective_and_views(name)
+    module = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+    optimizer = torch.optim.AdamW(module.parameters(), lr=0.05, weight_decay=0.1)
+    parts = StepParts(model=model, objective=objective, optimizer=optimizer,
+                      scaler=torch.amp.GradScaler("cpu", enabled=False), device_type="cpu", accum_freq=accum_freq)
+    per_rank = BATCH // world_size
+    for step in range(STEPS):
+        images, texts = _step_batch(step, views)
+        accumulate_gradients(parts, images[rank * per_rank * views[0] : (rank + 1) * per_rank * views[0]],
+                             texts[rank * per_rank * views[1] : (rank + 1) * per_rank * views[1]])
+        optimizer_step(parts)
+        objective.end_step()
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def _accumulating_rank_main(rank: int, port: int, result_path: str) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE)
+    try:
+        results = {name: _train_steps(nn.parallel.DistributedDataParallel(TwoTowers()), name, ACCUM, rank, WORLD_SIZE)
+                   for name in sorted(OBJECTIVES)}
+        if rank == 0:
+            torch.save(results, result_path)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_ranks_accumulating_with_a_learnt_temperature_equal_one_process_on_the_global_batch(tmp_path):
+    """DDP x accum_freq x a learnable temperature x every objective: 3 steps on 2 gloo ranks with 2 micro-batches
+    each give the parameters of one process stepping on the whole batch (the temperature's gradient is taken in
+    the pass that synchronises; taken in an earlier one, DDP fails at the second step)."""
+    result_path = tmp_path / "rank0.pt"
+    mp.spawn(_accumulating_rank_main, args=(_free_port(), str(result_path)), nprocs=WORLD_SIZE, join=True)
+    distributed = torch.load(result_path, weights_only=True)
+    start = TwoTowers().state_dict()
+    for name in sorted(OBJECTIVES):
+        single = _train_steps(TwoTowers(), name, 1, 0, 1)
+        assert not torch.equal(single["log_inv_tau"], start["log_inv_tau"]), f"{name}: the temperature did not learn"
+        for key, value in single.items():
+            torch.testing.assert_close(distributed[name][key], value, rtol=1e-9, atol=1e-12, msg=f"{name}: {key}")

@@ -4,8 +4,10 @@ With ``accum_freq = k`` the local batch is cut into k micro-batches. All their f
 without gradient and cached; then each micro-batch is run again with gradient, its fresh features put in
 place of its cached ones, and the loss over the *whole* batch back-propagated. The loss is the same number in
 each pass and only the fresh micro-batch carries gradient, so the k backward passes sum to exactly the
-full-batch gradient (open_clip's ``accum_freq``). A learnable temperature takes its gradient in the first pass
-only, or it would be counted k times.
+full-batch gradient (open_clip's ``accum_freq``). A learnable temperature takes its gradient in one pass only, or
+it would be counted k times: the last, the one in which DDP synchronises, since DDP expects every parameter that
+needs a gradient to get one in the pass that reduces (with the temperature's gradient in an earlier, ``no_sync``
+pass, its bucket never completes and the next step fails).
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ def accumulate_gradients(parts: StepParts, images: Tensor, tokens: Tensor) -> Te
                 image_j, text_j, inv_tau = model(image_chunks[j], token_chunks[j])
                 image_features = torch.cat([image_j if m == j else c[0] for m, c in enumerate(cached)])
                 text_features = torch.cat([text_j if m == j else c[1] for m, c in enumerate(cached)])
-                loss = parts.objective(image_features, text_features, inv_tau if j == 0 else inv_tau.detach())
+                loss = parts.objective(image_features, text_features, inv_tau if j == k - 1 else inv_tau.detach())
             parts.scaler.scale(loss).backward()
     return loss.detach()
 
