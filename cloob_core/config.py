@@ -264,14 +264,16 @@ class TrainConfig(_Section):
     augment: bool = Field(True, description="open_clip's training transform (random resized crop) instead of "
                           "the evaluation one.")
     seed: int = Field(0, description="Seed of initialisation, data order and augmentation.")
-    precision: Literal["fp32", "bf16", "fp16"] = Field(
-        "fp32", description="Autocast precision; fp16 adds a GradScaler. bf16 runs on CPU too."
-    )
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
+        "auto", description="Autocast precision; fp16 adds a GradScaler. auto: bf16 on a GPU that has it (fp16 on "
+        "one without), fp32 on the CPU (where bf16 runs too, but slower).")
     grad_clip_norm: float | None = Field(None, gt=0, description="Clip the global gradient norm to this (null: off).")
     grad_checkpointing: bool = Field(False, description="Recompute activations in backward (saves memory).")
     compile: bool = Field(False, description="torch.compile the model.")
     sync_batchnorm: bool = Field(False, description="SyncBatchNorm across ranks (ResNet encoders on GPUs).")
-    device: str = Field("auto", description="auto (cuda:LOCAL_RANK if available, else cpu), cpu or cuda.")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="cuda (cuda:LOCAL_RANK; fails in one line when CUDA is unusable: what a GPU pod sets), "
+        "cpu, or auto (cuda if usable, else cpu).")
     checkpoint_every: int = Field(100, ge=1, description="Steps between checkpoints (one is always written at "
                                   "the end).")
     keep_checkpoints: int = Field(3, ge=1, description="Checkpoints kept (older ones are deleted).")

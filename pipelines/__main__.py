@@ -97,7 +97,9 @@ def _run_local(args: argparse.Namespace) -> int:
     from pipelines.pretrain import build, build_evaluation
 
     root = args.root.resolve()
-    settings = ClusterSettings.from_flags({"shards_store": str(root / "shards"), **flag_values(args, "cluster")})
+    # kfp.local gives a step no GPU: the training step runs on this machine's CPU unless --gpus says otherwise
+    settings = ClusterSettings.from_flags({"shards_store": str(root / "shards"), "gpus": 0,
+                                           **flag_values(args, "cluster")})
     pipeline = build_evaluation(settings) if args.pipeline == "evaluate" else build(settings)
     parameters = client.run_parameters(args.params, args.set)
     container = local_run.StepContainer.sharing(settings.shards_store) if args.runner == "docker" else None

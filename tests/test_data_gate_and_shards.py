@@ -156,7 +156,8 @@ def test_the_training_reader_skips_corrupt_samples_and_tars_with_a_count(mnist_s
                                                                           shuffle_buffer=0),
                           StreamStart([0]), TrainImages(28, augment=False), lambda texts: torch.zeros(len(texts), 4))
     with caplog.at_level(logging.WARNING, logger="cloob_core.data.shard_files"):
-        first_pass = list(itertools.takewhile(lambda chunk: chunk.position[0] == 0, stream))
+        chunks = itertools.chain.from_iterable(stream)  # one item per step: the chunks of the worker's streams
+        first_pass = list(itertools.takewhile(lambda chunk: chunk.position[0] == 0, chunks))
     assert sum(chunk.skipped for chunk in first_pass) == 2  # the bad image, the caption-less sample
     assert sum("skipping unreadable data" in record.getMessage() for record in caplog.records) >= 3  # + the cut
     assert 8 <= len(first_pass) < 10 + 200
@@ -191,9 +192,10 @@ def test_the_sample_cache_changes_nothing_in_the_stream_and_serves_later_passes_
         return StreamChunks([str(corrupt), str(good), str(truncated)], settings, StreamStart([0]), TrainImages(16),
                             lambda texts: torch.tensor([[len(t), sum(t.encode())] for t in texts]))
 
-    expected = list(itertools.takewhile(lambda chunk: chunk.position[0] < 3, stream(0)))
+    expected = list(itertools.takewhile(lambda chunk: chunk.position[0] < 3, itertools.chain.from_iterable(stream(0))))
     cached = stream(1 << 30)
-    for index, chunk in enumerate(itertools.takewhile(lambda chunk: chunk.position[0] < 3, cached)):
+    for index, chunk in enumerate(itertools.takewhile(lambda chunk: chunk.position[0] < 3,
+                                                      itertools.chain.from_iterable(cached))):
         reference = expected[index]
         assert (chunk.step, chunk.position, chunk.skipped) == (reference.step, reference.position, reference.skipped)
         assert torch.equal(chunk.images, reference.images) and torch.equal(chunk.tokens, reference.tokens)

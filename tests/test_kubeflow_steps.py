@@ -87,8 +87,9 @@ def test_the_one_node_step_starts_its_ranks_from_the_config_it_validated(mnist_t
     real_run = subprocess.run
     monkeypatch.setattr(subprocess, "run", lambda command, **kw: started.append(command) or real_run(command, **kw))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    params = {"model": {"architecture": "cloob-tiny-vit"},
-              "train": {"steps": 2, "batch_size": 32, "data_streams": 2, "workers": 0, "tensorboard": False}}
+    params = {"model": {"architecture": "cloob-tiny-vit"},  # two "GPUs" as CPU processes: device cpu, explicitly
+              "train": {"steps": 2, "batch_size": 32, "data_streams": 2, "workers": 0, "tensorboard": False,
+                        "device": "cpu"}}
     metrics = kubeflow.train(json.dumps(params), str(mnist_train_shards), str(tmp_path / "run"), gpus=2)
     assert metrics["world_size"] == 2 and metrics["steps"] == 2
     (command,) = started

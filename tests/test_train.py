@@ -283,7 +283,7 @@ def test_a_poly_view_run_draws_image_and_text_views(shards, tmp_path, capsys):
     urls, _ = shard_list(str(shards))
     settings = StreamSettings(streams=4, chunk_size=4, seed=0, shuffle_buffer=10, image_views=3, text_views=2)
     chunks = StreamChunks(urls, settings, StreamStart([0]), TrainImages(8), lambda texts: texts)
-    chunk = next(iter(chunks))
+    [chunk] = next(iter(chunks))  # one item per step: the chunks of the worker's streams
     assert chunk.images.shape == (12, 3, 8, 8) and len(chunk.tokens) == 8  # sample-major: 4 samples x views
     for i in range(4):  # a sample's two text views are two phrasings of its digit
         first, second = chunk.tokens[2 * i : 2 * i + 2]
@@ -307,3 +307,57 @@ def test_every_objective_trains_from_the_cli(objective, shards, tmp_path):
                  "--objective", objective, "--set", "objective.queue_size=32", *views]) == 0
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["objective"] == objective and math.isfinite(metrics["final_loss"])
+
+
+def test_a_checkpoint_of_two_ranks_resumes_on_one_and_on_four(shards, tmp_path):
+    """With the checkpoint's data_streams (4) the global batch is the same on any number of ranks that divides
+    it, so resuming on 1 or 4 ranks continues the data exactly: the result is the uninterrupted run's but for
+    float32 summation order (the gather and all-reduce)."""
+    settings = ["--steps", "6", "--batch-size", "32", "--data-streams", "4", "--workers", "0", "--log-every", "3",
+                "--checkpoint-every", "3", "--set", "model.architecture=cloob-tiny-vit"]
+    environ = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def ranks(n: int) -> list[str]:
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n)]
+
+    whole = subprocess.run(cli(shards, tmp_path / "whole", *settings), capture_output=True, text=True, env=environ)
+    assert whole.returncode == 0, whole.stderr
+    two = subprocess.run([*ranks(2), *cli(shards, tmp_path / "two", *settings)[1:]], capture_output=True, text=True,
+                         env=environ)
+    assert two.returncode == 0, two.stderr
+    halfway = tmp_path / "two" / "checkpoints" / "step-00000003.pt"
+    assert torch.load(halfway, weights_only=True)["world_size"] == 2
+    for n in (1, 4):
+        resumed = subprocess.run([*ranks(n), *cli(shards, tmp_path / f"on{n}", *settings)[1:], "--resume",
+                                  str(halfway)], capture_output=True, text=True, env=environ)
+        assert resumed.returncode == 0, resumed.stderr
+        assert f"({n} rank(s)" in resumed.stdout and "resuming from" in resumed.stderr
+        state = exported_state(tmp_path / f"on{n}")
+        reference = exported_state(tmp_path / "whole")
+        worst = max((state[k] - reference[k]).abs().max().item() for k in state)
+        assert worst < 1e-5, (n, worst)
+        saved = torch.load(tmp_path / f"on{n}" / "checkpoints" / "step-00000006.pt", weights_only=True)
+        assert saved["positions"] == torch.load(tmp_path / "whole" / "checkpoints" / "step-00000006.pt",
+                                                weights_only=True)["positions"]
+
+
+def test_resuming_on_another_number_of_streams_starts_each_stream_on_a_new_pass(shards, tmp_path, caplog):
+    """data_streams 2 cannot split over 4 ranks: the run continues on 4 streams, whose positions cannot carry over
+    (they read other shards). Every stream starts the pass after the furthest one reached; model, optimiser and
+    schedule continue at the step."""
+    import logging
+
+    base = [f"train.shards={shards}", "train.batch_size=16", "train.workers=0", "train.tensorboard=false",
+            "train.checkpoint_every=3", "train.steps=6", "model.architecture=cloob-tiny-vit"]
+    first = load_config(overrides=[*base, "train.data_streams=2", "train.steps=3"])
+    train(first, tmp_path / "two", progress=False)
+    saved = torch.load(tmp_path / "two" / "checkpoints" / "step-00000003.pt", weights_only=True)
+    assert saved["positions"] == {"0": [0, 24], "1": [0, 24]}  # 3 steps of 8 samples a stream, in pass 0
+    with caplog.at_level(logging.WARNING):
+        result = train(load_config(overrides=[*base, "train.data_streams=4"]), tmp_path / "four", progress=False,
+                       resume=str(tmp_path / "two" / "checkpoints" / "step-00000003.pt"))
+    assert result.metrics["resumed_from_step"] == 3
+    assert any("written with 2 data streams, this run has 4: each stream starts pass 1" in r.getMessage()
+               for r in caplog.records)
+    final = torch.load(tmp_path / "four" / "checkpoints" / "step-00000006.pt", weights_only=True)
+    assert final["positions"] == {str(v): [1, 12] for v in range(4)}  # 3 steps of 4 samples, in pass 1

@@ -134,11 +134,12 @@ def train(params: Params, shards: str, output_dir: str, gpus: int = 0, model: An
           metrics: Any = None) -> dict[str, Any]:
     """Training on this node, streaming the shards from ``shards`` (a folder or ``s3://`` prefix): in process for
     one device; with several GPUs, torchrun starts one `cloob train` process per GPU (each a rank of the same
-    stage function) on the configuration validated here."""
+    stage function) on the configuration validated here. A step given GPUs trains on them or fails in one line,
+    never on its CPU (:func:`launch.on_gpus`)."""
     from cloob_core.ops import launch
     from cloob_core.training.loop import train as train_stage
 
-    config = _config(params, values={"train": {"shards": shards}})  # a bad one fails here, not in every rank
+    config = launch.on_gpus(_config(params, values={"train": {"shards": shards}}), gpus)  # fails here, not per rank
     config.train.check_shape(max(gpus, 1))
     if gpus <= 1:
         return _record_training(train_stage(config, output_dir, progress=False).metrics, shards, model, metrics)
@@ -170,7 +171,8 @@ def train_multinode(params: Params, shards: str, output_dir: str, job: str, run_
     config.train.check_shape(settings.nodes * max(settings.gpus, 1))
     name = trainjob.job_name(run_id)
     workdir = storage.join(settings.job_workdir, name)
-    trainjob.run(trainjob.manifest(settings, name, trainjob.job_config(config, shards, workdir), workdir), settings)
+    trainjob.run(trainjob.manifest(settings, name, trainjob.job_config(config, shards, workdir, settings.gpus),
+                                  workdir), settings)
     storage.download_tree(storage.join(workdir, "output"), output_dir)
     return _record_training(storage.read_json(Path(output_dir) / "metrics.json"), shards, model, metrics)
 

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import yaml
 
-from cloob_core.config import CloobConfig
+from cloob_core.config import CloobConfig, config_from_mapping
 
 PARAMS_FILE = "params.yaml"
 
@@ -17,6 +17,14 @@ PARAMS_FILE = "params.yaml"
 def config_text(config: CloobConfig) -> str:
     """The validated configuration as a params file (the form `cloob config` prints and params.yaml holds)."""
     return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+
+
+def on_gpus(config: CloobConfig, gpus: int) -> CloobConfig:
+    """The configuration of a step or pod given ``gpus`` GPUs: ``train.device`` auto becomes cuda, so a pod whose
+    CUDA does not work fails in one line instead of training on its CPU (an explicit cpu stays)."""
+    if gpus < 1 or config.train.device != "auto":
+        return config
+    return config_from_mapping(config.model_dump(), values={"train": {"device": "cuda"}})
 
 
 def torchrun_train(params_file: str, output: str, *, processes: int, nodes: int | None = None,

@@ -56,12 +56,13 @@ def job_name(run_id: str) -> str:
     return f"cloob-train-{slug}"[:52].rstrip("-")
 
 
-def job_config(config: CloobConfig, shards: str, workdir: str) -> CloobConfig:
+def job_config(config: CloobConfig, shards: str, workdir: str, gpus: int = 0) -> CloobConfig:
     """The run's configuration as every pod trains with it: the shards where they lie, checkpoints mirrored to
-    the job's folder (a restarted pod resumes from there), metrics served on the pod's port."""
-    return config_from_mapping(config.model_dump(), values={"train": {
+    the job's folder (a restarted pod resumes from there), metrics served on the pod's port; on pods given GPUs,
+    CUDA (:func:`launch.on_gpus`)."""
+    return launch.on_gpus(config_from_mapping(config.model_dump(), values={"train": {
         "shards": shards, "checkpoint_sync": f"{workdir}/checkpoints", "metrics_host": "0.0.0.0",
-        "metrics_port": METRICS_PORT}})
+        "metrics_port": METRICS_PORT}}), gpus)
 
 
 def worker_script(settings: ClusterSettings, workdir: str) -> str:

@@ -25,14 +25,15 @@ from cloob_core import storage
 from cloob_core.config import ConfigError
 from cloob_core.errors import StageError
 from cloob_core.io import UnreadableFile, read_torch, write_text, write_torch
-from cloob_core.training.streams import Position
+from cloob_core.training.streams import Position, carry_positions
 
 log = logging.getLogger(__name__)
 _NAME = re.compile(r"^step-(\d{8})\.pt$")
 
-# Settings a resumed run must share with its checkpoint: they fix parameter shapes or the data order.
-MUST_MATCH = ("model.architecture", "train.objective", "train.batch_size", "train.data_streams", "train.seed",
-              "train.shuffle_buffer", "train.augment")
+# Settings a resumed run must share with its checkpoint: they fix parameter shapes or the data order. Not
+# train.data_streams: a run may continue on another number of streams, and so of ranks (streams.carry_positions).
+MUST_MATCH = ("model.architecture", "train.objective", "train.batch_size", "train.seed", "train.shuffle_buffer",
+              "train.augment")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,8 +80,10 @@ class TrainingState:
         parts.scaler.load_state_dict(saved["scaler"])
         parts.objective.load_checkpoint_state(saved.get("objective", {}))
         set_rng_state(saved["rng"])
+        positions = {int(v): (int(p), int(o)) for v, (p, o) in saved["positions"].items()}
+        saved_streams = saved["config"]["train"]["data_streams"]
         return cls(step=int(saved["step"]),
-                   positions={int(v): (int(p), int(o)) for v, (p, o) in saved["positions"].items()},
+                   positions=carry_positions(positions, saved_streams, config["train"]["data_streams"], where),
                    history=[tuple(row) for row in saved["history"]])
 
 
@@ -89,11 +92,13 @@ def checkpoint_name(step: int) -> str:
 
 
 def rng_state() -> dict[str, Any]:
+    """The generators of the saving rank. Of CUDA's, only its own device's: a pod that resumes may see fewer
+    GPUs (every device's state, restored on one GPU, indexed devices that were not there)."""
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     state = {"torch": torch.get_rng_state(), "python": list(random.getstate()[1]), "python_version": 3,
              "numpy": [kind, keys.tolist(), pos, has_gauss, cached]}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
     return state
 
 
@@ -102,8 +107,13 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate((state["python_version"], tuple(state["python"]), None))
     kind, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    cuda = state.get("cuda")
+    if cuda is None or not torch.cuda.is_available():
+        return
+    if isinstance(cuda, (list, tuple)):  # an earlier checkpoint's states of every device: the first's
+        cuda = cuda[0] if cuda else None
+    if cuda is not None:
+        torch.cuda.set_rng_state(cuda)  # this rank's device
 
 
 class CheckpointError(StageError):

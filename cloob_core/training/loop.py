@@ -38,15 +38,21 @@ from cloob_core.training.env import DistEnv, choose_device, detect, init_process
 from cloob_core.training.images import Normalize, TrainImages
 from cloob_core.training.monitor import Monitor, Snapshot
 from cloob_core.training.optim import build_optimizer, build_scheduler
-from cloob_core.training.step import StepParts, accumulate_gradients, optimizer_step
+from cloob_core.training.step import (
+    StepParts,
+    accumulate_gradients,
+    optimizer_step,
+    resolve_precision,
+    use_fast_kernels,
+)
 from cloob_core.training.streams import (
+    Assembler,
     Batch,
     Chunk,
     StreamChunks,
     StreamSettings,
     StreamStart,
     UnreadableData,
-    assemble,
     rank_streams,
 )
 from cloob_core.training.worker_gate import PrefetchTuner, WorkerGate
@@ -124,6 +130,8 @@ def _build(config: CloobConfig, steps: int) -> _Setup:
     device = choose_device(cfg.device, env)
     plan_threads(cfg.threads, workers=cfg.workers, device_type=device.type).apply()
     init_process_group(env, device)
+    use_fast_kernels(device)
+    precision = resolve_precision(cfg.precision, device)
     random.seed(cfg.seed)  # nothing of ours draws from Python's or numpy's global generators, but a checkpoint
     np.random.seed(cfg.seed)  # stores them: seeded, two runs write the same checkpoint bytes
     torch.manual_seed(cfg.seed)
@@ -132,7 +140,7 @@ def _build(config: CloobConfig, steps: int) -> _Setup:
         model.encoder.set_grad_checkpointing(True)
     optimizer = build_optimizer(model, config.optim)
     parts = Trainables(model=model, optimizer=optimizer, scheduler=build_scheduler(optimizer, config.optim, steps),
-                       scaler=torch.amp.GradScaler(device.type, enabled=cfg.precision == "fp16"),
+                       scaler=torch.amp.GradScaler(device.type, enabled=precision == "fp16"),
                        objective=objective_from_config(config))
     forward_model: torch.nn.Module = model
     if cfg.sync_batchnorm and env.distributed and device.type == "cuda":
@@ -143,7 +151,7 @@ def _build(config: CloobConfig, steps: int) -> _Setup:
     if cfg.compile:
         forward_model = torch.compile(forward_model)
     step_parts = StepParts(model=forward_model, objective=parts.objective, optimizer=optimizer, scaler=parts.scaler,
-                           device_type=device.type, precision=cfg.precision, accum_freq=cfg.accum_freq,
+                           device_type=device.type, precision=precision, accum_freq=cfg.accum_freq,
                            grad_clip_norm=cfg.grad_clip_norm)
     return _Setup(env=env, device=device, steps=steps, parts=parts, step_parts=step_parts,
                   images=TrainImages(model.image_size, augment=cfg.augment),
@@ -166,11 +174,11 @@ def _batches(config: CloobConfig, setup: _Setup, urls: list[str], state: Trainin
     dataset = StreamChunks(urls, StreamSettings.from_config(cfg), StreamStart(owned, state.step, state.positions),
                            setup.images, setup.tokenizer, gate)
     loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=cfg.workers,
-                                         pin_memory=setup.device.type == "cuda",
                                          prefetch_factor=4 if cfg.workers else None,
                                          timeout=cfg.data_timeout_s if cfg.workers else 0,
                                          worker_init_fn=_signals_to_the_main_process)
-    batches = assemble(_bounded(iter(loader), cfg.data_timeout_s), owned)  # workers fork here, before any thread
+    assembler = Assembler(owned, pin=setup.device.type == "cuda")
+    batches = assembler.batches(_bounded(iter(loader), cfg.data_timeout_s))  # workers fork here, before any thread
     return batches if gate is None else gate.batches(batches)
 
 
@@ -189,10 +197,10 @@ def _signals_to_the_main_process(_worker_id: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _bounded(chunks: Iterator[Chunk], seconds: float) -> Iterator[Chunk]:
+def _bounded(items: Iterator[list[Chunk]], seconds: float) -> Iterator[list[Chunk]]:
     """The loader's own time-out as a stage error: a stuck read or decoder in a worker."""
     try:
-        yield from chunks
+        yield from items
     except RuntimeError as err:
         if "timed out" not in str(err):
             raise
@@ -238,9 +246,10 @@ def _check_finite(setup: _Setup, state: TrainingState, window: _Window, output: 
 
 def _save_checkpoint(config: CloobConfig, setup: _Setup, output: Path, state: TrainingState) -> None:
     positions = state.positions
-    if setup.env.distributed:  # every rank knows only its own streams' positions
+    if setup.env.distributed:  # each rank moves only its own streams (the others' it holds are where they resumed)
+        owned = rank_streams(config.train.data_streams, setup.env.rank, setup.env.world_size)
         gathered: list[dict] = [{} for _ in range(setup.env.world_size)]
-        dist.all_gather_object(gathered, positions)
+        dist.all_gather_object(gathered, {v: positions[v] for v in owned if v in positions})
         positions = {v: p for part in gathered for v, p in part.items()}
     if setup.env.is_main:
         whole = TrainingState(step=state.step, positions=positions, history=state.history)
@@ -375,7 +384,7 @@ def _train(config: CloobConfig, output: Path, resume: str | None, progress: bool
         "final_loss": last_loss,
         "train_seconds": round(seconds, 2),
         "samples_per_second": round((setup.steps - start_step) * cfg.batch_size / max(seconds, 1e-9), 2),
-        "precision": cfg.precision,
+        "precision": setup.step_parts.precision,
     }
     published: list[str] = []
     if env.is_main:

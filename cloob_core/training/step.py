@@ -22,6 +22,24 @@ from torch import Tensor, nn
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def resolve_precision(requested: str, device: torch.device) -> str:
+    """``auto``: bf16 autocast on a GPU with bf16 units (Ampere and later; open_clip_train's choice too), fp16
+    with a GradScaler on an older one, fp32 on the CPU; any other value as it is."""
+    if requested != "auto":
+        return requested
+    if device.type != "cuda":
+        return "fp32"
+    return "bf16" if torch.cuda.is_bf16_supported(including_emulation=False) else "fp16"
+
+
+def use_fast_kernels(device: torch.device) -> None:
+    """On CUDA: TF32 for what stays in float32 (the loss's matmuls, the optimiser's) and cuDNN's autotuner, whose
+    search pays off since every step has the same shapes (ResNet towers)."""
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision("high")
+        torch.backends.cudnn.benchmark = True
+
+
 @dataclass(kw_only=True)
 class StepParts:
     model: nn.Module  # what forward runs through: the DDP wrapper when distributed

@@ -45,6 +45,22 @@ class UnreadableData(StageError):
     """A data stream holds nothing that decodes: skipping would never end."""
 
 
+def carry_positions(positions: dict[int, Position], saved_streams: int, streams: int,
+                    where: str = "the checkpoint") -> dict[int, Position]:
+    """The positions a resumed run's streams start at. With the checkpoint's number of streams (on any number of
+    ranks that divides it) each stream continues exactly where it stood. With another number, the streams read
+    other shards, so no position carries over: every stream starts a new pass, numbered after the furthest pass
+    any saved stream reached (a fresh shuffle, not a replay of the first); the rest of the interrupted pass is
+    not seen, and the data order is exact again from there on."""
+    if streams == saved_streams:
+        return dict(positions)
+    next_pass = max((p for p, _ in positions.values()), default=-1) + 1
+    log.warning("%s was written with %d data streams, this run has %d: each stream starts pass %d afresh (the rest "
+                "of the interrupted pass is skipped; docs/training.md, \"Resuming elsewhere\")", where,
+                saved_streams, streams, next_pass)
+    return {v: (next_pass, 0) for v in range(streams)}
+
+
 def stream_shards(urls: list[str], streams: int) -> list[list[str]]:
     if len(urls) < streams:
         raise ValueError(
@@ -96,10 +112,6 @@ class Chunk:
     position: Position
     skipped: int
     failure: str | None = None  # why the stream cannot go on (raised by ``assemble``, in the main process)
-
-    def pin_memory(self) -> Chunk:  # called by the DataLoader's pin-memory thread on GPU runs
-        self.images, self.tokens = self.images.pin_memory(), self.tokens.pin_memory()
-        return self
 
     def __getstate__(self) -> dict[str, Any]:
         """From a worker, the tensors travel inside the pickle as numpy arrays. torch's own route (a file
@@ -155,7 +167,11 @@ class StreamChunks(torch.utils.data.IterableDataset):
         self.images, self.tokenizer, self.gate = images, tokenizer, gate
         self.cache = SampleCache(settings.cache_bytes)  # each data-loader worker fills its own copy
 
-    def __iter__(self) -> Iterator[Chunk]:
+    def __iter__(self) -> Iterator[list[Chunk]]:
+        """Per step, one item: the chunks of this worker's streams. One item per worker per step, whatever the
+        split of streams over workers, keeps the DataLoader's round robin in step with the batches: were the
+        chunks items, a worker with fewer streams would run ahead by one step per step, and its chunks wait in
+        the main process without bound."""
         info = torch.utils.data.get_worker_info()
         mine = self.start.owned if info is None else self.start.owned[info.id :: info.num_workers]
         if not mine:
@@ -167,11 +183,13 @@ class StreamChunks(torch.utils.data.IterableDataset):
         for step in count(self.start.step):
             if self.gate is not None:
                 self.gate.wait()
+            chunks = []
             for v in mine:
-                chunk = self._chunk(step, v, sources[v], handler, decoded_in)
-                yield chunk
-                if chunk.failure:
+                chunks.append(self._chunk(step, v, sources[v], handler, decoded_in))
+                if chunks[-1].failure:
+                    yield chunks
                     return
+            yield chunks
 
     def _chunk(self, step: int, stream: int, source: Iterator, handler: SkipCounter,
                decoded_in: dict[int, int]) -> Chunk:
@@ -253,20 +271,47 @@ class Batch:
     skipped: int
 
 
-def assemble(chunks: Iterator[Chunk], owned: list[int]) -> Iterator[Batch]:
-    """Chunks from any worker, in any order, to this rank's batches in step order and stream order."""
-    pending: dict[int, dict[int, Chunk]] = {}
-    next_step = None
-    for chunk in chunks:
-        if chunk.failure:
-            raise UnreadableData(chunk.failure)
-        if next_step is None:
-            next_step = chunk.step
-        pending.setdefault(chunk.step, {})[chunk.stream] = chunk
-        while next_step in pending and len(pending[next_step]) == len(owned):
-            parts = [pending[next_step][v] for v in owned]
-            del pending[next_step]
-            yield Batch(next_step, torch.cat([p.images for p in parts]), torch.cat([p.tokens for p in parts]),
-                        {p.stream: p.position for p in parts}, sum(p.skipped for p in parts))
-            next_step += 1
+class Assembler:
+    """Each worker's chunks of each step, from any worker in any order, to this rank's batches in step order and
+    stream order. With ``pin`` the batch is written once, straight into page-locked memory, so its copy to the
+    GPU is asynchronous (pinning each chunk and then concatenating would give pageable memory)."""
 
+    def __init__(self, owned: list[int], pin: bool = False) -> None:
+        self.owned, self.pin = owned, pin
+        self._pending: dict[int, dict[int, Chunk]] = {}
+
+    @property
+    def waiting(self) -> int:
+        """Chunks received and not yet part of a batch."""
+        return sum(len(chunks) for chunks in self._pending.values())
+
+    def batches(self, items: Iterator[list[Chunk]]) -> Iterator[Batch]:
+        next_step = None
+        for chunks in items:
+            for chunk in chunks:
+                if chunk.failure:
+                    raise UnreadableData(chunk.failure)
+                if next_step is None:
+                    next_step = chunk.step
+                self._pending.setdefault(chunk.step, {})[chunk.stream] = chunk
+            while next_step in self._pending and len(self._pending[next_step]) == len(self.owned):
+                parts = [self._pending[next_step][v] for v in self.owned]
+                del self._pending[next_step]
+                yield Batch(next_step, self._joined([p.images for p in parts]),
+                            self._joined([p.tokens for p in parts]), {p.stream: p.position for p in parts},
+                            sum(p.skipped for p in parts))
+                next_step += 1
+
+    def _joined(self, parts: list[torch.Tensor]) -> torch.Tensor:
+        if not self.pin:
+            return torch.cat(parts)
+        first = parts[0]
+        layout = (torch.channels_last if first.dim() == 4 and first.is_contiguous(memory_format=torch.channels_last)
+                  else torch.contiguous_format)
+        joined = torch.empty((sum(len(p) for p in parts), *first.shape[1:]), dtype=first.dtype, pin_memory=True,
+                             memory_format=layout)
+        offset = 0
+        for part in parts:
+            joined[offset : offset + len(part)].copy_(part)
+            offset += len(part)
+        return joined
