@@ -242,6 +242,11 @@ class TrainConfig(_Section):
     steps: int = Field(0, ge=0, description="Training length in optimiser steps; 0: from epochs.")
     accum_freq: int = Field(1, ge=1, description="Micro-batches per step; features are cached (as open_clip's "
                             "accum_freq) so the contrastive batch stays batch_size.")
+    local_loss: bool = Field(False, description="With several ranks, each computes the loss terms of its own samples "
+                             "against the gathered batch (O(n·N) per rank instead of O(N²); CLOOB retrieves for its "
+                             "own queries and gathers the result): the same gradient, less memory and time at large "
+                             "global batches (open_clip's --local-loss --gather-with-grad). The logged loss is rank "
+                             "0's share.")
     data_streams: int = Field(8, ge=1, description="Independent shard streams making up each batch; must divide "
                               "batch_size and be a multiple of the number of ranks. Fixes the data order "
                               "whatever the world size, which makes resume exact.")

@@ -238,3 +238,60 @@ def test_two_ranks_accumulating_with_a_learnt_temperature_equal_one_process_on_t
         assert not torch.equal(single["log_inv_tau"], start["log_inv_tau"]), f"{name}: the temperature did not learn"
         for key, value in single.items():
             torch.testing.assert_close(distributed[name][key], value, rtol=1e-9, atol=1e-12, msg=f"{name}: {key}")
+
+
+def _local_loss_rank_main(rank: int, port: int, result_path: str) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE)
+    try:
+        model = nn.parallel.DistributedDataParallel(TwoTowers())
+        results = {}
+        for name in sorted(OBJECTIVES):
+            objective, views = _objective_and_views(name)
+            objective.local_loss = True
+            images, texts = _step_batch(0, views)
+            per_rank = BATCH // WORLD_SIZE
+            mine = (images[rank * per_rank * views[0] : (rank + 1) * per_rank * views[0]],
+                    texts[rank * per_rank * views[1] : (rank + 1) * per_rank * views[1]])
+            own, grads = loss_and_grads(model, objective, *mine)
+            losses = [torch.zeros((), dtype=torch.float64) for _ in range(WORLD_SIZE)]
+            dist.all_gather(losses, own)
+            results[name] = {"loss": torch.stack(losses).mean(), "own": own,
+                             **{k.removeprefix("module."): v for k, v in grads.items()}}
+        if rank == 0:
+            torch.save(results, result_path)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_local_loss_on_two_ranks_gives_the_global_batch_gradient_for_every_objective(tmp_path):
+    """train.local_loss: each rank's terms of its own rows against the gathered batch (CLOOB: its own queries'
+    retrievals, gathered), averaged by DDP, are the single process's gradient over the global batch, ≤ 1e-12
+    relative in float64; the ranks' local losses average to the global loss."""
+    result_path = tmp_path / "rank0.pt"
+    mp.spawn(_local_loss_rank_main, args=(_free_port(), str(result_path)), nprocs=WORLD_SIZE, join=True)
+    distributed = torch.load(result_path, weights_only=True)
+    model = TwoTowers()
+    for name in sorted(OBJECTIVES):
+        objective, views = _objective_and_views(name)
+        loss, grads = loss_and_grads(model, objective, *_step_batch(0, views))
+        torch.testing.assert_close(distributed[name]["loss"], loss, rtol=1e-12, atol=0, msg=name)
+        assert not torch.allclose(distributed[name]["own"], loss), f"{name}: rank 0 computed the global loss"
+        for param, grad in grads.items():
+            assert grad.abs().max() > 0, f"{name}: {param} has no gradient, the comparison would be vacuous"
+            torch.testing.assert_close(distributed[name][param], grad, rtol=1e-12, atol=1e-15, msg=f"{name}: {param}")
+
+
+def test_local_anchors_change_the_loss_terms_a_rank_computes():
+    """Guard for the test above: one rank's local terms are not the global loss (else local mode did nothing)."""
+    from cloob_core.objectives.anchors import Anchors
+
+    images, texts = batch()
+    model = TwoTowers()
+    x, y, inv_tau = model(images, texts)
+    for name in ("clip", "infoloob", "clip_ring"):  # (CLOOB's anchored retrievals need a gather to be global)
+        objective = configured(name)
+        whole = objective.compute(x, y, inv_tau)
+        first = objective.compute(x, y, inv_tau, Anchors(0, BATCH // 2))
+        second = objective.compute(x, y, inv_tau, Anchors(BATCH // 2, BATCH))
+        assert not torch.allclose(first, whole)
+        torch.testing.assert_close((first + second) / 2, whole, rtol=1e-12, atol=0)

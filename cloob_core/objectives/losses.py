@@ -20,7 +20,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from cloob_core.objectives import polyview
-from cloob_core.objectives.distributed import gather_features
+from cloob_core.objectives.anchors import EVERY_ROW, Anchors
+from cloob_core.objectives.distributed import gather_features, is_distributed, local_anchors
 from cloob_core.objectives.names import OBJECTIVES
 from cloob_core.objectives.negatives import Band, BandSchedule, EmbeddingQueue, band_columns
 
@@ -101,21 +102,49 @@ def _infonce_from_logits(logits: Tensor, dim: int = 1) -> Tensor:
     return (torch.logsumexp(logits, dim=dim) - logits.diagonal()).mean()
 
 
-def infonce_loss(image_features: Tensor, text_features: Tensor, inv_tau: float | Tensor) -> Tensor:
+def _positive_mask(logits: Tensor, offset: int) -> Tensor:
+    """``[n, C]``, True at each anchor's positive: row i's is column ``offset + i``."""
+    mask = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device)
+    mask.diagonal(offset).fill_(True)
+    return mask
+
+
+def _loob_rows(logits: Tensor, offset: int) -> Tensor:
+    """Leave-one-out bound of anchors on the rows of ``[n, C]`` logits, row i's positive at column offset + i."""
+    negatives = torch.logsumexp(logits.masked_fill(_positive_mask(logits, offset), float("-inf")), dim=1)
+    return (negatives - logits.diagonal(offset)).mean()
+
+
+def _infonce_rows(logits: Tensor, offset: int) -> Tensor:
+    """InfoNCE of anchors on the rows of ``[n, C]`` logits, row i's positive at column offset + i."""
+    return (torch.logsumexp(logits, dim=1) - logits.diagonal(offset)).mean()
+
+
+def infonce_loss(image_features: Tensor, text_features: Tensor, inv_tau: float | Tensor,
+                 anchors: Anchors = EVERY_ROW) -> Tensor:
     """CLIP's symmetric InfoNCE: Eq. (7) halved, i.e. the mean of the image->text and text->image
-    cross-entropies over ``inv_tau * x @ y.T``."""
+    cross-entropies over ``inv_tau * x @ y.T`` (the terms of ``anchors``' rows: :mod:`.anchors`)."""
     _check_pair(image_features, text_features, min_batch=1)
+    if not anchors.every_row:
+        rows, offset = anchors.rows, anchors.start
+        return 0.5 * (_infonce_rows(_logits(image_features[rows], text_features, inv_tau), offset)
+                      + _infonce_rows(_logits(text_features[rows], image_features, inv_tau), offset))
     logits = _logits(image_features, text_features, inv_tau)
     return 0.5 * (_infonce_from_logits(logits, dim=1) + _infonce_from_logits(logits, dim=0))
 
 
-def infoloob_loss(image_features: Tensor, text_features: Tensor, inv_tau: float | Tensor) -> Tensor:
+def infoloob_loss(image_features: Tensor, text_features: Tensor, inv_tau: float | Tensor,
+                  anchors: Anchors = EVERY_ROW) -> Tensor:
     """InfoLOOB without Hopfield, scaled by tau: ``tau * [LOOB(x->y) + LOOB(y->x)]`` (Eq. 8).
 
     The scaling by ``tau = 1 / inv_tau`` removes the factor ``inv_tau`` from the gradients (paper §5.1,
     App. A.1.4). One similarity matrix serves both directions: rows anchor on images, columns on texts.
     """
     _check_pair(image_features, text_features, min_batch=2)
+    if not anchors.every_row:
+        rows, offset = anchors.rows, anchors.start
+        return (_loob_rows(_logits(image_features[rows], text_features, inv_tau), offset)
+                + _loob_rows(_logits(text_features[rows], image_features, inv_tau), offset)) / inv_tau
     logits = _logits(image_features, text_features, inv_tau)
     return (_loob_from_logits(logits, dim=1) + _loob_from_logits(logits, dim=0)) / inv_tau
 
@@ -152,6 +181,27 @@ def _hopfield_views(
     return u_x, u_y, v_x, v_y
 
 
+def _anchored_hopfield_views(
+    image_features: Tensor,
+    text_features: Tensor,
+    beta: float | Tensor,
+    extra_image_stored: Tensor | None,
+    extra_text_stored: Tensor | None,
+    anchors: Anchors,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Eq. (5)'s retrievals for the anchors' rows only, each against the whole memory: U_x and V_y of the anchors
+    (they anchor the two LOOB terms), U_y and V_x retrieved for the anchors' texts and images and then gathered
+    (``anchors.gather``) into the whole batch's, the terms' candidates."""
+    x, y = image_features, text_features
+    stored_u = x if extra_image_stored is None else torch.cat([x, extra_image_stored])
+    stored_v = y if extra_text_stored is None else torch.cat([y, extra_text_stored])
+    x_a, y_a = x[anchors.rows], y[anchors.rows]
+    u_x, v_y = hopfield_retrieval(x_a, stored_u, beta), hopfield_retrieval(y_a, stored_v, beta)
+    u_y = anchors.gather(hopfield_retrieval(y_a, stored_u, beta))
+    v_x = anchors.gather(hopfield_retrieval(x_a, stored_v, beta))
+    return u_x, u_y, v_x, v_y
+
+
 def cloob_loss(
     image_features: Tensor,
     text_features: Tensor,
@@ -159,6 +209,7 @@ def cloob_loss(
     beta: float | Tensor,
     extra_image_stored: Tensor | None = None,
     extra_text_stored: Tensor | None = None,
+    anchors: Anchors = EVERY_ROW,
 ) -> Tensor:
     """CLOOB, Eq. (5) scaled by tau: ``tau * [LOOB(U_x, U_y) + LOOB(V_y, V_x)]``.
 
@@ -167,6 +218,11 @@ def cloob_loss(
     paper's pseudocode (``loss = (info_loob(U_x, U_y) + info_loob(V_y, V_x)) * tau``).
     """
     _check_pair(image_features, text_features, min_batch=2)
+    if not anchors.every_row:
+        u_x, u_y, v_x, v_y = _anchored_hopfield_views(image_features, text_features, beta, extra_image_stored,
+                                                      extra_text_stored, anchors)
+        return (_loob_rows(_logits(u_x, u_y, inv_tau), anchors.start)
+                + _loob_rows(_logits(v_y, v_x, inv_tau), anchors.start)) / inv_tau
     u_x, u_y, v_x, v_y = _hopfield_views(image_features, text_features, beta, extra_image_stored, extra_text_stored)
     return (loob(u_x, u_y, inv_tau) + loob(v_y, v_x, inv_tau)) / inv_tau
 
@@ -178,10 +234,16 @@ def infonce_hopfield_loss(
     beta: float | Tensor,
     extra_image_stored: Tensor | None = None,
     extra_text_stored: Tensor | None = None,
+    anchors: Anchors = EVERY_ROW,
 ) -> Tensor:
     """The paper's ablation "InfoNCE with Hopfield": CLOOB's retrieved embeddings with CLIP's InfoNCE,
     i.e. the mean of the cross-entropies of (U_x anchors, U_y samples) and (V_y anchors, V_x samples)."""
     _check_pair(image_features, text_features, min_batch=1)
+    if not anchors.every_row:
+        u_x, u_y, v_x, v_y = _anchored_hopfield_views(image_features, text_features, beta, extra_image_stored,
+                                                      extra_text_stored, anchors)
+        return 0.5 * (_infonce_rows(_logits(u_x, u_y, inv_tau), anchors.start)
+                      + _infonce_rows(_logits(v_y, v_x, inv_tau), anchors.start))
     u_x, u_y, v_x, v_y = _hopfield_views(image_features, text_features, beta, extra_image_stored, extra_text_stored)
     return 0.5 * (_infonce_from_logits(_logits(u_x, u_y, inv_tau)) + _infonce_from_logits(_logits(v_y, v_x, inv_tau)))
 
@@ -193,27 +255,27 @@ def restricted_terms(
     band: Band,
     leave_one_out: bool = False,
     rank_by: Tensor | None = None,
+    offset: int = 0,
 ) -> tuple[Tensor, Tensor]:
     """Per-anchor losses and denominator sizes of one direction with negatives restricted to ``band``
     (Wu et al.'s BALL / RING): ``-ln( e^{s_ii} / sum_{j in D_i} e^{s_ij} )`` where ``D_i`` is the positive plus
     the eligible negatives (InfoNCE), or the eligible negatives alone (``leave_one_out``: InfoLOOB, Eq. 8).
 
-    ``candidates`` ``[C >= A, d]`` hold the anchors' positives in their first ``A`` rows; further rows (a queue)
-    are negatives only. Negatives are ranked by ``rank_by`` (``[A, C]`` similarities; default: these logits) and
-    the excluded ones are masked with ``-inf``, so they add nothing to the value and receive exactly zero
-    gradient. Returns (losses ``[A]``, ``K`` ``[A]``: terms in each denominator)."""
-    if anchors.ndim != 2 or candidates.ndim != 2 or candidates.shape[0] < anchors.shape[0]:
+    ``candidates`` ``[C >= A, d]`` hold the anchors' positives in rows ``offset`` to ``offset + A`` (the anchors'
+    rows of the batch: :mod:`.anchors`); further rows (a queue) are negatives only. Negatives are ranked by
+    ``rank_by`` (``[A, C]`` similarities; default: these logits) and the excluded ones are masked with ``-inf``,
+    so they add nothing to the value and receive exactly zero gradient. Returns (losses ``[A]``, ``K`` ``[A]``:
+    terms in each denominator)."""
+    if anchors.ndim != 2 or candidates.ndim != 2 or candidates.shape[0] < offset + anchors.shape[0]:
         raise ValueError(f"expected anchors [A, d] and candidates [C >= A, d], got {tuple(anchors.shape)} and "
                          f"{tuple(candidates.shape)}")
     if anchors.shape[0] < 2:
         raise ValueError("restricted negatives need a batch of at least 2 pairs")
     logits = _logits(anchors, candidates, inv_tau)
-    rows = torch.arange(anchors.shape[0], device=logits.device)
-    positives = logits[rows, rows]
-    columns = band_columns(logits if rank_by is None else rank_by, band)
+    positives = logits.diagonal(offset)
+    columns = band_columns(logits if rank_by is None else rank_by, band, offset)
     if columns is None:  # the full band: the plain denominators
-        terms = logits.masked_fill(torch.eye(*logits.shape, dtype=torch.bool, device=logits.device),
-                                   float("-inf")) if leave_one_out else logits
+        terms = logits.masked_fill(_positive_mask(logits, offset), float("-inf")) if leave_one_out else logits
         count = logits.shape[1] - (1 if leave_one_out else 0)
     else:  # only the kept terms: the others take no part in the value and get exactly zero gradient
         terms = logits.gather(1, columns)
@@ -245,17 +307,23 @@ class ContrastiveObjective(nn.Module):
     takes_beta = False  # the Hopfield memories' inverse temperature
     takes_band = False  # the restricted-negative band and queue
     takes_leave_one_out = False
+    local_loss = False  # train.local_loss: each rank computes its own rows' terms (set by the registry)
 
     def compute(
-        self, image_features: Tensor, text_features: Tensor, inv_tau: float | Tensor, **memories: Tensor | None
+        self, image_features: Tensor, text_features: Tensor, inv_tau: float | Tensor, anchors: Anchors = EVERY_ROW,
+        **memories: Tensor | None
     ) -> Tensor:
         raise NotImplementedError
+
+    def anchors(self, local_rows: int) -> Anchors:
+        return local_anchors(local_rows) if self.local_loss and is_distributed() else EVERY_ROW
 
     def forward(
         self, image_features: Tensor, text_features: Tensor, inv_tau: float | Tensor, **memories: Tensor | None
     ) -> Tensor:
+        anchors = self.anchors(image_features.shape[0])
         image_features, text_features = gather_features(image_features, text_features)
-        return self.compute(image_features, text_features, inv_tau, **memories)
+        return self.compute(image_features, text_features, inv_tau, anchors, **memories)
 
     def end_step(self) -> None:
         """Called once per optimiser step, after the (accumulated) backward: stateful objectives advance
@@ -277,16 +345,18 @@ class ClipLoss(ContrastiveObjective):
     """CLIP's symmetric InfoNCE (the paper's baseline)."""
 
 
-    def compute(self, image_features: Tensor, text_features: Tensor, inv_tau: float | Tensor) -> Tensor:
-        return infonce_loss(image_features, text_features, inv_tau)
+    def compute(self, image_features: Tensor, text_features: Tensor, inv_tau: float | Tensor,
+                anchors: Anchors = EVERY_ROW) -> Tensor:
+        return infonce_loss(image_features, text_features, inv_tau, anchors)
 
 
 class InfoLOOBLoss(ContrastiveObjective):
     """InfoLOOB without Hopfield retrieval (ablation "InfoLOOB")."""
 
 
-    def compute(self, image_features: Tensor, text_features: Tensor, inv_tau: float | Tensor) -> Tensor:
-        return infoloob_loss(image_features, text_features, inv_tau)
+    def compute(self, image_features: Tensor, text_features: Tensor, inv_tau: float | Tensor,
+                anchors: Anchors = EVERY_ROW) -> Tensor:
+        return infoloob_loss(image_features, text_features, inv_tau, anchors)
 
 
 class _HopfieldObjective(ContrastiveObjective):
@@ -306,13 +376,14 @@ class _HopfieldObjective(ContrastiveObjective):
         image_features: Tensor,
         text_features: Tensor,
         inv_tau: float | Tensor,
+        anchors: Anchors = EVERY_ROW,
         extra_image_stored: Tensor | None = None,
         extra_text_stored: Tensor | None = None,
     ) -> Tensor:
         """Extra stored patterns (prototypes, a queue) join the memories as given; they are not gathered
         across ranks, since a caller that keeps them holds the same global copy on every rank."""
         return type(self).loss_fn(
-            image_features, text_features, inv_tau, self.beta, extra_image_stored, extra_text_stored
+            image_features, text_features, inv_tau, self.beta, extra_image_stored, extra_text_stored, anchors
         )
 
     def extra_repr(self) -> str:
@@ -356,9 +427,10 @@ class _RestrictedObjective(ContrastiveObjective):
 
     def forward(self, image_features: Tensor, text_features: Tensor, inv_tau: float | Tensor,
                 **memories: Tensor | None) -> Tensor:
+        anchors = self.anchors(image_features.shape[0])
         image_features, text_features = gather_features(image_features, text_features)
         self._last = (image_features.detach(), text_features.detach())
-        return self.compute(image_features, text_features, inv_tau, **memories)
+        return self.compute(image_features, text_features, inv_tau, anchors, **memories)
 
     def candidates(self, image_features: Tensor, text_features: Tensor) -> tuple[Tensor, Tensor]:
         """(image candidates, text candidates): the batch, then the queue (detached, oldest last)."""
@@ -382,9 +454,10 @@ class _RestrictedObjective(ContrastiveObjective):
         self.queue.load(state.get("queue", {}))
 
     def _direction(self, anchors: Tensor, candidates: Tensor, inv_tau: float | Tensor,
-                   raw_anchors: Tensor, raw_candidates: Tensor) -> Tensor:
+                   raw_anchors: Tensor, raw_candidates: Tensor, offset: int) -> Tensor:
         rank_by = raw_anchors @ raw_candidates.T if self.ranking == "raw" else None
-        return restricted_terms(anchors, candidates, inv_tau, self.band, self.leave_one_out, rank_by)[0].mean()
+        return restricted_terms(anchors, candidates, inv_tau, self.band, self.leave_one_out, rank_by,
+                                offset)[0].mean()
 
     def extra_repr(self) -> str:
         s = self.schedule
@@ -396,13 +469,15 @@ class ClipRingLoss(_RestrictedObjective):
     """CLIP's InfoNCE with BALL / RING negatives (Wu et al.): ``objective.p_in = 0`` is BALL."""
 
 
-    def compute(self, image_features: Tensor, text_features: Tensor, inv_tau: float | Tensor) -> Tensor:
+    def compute(self, image_features: Tensor, text_features: Tensor, inv_tau: float | Tensor,
+                anchors: Anchors = EVERY_ROW) -> Tensor:
         """Both directions over the embeddings themselves: their mean (InfoNCE), or with the leave-one-out
         denominator their sum scaled by tau (InfoLOOB, Eq. 8)."""
         _check_pair(image_features, text_features, min_batch=2)
         images, texts = self.candidates(image_features, text_features)
-        total = (self._direction(image_features, texts, inv_tau, image_features, texts)
-                 + self._direction(text_features, images, inv_tau, text_features, images))
+        x, y, offset = image_features[anchors.rows], text_features[anchors.rows], anchors.start
+        total = (self._direction(x, texts, inv_tau, x, texts, offset)
+                 + self._direction(y, images, inv_tau, y, images, offset))
         return total / inv_tau if self.leave_one_out else 0.5 * total
 
 
@@ -425,16 +500,22 @@ class CLOOBRingLoss(_RestrictedObjective):
             raise ValueError(f"beta must be > 0, got {beta}")
         self.beta = float(beta)
 
-    def compute(self, image_features: Tensor, text_features: Tensor, inv_tau: float | Tensor) -> Tensor:
+    def compute(self, image_features: Tensor, text_features: Tensor, inv_tau: float | Tensor,
+                anchors: Anchors = EVERY_ROW) -> Tensor:
         _check_pair(image_features, text_features, min_batch=2)
         x, y = image_features, text_features
-        u_x, u_y, v_x, v_y = _hopfield_views(x, y, self.beta, None, None)
+        if anchors.every_row:
+            u_x, u_y, v_x, v_y = _hopfield_views(x, y, self.beta, None, None)
+        else:
+            u_x, u_y, v_x, v_y = _anchored_hopfield_views(x, y, self.beta, None, None, anchors)
         images, texts = self.candidates(x, y)
         if len(self.queue):
             queued_x, queued_y = images[x.shape[0]:], texts[y.shape[0]:]
             u_y = torch.cat([u_y, hopfield_retrieval(queued_y, x, self.beta)])
             v_x = torch.cat([v_x, hopfield_retrieval(queued_x, y, self.beta)])
-        return (self._direction(u_x, u_y, inv_tau, x, texts) + self._direction(v_y, v_x, inv_tau, y, images)) / inv_tau
+        rows, offset = anchors.rows, anchors.start
+        return (self._direction(u_x, u_y, inv_tau, x[rows], texts, offset)
+                + self._direction(v_y, v_x, inv_tau, y[rows], images, offset)) / inv_tau
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, beta={self.beta}"
@@ -467,11 +548,13 @@ class _PolyViewObjective(ContrastiveObjective):
         return (image_features.reshape(samples, self.image_views, -1),
                 text_features.reshape(samples, self.text_views, -1))
 
-    def compute(self, image_features: Tensor, text_features: Tensor, inv_tau: float | Tensor) -> Tensor:
+    def compute(self, image_features: Tensor, text_features: Tensor, inv_tau: float | Tensor,
+                anchors: Anchors = EVERY_ROW) -> Tensor:
         image_views, text_views = self.split_views(image_features, text_features)
+        samples = anchors.per(self.image_views)  # the anchors' rows are image rows, sample-major
         if not self.takes_leave_one_out:
-            return type(self).loss_fn(image_views, text_views, inv_tau)
-        loss = type(self).loss_fn(image_views, text_views, inv_tau, self.leave_one_out)
+            return type(self).loss_fn(image_views, text_views, inv_tau, anchors=samples)
+        loss = type(self).loss_fn(image_views, text_views, inv_tau, self.leave_one_out, anchors=samples)
         return 2.0 * loss / inv_tau if self.leave_one_out else loss
 
     def extra_repr(self) -> str:

@@ -66,21 +66,21 @@ class BandSchedule:
 
 
 @torch.no_grad()
-def band_columns(similarity: Tensor, band: Band) -> Tensor | None:
+def band_columns(similarity: Tensor, band: Band, offset: int = 0) -> Tensor | None:
     """``[A, n]`` column indices of the negatives each anchor (row) keeps, or ``None`` for the full band (every
-    candidate but the positive). Column ``i`` of row ``i`` is the anchor's positive: never a negative, not
-    ranked. Computed without gradient: the ranking selects terms, it is not differentiated. Only the ``stop``
+    candidate but the positive). Column ``offset + i`` of row ``i`` is the anchor's positive: never a negative,
+    not ranked. Computed without gradient: the ranking selects terms, it is not differentiated. Only the ``stop``
     most similar candidates are ranked (``topk``, not a full sort), so a narrow band costs little; ties at a
     band's edge are broken the same way on every rank and rerun."""
     anchors, candidates = similarity.shape
-    if candidates < anchors:
-        raise ValueError(f"expected the positives on the diagonal of [A, C >= A], got {tuple(similarity.shape)}")
+    if candidates < offset + anchors:
+        raise ValueError(f"expected the positives on diagonal {offset} of [A, C >= {offset} + A], got "
+                         f"{tuple(similarity.shape)}")
     start, stop = band.limits(candidates - 1)
     if start == 0 and stop == candidates - 1:
         return None
-    rows = torch.arange(anchors, device=similarity.device)
     scores = similarity.detach().clone()
-    scores[rows, rows] = float("-inf")  # the positive ranks last, outside any band
+    scores.diagonal(offset).fill_(float("-inf"))  # the positive ranks last, outside any band
     return torch.topk(scores, stop, dim=1, largest=True, sorted=start > 0).indices[:, start:]
 
 

@@ -35,6 +35,8 @@ import math
 import torch
 from torch import Tensor
 
+from cloob_core.objectives.anchors import EVERY_ROW, Anchors
+
 
 def check_views(image_views: Tensor, text_views: Tensor) -> None:
     if image_views.ndim != 3 or text_views.ndim != 3:
@@ -51,61 +53,69 @@ def _promote(logits: Tensor) -> Tensor:
 
 
 def log_ell(anchor_views: Tensor, candidate_views: Tensor, inv_tau: float | Tensor,
-            leave_one_out: bool = False) -> Tensor:
-    """``log l_{i,a,b}`` of Eq. 14 as ``[K, Mb, Ma]``: anchor view ``b`` (of ``anchor_views [K, Mb, d]``) of
-    sample i, positive view ``a`` (of ``candidate_views [K, Ma, d]``) of the same sample."""
+            leave_one_out: bool = False, offset: int = 0) -> Tensor:
+    """``log l_{i,a,b}`` of Eq. 14 as ``[k, Mb, Ma]``: anchor view ``b`` (of ``anchor_views [k, Mb, d]``) of
+    sample i, positive view ``a`` (of ``candidate_views [K, Ma, d]``) of the same sample, which is candidate
+    sample ``offset + i`` (the anchors may be some samples of the batch: :mod:`.anchors`)."""
     k, m_anchor, d = anchor_views.shape
-    m_cand = candidate_views.shape[1]
-    logits = _promote(inv_tau * (anchor_views.reshape(k * m_anchor, d) @ candidate_views.reshape(k * m_cand, d).T))
-    logits = logits.reshape(k, m_anchor, k, m_cand)
-    same = torch.eye(k, dtype=torch.bool, device=logits.device)[:, None, :, None]
-    negatives = torch.logsumexp(logits.masked_fill(same, float("-inf")).reshape(k, m_anchor, k * m_cand), dim=-1)
+    samples, m_cand = candidate_views.shape[:2]
+    logits = _promote(inv_tau * (anchor_views.reshape(k * m_anchor, d)
+                                 @ candidate_views.reshape(samples * m_cand, d).T))
+    logits = logits.reshape(k, m_anchor, samples, m_cand)
+    same = torch.zeros(k, samples, dtype=torch.bool, device=logits.device)
+    same.diagonal(offset).fill_(True)
+    negatives = torch.logsumexp(logits.masked_fill(same[:, None, :, None], float("-inf"))
+                                .reshape(k, m_anchor, samples * m_cand), dim=-1)
     rows = torch.arange(k, device=logits.device)
-    positives = logits[rows, :, rows, :]  # [K, Mb, Ma]
+    positives = logits[rows, :, rows + offset, :]  # [k, Mb, Ma]
     denominator = negatives[..., None] if leave_one_out else torch.logaddexp(positives, negatives[..., None])
     return positives - denominator
 
 
 def geometric_pvc_loss(image_views: Tensor, text_views: Tensor, inv_tau: float | Tensor,
-                       leave_one_out: bool = False) -> Tensor:
-    """Geometric PVC, both directions averaged."""
+                       leave_one_out: bool = False, anchors: Anchors = EVERY_ROW) -> Tensor:
+    """Geometric PVC, both directions averaged (the terms of the ``anchors``' samples)."""
     check_views(image_views, text_views)
-    return -0.5 * (log_ell(text_views, image_views, inv_tau, leave_one_out).mean()
-                   + log_ell(image_views, text_views, inv_tau, leave_one_out).mean())
+    rows, offset = anchors.rows, anchors.start
+    return -0.5 * (log_ell(text_views[rows], image_views, inv_tau, leave_one_out, offset).mean()
+                   + log_ell(image_views[rows], text_views, inv_tau, leave_one_out, offset).mean())
 
 
 def arithmetic_pvc_loss(image_views: Tensor, text_views: Tensor, inv_tau: float | Tensor,
-                        leave_one_out: bool = False) -> Tensor:
+                        leave_one_out: bool = False, anchors: Anchors = EVERY_ROW) -> Tensor:
     """Arithmetic PVC: for each view, the log of the mean of its l over the other modality's views (the
     denominators' anchors), both directions averaged."""
     check_views(image_views, text_views)
 
-    def one_vs_rest(anchors: Tensor, candidates: Tensor) -> Tensor:
-        terms = log_ell(anchors, candidates, inv_tau, leave_one_out)  # [K, M_anchor, M_candidate]
-        return (torch.logsumexp(terms, dim=1) - math.log(anchors.shape[1])).mean()
+    def one_vs_rest(views: Tensor, candidates: Tensor) -> Tensor:
+        terms = log_ell(views[rows], candidates, inv_tau, leave_one_out, offset)  # [k, M_anchor, M_candidate]
+        return (torch.logsumexp(terms, dim=1) - math.log(views.shape[1])).mean()
 
+    rows, offset = anchors.rows, anchors.start
     return -0.5 * (one_vs_rest(text_views, image_views) + one_vs_rest(image_views, text_views))
 
 
 def multicrop_loss(image_views: Tensor, text_views: Tensor, inv_tau: float | Tensor,
-                   leave_one_out: bool = False) -> Tensor:
+                   leave_one_out: bool = False, anchors: Anchors = EVERY_ROW) -> Tensor:
     """Multi-Crop: the two-view loss of every (image view, text view) pair, averaged (Eq. 1). In pair (a, b)
     the negatives are the other samples' views a and b, so unlike PVC it depends on how views are indexed
     across samples (only in a realisation: the views are exchangeable in expectation)."""
     check_views(image_views, text_views)
-    return torch.stack([geometric_pvc_loss(image_views[:, a : a + 1], text_views[:, b : b + 1], inv_tau, leave_one_out)
+    return torch.stack([geometric_pvc_loss(image_views[:, a : a + 1], text_views[:, b : b + 1], inv_tau, leave_one_out,
+                                           anchors)
                         for a in range(image_views.shape[1]) for b in range(text_views.shape[1])]).mean()
 
 
-def sufficient_statistics_loss(image_views: Tensor, text_views: Tensor, inv_tau: float | Tensor) -> Tensor:
+def sufficient_statistics_loss(image_views: Tensor, text_views: Tensor, inv_tau: float | Tensor,
+                               anchors: Anchors = EVERY_ROW) -> Tensor:
     """Sufficient statistics (Eq. 22 with Q the mean of Eq. 24, cross-modal): every view against the mean
     of the other modality's views of each sample, InfoNCE over samples; both directions averaged."""
     check_views(image_views, text_views)
 
     def direction(views: Tensor, other: Tensor) -> Tensor:
-        k, m, d = views.shape
-        logits = _promote(inv_tau * (views.reshape(k * m, d) @ other.mean(dim=1).T))  # [K*M, K]
-        targets = torch.arange(k, device=views.device).repeat_interleave(m)
+        k, m, d = views[anchors.rows].shape
+        logits = _promote(inv_tau * (views[anchors.rows].reshape(k * m, d) @ other.mean(dim=1).T))  # [k*M, K]
+        targets = (anchors.start + torch.arange(k, device=views.device)).repeat_interleave(m)
         return torch.nn.functional.cross_entropy(logits, targets)
 
     return 0.5 * (direction(image_views, text_views) + direction(text_views, image_views))

@@ -34,13 +34,17 @@ def objective_options(name: str, config: Any) -> dict[str, Any]:
 
 def objective_from_config(config: Any) -> losses.ContrastiveObjective:
     """The objective ``train.objective`` with its settings from ``objective.*`` and ``train.*_views``."""
-    return build_objective(config.train.objective, **objective_options(config.train.objective, config))
+    return build_objective(config.train.objective, local_loss=config.train.local_loss,
+                           **objective_options(config.train.objective, config))
 
 
-def build_objective(name: str, **options: Any) -> losses.ContrastiveObjective:
-    """Instantiate an objective by name; an unknown name, or an option the objective does not take, fails."""
+def build_objective(name: str, *, local_loss: bool = False, **options: Any) -> losses.ContrastiveObjective:
+    """Instantiate an objective by name; an unknown name, or an option the objective does not take, fails.
+    ``local_loss``: under DDP each rank computes the terms of its own rows (:mod:`.anchors`)."""
     cls = objective_class(name)
     try:
-        return cls(**options)
+        objective = cls(**options)
     except TypeError as err:
         raise ValueError(f"objective {name!r} does not take options {sorted(options)}: {err}") from None
+    objective.local_loss = local_loss
+    return objective
