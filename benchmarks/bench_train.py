@@ -24,6 +24,7 @@ its log windows after the first (steady state); the whole run's rate is printed 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import re
@@ -38,16 +39,18 @@ from pathlib import Path
 from busy_load import load
 
 
-def build_variant(variant: str, model_name: str, batch: int):
-    """(step function, device) for one variant, on its own model and optimiser."""
+def build_variant(variant: str, model_name: str, batch: int, precision: str = "fp32"):
+    """(step function, device) for one variant, on its own model and optimiser; ``precision`` bf16: autocast, as
+    open_clip_train's ``--precision amp_bf16`` and our ``train.precision: bf16``."""
     import open_clip
     import torch
 
     from cloob_core.config import load_config
     from cloob_core.model.dual_encoder import build_model, register_project_configs
     from cloob_core.objectives.registry import build_objective
+    from cloob_core.training.images import Normalize
     from cloob_core.training.optim import build_optimizer
-    from cloob_core.training.step import StepParts, accumulate_gradients, optimizer_step
+    from cloob_core.training.step import AUTOCAST_DTYPES, StepParts, accumulate_gradients, optimizer_step
 
     torch.manual_seed(0)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -63,10 +66,14 @@ def build_variant(variant: str, model_name: str, batch: int):
         loss_fn = open_clip.ClipLoss()
         optimizer = build_optimizer(model, config.optim)
 
+        dtype = AUTOCAST_DTYPES[precision]
+        autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype else contextlib.nullcontext
+
         def step() -> None:
-            model_out = model(images, tokens)
-            losses = loss_fn(**model_out, output_dict=True)
-            total = sum(losses.values())
+            with autocast():
+                model_out = model(images, tokens)
+                losses = loss_fn(**model_out, output_dict=True)
+                total = sum(losses.values())
             optimizer.zero_grad()
             total.backward()
             optimizer.step()
@@ -74,13 +81,16 @@ def build_variant(variant: str, model_name: str, batch: int):
                 model.logit_scale.clamp_(0, math.log(100))
     else:  # as the loop runs it: channels-last, on the CPU too
         model = build_model(config.model).to(device, memory_format=torch.channels_last)
-        images = images.contiguous(memory_format=torch.channels_last)
+        pixels = torch.randint(0, 256, images.shape, dtype=torch.uint8, device=device).contiguous(
+            memory_format=torch.channels_last)  # the loop's input: uint8 crops, normalised on the device
+        normalize = Normalize.of(model.encoder.visual)
         objective = build_objective("cloob", beta=8.0) if variant == "ours_cloob" else build_objective("clip")
         parts = StepParts(model=model, objective=objective, optimizer=build_optimizer(model, config.optim),
-                          scaler=torch.amp.GradScaler(device.type, enabled=False), device_type=device.type)
+                          scaler=torch.amp.GradScaler(device.type, enabled=False), device_type=device.type,
+                          precision=precision)
 
         def step() -> None:
-            accumulate_gradients(parts, images, tokens)
+            accumulate_gradients(parts, normalize(pixels), tokens)
             optimizer_step(parts)
             model.clamp_inv_tau_()
 

@@ -247,10 +247,14 @@ class TrainConfig(_Section):
                              "own queries and gathers the result): the same gradient, less memory and time at large "
                              "global batches (open_clip's --local-loss --gather-with-grad). The logged loss is rank "
                              "0's share.")
-    data_streams: int = Field(8, ge=1, description="Independent shard streams making up each batch; must divide "
-                              "batch_size and be a multiple of the number of ranks. Fixes the data order "
-                              "whatever the world size, which makes resume exact.")
-    workers: int = Field(2, ge=0, description="Data-loader worker processes per rank.")
+    data_streams: int | Literal["auto"] = Field(
+        "auto", description="Independent shard streams making up each batch; must divide batch_size and be a "
+        "multiple of the number of ranks. A number fixes the data order whatever the world size (resume exact on "
+        "any ranks that divide it). auto: 8 on the CPU; on GPUs one per data-loader worker the cores allow "
+        "(docs/training.md, \"The run's shape\").")
+    workers: int | Literal["auto"] = Field(
+        "auto", description="Data-loader worker processes per rank. auto: 2 on the CPU (the step takes the "
+        "cores); on a GPU, the rank's share of the cores, as its streams split evenly.")
     prefetch: Literal["auto", "during_step", "between_steps"] = Field(
         "auto", description="When the workers prepare the next batch: during_step overlaps them with the step; "
         "between_steps holds them while it runs (on the CPU a worker that wakes mid-step stalls the step's "
@@ -306,15 +310,23 @@ class TrainConfig(_Section):
             raise ValueError(problem)
         return self
 
+    @field_validator("data_streams", "workers")
+    @classmethod
+    def _at_least(cls, value: int | str, info: Any) -> int | str:
+        least = 1 if info.field_name == "data_streams" else 0
+        if isinstance(value, int) and value < least:
+            raise ValueError(f"must be auto or a number >= {least}")
+        return value
+
     def shape_problem(self, ranks: int) -> str | None:
         """Why the batch cannot split over ``ranks`` ranks (None: it can): into ``data_streams`` equal chunks,
         the streams evenly over the ranks, and each rank's share into ``accum_freq`` equal micro-batches. Read
         with the configuration for one rank; again, with the ranks, wherever a launch knows their number, before
-        anything starts."""
-        if self.batch_size % self.data_streams:
+        anything starts. ``auto`` streams are chosen to fit (:func:`cloob_core.training.shape.run_shape`)."""
+        if self.data_streams != "auto" and self.batch_size % self.data_streams:
             return (f"train.batch_size ({self.batch_size}) must be a multiple of train.data_streams "
                     f"({self.data_streams})")
-        if self.data_streams % ranks:
+        if self.data_streams != "auto" and self.data_streams % ranks:
             return f"train.data_streams ({self.data_streams}) must be a multiple of the number of ranks ({ranks})"
         if self.batch_size % ranks or (self.batch_size // ranks) % self.accum_freq:
             return (f"train.batch_size {self.batch_size} must split into {ranks} rank(s) x train.accum_freq "

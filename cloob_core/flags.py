@@ -22,12 +22,20 @@ def add_model_flags(parser: argparse.ArgumentParser, model: type[BaseModel], pre
             continue
         annotation = field.annotation
         args = typing.get_args(annotation)
+        words: tuple[str, ...] = ()
         if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-            annotation = next(a for a in args if a is not type(None))
+            members = [a for a in args if a is not type(None)]
+            literals = [a for a in members if typing.get_origin(a) is typing.Literal]
+            if literals and len(members) == 2:  # e.g. int | Literal["auto"]: a number or one of the words
+                words = typing.get_args(literals[0])
+                members.remove(literals[0])
+            annotation = members[0]
             args = typing.get_args(annotation)
         help_text = f"{field.description} (default: {field.get_default(call_default_factory=True)})"
         options: dict[str, Any] = {"dest": f"{prefix}__{name}", "default": None, "help": help_text}
-        if annotation is bool:
+        if words:
+            options.update(type=_word_or(annotation, words), metavar="|".join((*words, name.upper())))
+        elif annotation is bool:
             options["action"] = argparse.BooleanOptionalAction
         elif typing.get_origin(annotation) is typing.Literal:
             options["choices"] = list(args)
@@ -37,6 +45,14 @@ def add_model_flags(parser: argparse.ArgumentParser, model: type[BaseModel], pre
             options["type"] = annotation
             options["metavar"] = name.upper()
         group.add_argument("--" + name.replace("_", "-"), **options)
+
+
+def _word_or(kind: type, words: tuple[str, ...]) -> Any:
+    def parse(text: str) -> Any:
+        return text if text in words else kind(text)
+
+    parse.__name__ = kind.__name__  # argparse names the type in its error
+    return parse
 
 
 def _mapping(text: str) -> dict[str, Any]:

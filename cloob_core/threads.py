@@ -67,6 +67,11 @@ def local_ranks(environ: dict[str, str] | None = None) -> int:
     return 1
 
 
+def core_share(cores: int | None = None, ranks_here: int | None = None) -> int:
+    """One rank's share of the cores: ``cores`` (default :func:`usable_cores`) over the ranks on this node."""
+    return max(1, (cores or usable_cores()) // (ranks_here or local_ranks()))
+
+
 @dataclass(frozen=True)
 class ThreadBudget:
     cores: int  # this process's share of the usable cores
@@ -90,7 +95,7 @@ def plan_threads(torch_threads: int = 0, *, workers: int = 0, device_type: str =
                  ranks_here: int | None = None) -> ThreadBudget:
     """The budget of one process: ``torch_threads`` as configured (0: derived, see the module); ``cores`` and
     ``ranks_here`` default to :func:`usable_cores` and :func:`local_ranks`."""
-    share = max(1, (cores or usable_cores()) // (ranks_here or local_ranks()))
+    share = core_share(cores, ranks_here)
     if torch_threads:
         threads = torch_threads
     elif device_type == "cuda":

@@ -83,8 +83,9 @@ def test_a_batch_that_does_not_split_is_refused_when_the_config_is_read(train, m
 
 
 def test_the_run_shape_is_checked_for_the_ranks_of_a_launch():
-    train = CloobConfig().train  # batch 128 in 8 streams
+    train = load_config(overrides=["train.data_streams=8"]).train  # batch 128 in 8 streams
     train.check_shape(8)
+    CloobConfig().train.check_shape(16)  # auto streams: chosen to fit the ranks (tests/test_run_shape.py)
     for ranks, message in ((3, r"data_streams \(8\) must be a multiple of the number of ranks \(3\)"),
                            (16, r"data_streams \(8\) must be a multiple of the number of ranks \(16\)")):
         with pytest.raises(ConfigError, match=message):
@@ -103,4 +104,4 @@ def test_a_rank_of_a_run_that_cannot_split_stops_before_the_process_group_waits(
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "3")
     with pytest.raises(ConfigError, match=r"data_streams \(8\) must be a multiple of the number of ranks \(3\)"):
-        train(load_config(overrides=[f"train.shards={tmp_path / 'none'}"]), tmp_path / "run")
+        train(load_config(overrides=[f"train.shards={tmp_path / 'none'}", "train.data_streams=8"]), tmp_path / "run")

@@ -219,7 +219,8 @@ def test_launchers_are_detected(environ, expected):
 
 def test_bad_settings_fail_with_the_key_named(shards, tmp_path):
     with pytest.raises(ConfigError, match=r"must be a multiple of train\.data_streams"):
-        train(load_config(overrides=[f"train.shards={shards}", "train.batch_size=36"]), tmp_path)
+        train(load_config(overrides=[f"train.shards={shards}", "train.batch_size=36", "train.data_streams=8"]),
+              tmp_path)
     with pytest.raises(ValueError, match="cannot feed 32 data streams"):
         train(load_config(overrides=[f"train.shards={shards}", "train.data_streams=32"]), tmp_path)
 

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from cloob_core import lease, storage
-from cloob_core.config import CloobConfig, ConfigError, TrainConfig
+from cloob_core.config import CloobConfig, ConfigError, TrainConfig, config_from_mapping
 from cloob_core.data.shard_files import shard_list
 from cloob_core.errors import StageError
 from cloob_core.io import write_json, write_text
@@ -31,13 +31,14 @@ from cloob_core.model.dual_encoder import build_model, build_tokenizer
 from cloob_core.model.export import export_model
 from cloob_core.objectives.registry import objective_from_config
 from cloob_core.plots import training_curves_png
-from cloob_core.threads import plan_threads
+from cloob_core.threads import core_share, plan_threads
 from cloob_core.training import checkpoint
 from cloob_core.training.checkpoint import Trainables, TrainingState
 from cloob_core.training.env import DistEnv, choose_device, detect, init_process_group
 from cloob_core.training.images import Normalize, TrainImages
 from cloob_core.training.monitor import Monitor, Snapshot
 from cloob_core.training.optim import build_optimizer, build_scheduler
+from cloob_core.training.shape import run_shape
 from cloob_core.training.step import (
     StepParts,
     accumulate_gradients,
@@ -114,6 +115,7 @@ def resolve_resume(resume: str | None, output: Path, mirror: str | None) -> str 
 class _Setup:
     """One rank's training objects, built once."""
 
+    config: CloobConfig  # the run's configuration with its shape resolved (data streams, workers)
     env: DistEnv
     device: torch.device
     steps: int
@@ -124,10 +126,15 @@ class _Setup:
     tokenizer: Any
 
 
-def _build(config: CloobConfig, steps: int) -> _Setup:
-    cfg = config.train
+def _build(config: CloobConfig, steps: int, shards: int) -> _Setup:
     env = detect()
-    device = choose_device(cfg.device, env)
+    device = choose_device(config.train.device, env)
+    shape = run_shape(config.train, device_type=device.type, ranks=env.world_size, cores_per_rank=core_share(),
+                      shards=shards)
+    config = config_from_mapping(config.model_dump(), values={"train": {"data_streams": shape.streams,
+                                                                        "workers": shape.workers}})
+    cfg = config.train
+    cfg.check_shape(env.world_size)
     plan_threads(cfg.threads, workers=cfg.workers, device_type=device.type).apply()
     init_process_group(env, device)
     use_fast_kernels(device)
@@ -153,7 +160,7 @@ def _build(config: CloobConfig, steps: int) -> _Setup:
     step_parts = StepParts(model=forward_model, objective=parts.objective, optimizer=optimizer, scaler=parts.scaler,
                            device_type=device.type, precision=precision, accum_freq=cfg.accum_freq,
                            grad_clip_norm=cfg.grad_clip_norm)
-    return _Setup(env=env, device=device, steps=steps, parts=parts, step_parts=step_parts,
+    return _Setup(config=config, env=env, device=device, steps=steps, parts=parts, step_parts=step_parts,
                   images=TrainImages(model.image_size, augment=cfg.augment),
                   normalize=Normalize.of(model.encoder.visual), tokenizer=build_tokenizer(config.model.architecture))
 
@@ -353,8 +360,8 @@ def _train(config: CloobConfig, output: Path, resume: str | None, progress: bool
     cfg.check_shape(detect().world_size)  # before the model is built and the process group starts
     storage.ensure_folder(output)
     urls, total_samples = shard_list(cfg.shards)
-    setup = _build(config, plan_steps(config, total_samples))
-    env = setup.env
+    setup = _build(config, plan_steps(config, total_samples), len(urls))
+    config, cfg, env = setup.config, setup.config.train, setup.env
     state = _resume(config, output, resume, setup.parts, setup.steps)
     start_step = state.step
     batches = _batches(config, setup, urls, state)

@@ -1,0 +1,416 @@
+"""The GPU check: the training path on one GPU, in one command (run by ``benchmarks/gpu_check.sh``).
+
+Each section prints its figures and goes on if another failed; the exit status is 1 if any section failed.
+Full mode needs CUDA and fits in about 5 minutes on one H100/H200 with 16 cores; ``--quick`` runs every
+section on the CPU with a tiny model and small sizes, in CI, so the script does not rot (its figures mean
+nothing there).
+
+Sections:
+1. our CLIP step against open_clip_train's, same model and batch, bf16 autocast (ViT-B-32 and RN50, batch 256);
+2. our CLOOB step against our CLIP step;
+3. ``cloob train`` with the defaults a GPU pod gets (device cuda, precision/workers/streams auto) on JPEG shards
+   against its step alone, and the host synchronisations per step (``torch.cuda.set_sync_debug_mode``);
+4. the CLOOB and InfoNCE losses (forward + backward) against the matmul bound, N = 1k to 16k;
+5. NCCL: the gather with gradient and DDP with accumulation and a learnable temperature, on a world-size-1 group;
+6. an "8-GPU" checkpoint (every device's CUDA RNG state, as earlier versions saved it) resumed on one GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import hashlib
+import io
+import logging
+import os
+import socket
+import statistics
+import sys
+import tarfile
+import tempfile
+import time
+import traceback
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_train import build_variant
+
+RESULTS: list[str] = []
+FAILED: list[str] = []
+
+
+@dataclass(frozen=True)
+class Sizes:
+    device: str
+    models: tuple[str, ...]  # (a ViT, a ResNet)
+    batch: int
+    warmup: int
+    steps: int
+    loss_sizes: tuple[int, ...]
+    dim: int
+    images: int  # distinct JPEGs in the shards of the training-stage section
+    image_side: int
+    stage_steps: int
+    backend: str
+
+
+FULL = Sizes("cuda", ("ViT-B-32", "RN50"), 256, 10, 30, (1024, 2048, 4096, 8192, 16384), 512, 4096, 288, 70,
+             "nccl")
+QUICK = Sizes("cpu", ("cloob-tiny-vit", "cloob-tiny"), 16, 1, 2, (64, 128), 32, 96, 48, 6, "gloo")
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
+    RESULTS.append(line)
+
+
+def section(title: str) -> Callable:
+    def wrap(fn: Callable) -> Callable:
+        def run(*args, **kwargs):
+            say(f"== {title}")
+            started = time.perf_counter()
+            try:
+                fn(*args, **kwargs)
+            except Exception as err:  # a section's failure is reported; the others still run
+                FAILED.append(title)
+                say(f"   FAILED: {type(err).__name__}: {err}")
+                traceback.print_exc()
+            say(f"   ({time.perf_counter() - started:.1f} s)")
+        return run
+    return wrap
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def rate(step: Callable[[], None], device: torch.device, batch: int, warmup: int, steps: int) -> float:
+    """Samples/s of ``step`` after ``warmup`` steps (three timed blocks, their median)."""
+    for _ in range(warmup):
+        step()
+    sync(device)
+    rates = []
+    for _ in range(3):
+        started = time.perf_counter()
+        for _ in range(steps):
+            step()
+        sync(device)
+        rates.append(steps * batch / (time.perf_counter() - started))
+    return statistics.median(rates)
+
+
+@section("1-2. training step: ours against open_clip_train's, CLOOB against CLIP (bf16 autocast)")
+def steps_against_open_clip(sizes: Sizes) -> None:
+    for model in sizes.models:
+        measured = {}
+        for variant in ("open_clip_train", "ours_clip", "ours_cloob"):
+            step, device = build_variant(variant, model, sizes.batch, precision="bf16")
+            measured[variant] = rate(step, device, sizes.batch, sizes.warmup, sizes.steps)
+            del step
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        say(f"   {model}, batch {sizes.batch}: open_clip_train {measured['open_clip_train']:.0f}, ours CLIP "
+            f"{measured['ours_clip']:.0f}, ours CLOOB {measured['ours_cloob']:.0f} samples/s")
+        say(f"   {model}: ours CLIP / open_clip_train = {measured['ours_clip'] / measured['open_clip_train']:.3f} "
+            f"(goal >= 0.95); CLOOB / CLIP = {measured['ours_cloob'] / measured['ours_clip']:.3f} (goal >= 0.9)")
+
+
+def write_shards(folder: Path, count: int, side: int, per_shard: int) -> int:
+    """``count`` JPEG pairs in WebDataset tars: the packaged captioned photos (128 px) enlarged to ``side`` px
+    and re-encoded at quality 90, so decoding costs what a photo of that size costs. Returns the shards."""
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    import cloob_core.data as data_package
+
+    rows = pq.read_table(Path(data_package.__file__).parent / "captioned" / "pairs.parquet",
+                         columns=["image", "caption"]).to_pylist()
+    folder.mkdir(parents=True, exist_ok=True)
+    shards = (count + per_shard - 1) // per_shard
+    for shard in range(shards):
+        with tarfile.open(folder / f"{shard:05d}.tar", "w") as tar:
+            for index in range(shard * per_shard, min(count, (shard + 1) * per_shard)):
+                row = rows[index % len(rows)]
+                image = Image.open(io.BytesIO(row["image"])).convert("RGB")
+                image = image.resize((side, side * image.height // image.width), Image.Resampling.BICUBIC)
+                if index >= len(rows):  # another sample, not a copy: mirrored and shifted
+                    image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT).rotate(index % 7, expand=False)
+                encoded = io.BytesIO()
+                image.save(encoded, "JPEG", quality=90)
+                for suffix, payload in (("jpg", encoded.getvalue()), ("txt", row["caption"].encode())):
+                    info = tarfile.TarInfo(f"{index:08d}.{suffix}")
+                    info.size = len(payload)
+                    tar.addfile(info, io.BytesIO(payload))
+    (folder / "sizes.json").write_text("{" + ", ".join(
+        f'"{shard:05d}.tar": {min(per_shard, count - shard * per_shard)}' for shard in range(shards)) + "}")
+    return shards
+
+
+class StepClock:
+    """Called at the end of each step (``Monitor.advance``): the host synchronisations (sync-debug warnings) each
+    step made, and the time between the ends of steps ``first`` and ``last``, where it synchronises once each
+    (those two steps' counts then include its own sync and are left out)."""
+
+    def __init__(self, first: int, last: int, device: torch.device) -> None:
+        self.first, self.last, self.device = first, last, device
+        self.syncs: list[int] = []
+        self.caught: list = []
+        self.started = self.ended = 0.0
+        self._seen = 0
+
+    def tick(self) -> None:
+        step = len(self.syncs)
+        if step in (self.first, self.last):
+            sync(self.device)
+            if step == self.first:
+                self.started = time.perf_counter()
+            else:
+                self.ended = time.perf_counter()
+        self.syncs.append(len(self.caught) - self._seen)
+        self._seen = len(self.caught)
+
+    def samples_per_second(self, batch: int) -> float:
+        return (self.last - self.first) * batch / (self.ended - self.started)
+
+    def syncs_per_step(self) -> list[int]:
+        return self.syncs[self.first + 1 : self.last]
+
+
+@section("3. the training stage with a GPU pod's defaults against its step alone; host syncs per step")
+def stage_against_step(sizes: Sizes, scratch: Path) -> None:
+    from cloob_core.config import load_config
+    from cloob_core.training import monitor as monitor_module
+    from cloob_core.training.loop import train
+
+    model = sizes.models[0]
+    shards = write_shards(scratch / "shards", sizes.images, sizes.image_side, per_shard=max(sizes.images // 64, 8))
+    step, device = build_variant("ours_cloob", model, sizes.batch, precision="bf16" if sizes.device == "cuda"
+                                 else "fp32")
+    alone = rate(step, device, sizes.batch, sizes.warmup, sizes.steps)
+    del step
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    overrides = [f"train.shards={scratch / 'shards'}", f"model.architecture={model}", f"train.batch_size={sizes.batch}",
+                 f"train.steps={sizes.stage_steps}", f"train.checkpoint_every={sizes.stage_steps}",
+                 f"train.log_every={sizes.stage_steps}", "train.tensorboard=false", "train.sample_cache_mb=0",
+                 f"train.device={'cuda' if sizes.device == 'cuda' else 'auto'}"]
+    config = load_config(overrides=overrides)
+    settled = max(sizes.stage_steps // 4, 2)  # workers started, first batches decoded
+    clock = StepClock(settled, sizes.stage_steps - 2, device)  # (the last step writes its checkpoint)
+    real_advance = monitor_module.Monitor.advance
+
+    def advance(self, *args, **kwargs):
+        clock.tick()
+        return real_advance(self, *args, **kwargs)
+
+    monitor_module.Monitor.advance = advance
+    if device.type == "cuda":
+        torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            clock.caught = caught
+            result = train(config, scratch / "run", progress=False)
+    finally:
+        monitor_module.Monitor.advance = real_advance
+        if device.type == "cuda":
+            torch.cuda.set_sync_debug_mode(0)
+    stage = clock.samples_per_second(sizes.batch)
+    syncs = clock.syncs_per_step()
+    metrics = result.metrics
+    say(f"   {model}, batch {sizes.batch}, {shards} shards of {sizes.image_side}-px JPEGs: precision "
+        f"{metrics['precision']}, {result.model.encoder.visual.__class__.__name__} on {device}; shape: "
+        f"{_shape_line(scratch / 'run')}")
+    say(f"   stage {stage:.0f} samples/s (steps {clock.first + 1}-{clock.last}), step alone {alone:.0f}: "
+        f"stage / step = {stage / alone:.3f} (goal >= 0.9); whole run {metrics['samples_per_second']:.0f}")
+    if device.type == "cuda":
+        detail = [str(w.message)[:120] for w in caught if "synchroniz" in str(w.message)][:3]
+        say(f"   host syncs per step: {statistics.mean(syncs):.2f} (max {max(syncs)}; goal 0)"
+            + (f"; e.g. {detail}" if max(syncs) else ""))
+    else:
+        say("   host syncs per step: not measured on the CPU")
+
+
+def _shape_line(run: Path) -> str:
+    saved = torch.load(sorted((run / "checkpoints").glob("step-*.pt"))[-1], weights_only=True, mmap=True)
+    train = saved["config"]["train"]
+    return f"{train['data_streams']} data streams, {train['workers']} workers, device {train['device']}"
+
+
+@section("4. losses (forward + backward) against the matmul bound")
+def losses_against_matmul(sizes: Sizes) -> None:
+    from cloob_core.objectives.losses import cloob_loss, infonce_loss
+
+    device = torch.device(sizes.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    side = 8192 if device.type == "cuda" else 256
+    a = torch.randn(side, side, device=device, dtype=dtype)
+    product = lambda: a @ a  # noqa: E731
+    for _ in range(3):
+        product()
+    sync(device)
+    started = time.perf_counter()
+    for _ in range(10):
+        product()
+    sync(device)
+    peak = 10 * 2 * side**3 / (time.perf_counter() - started)
+    say(f"   matmul rate ({side}^3, {str(dtype).removeprefix('torch.')}): {peak / 1e12:.1f} TFLOP/s")
+    # GEMMs of N x N x d, forward + backward (each GEMM's backward is two): InfoNCE 1 + 2, CLOOB 9 + 18
+    gemms = {"infonce": 3, "cloob": 27}
+    functions = {"infonce": lambda x, y: infonce_loss(x, y, 30.0), "cloob": lambda x, y: cloob_loss(x, y, 30.0, 8.0)}
+    for n in sizes.loss_sizes:
+        x = torch.nn.functional.normalize(torch.randn(n, sizes.dim, device=device), dim=-1).to(dtype)
+        y = torch.nn.functional.normalize(x.float() + 0.5 * torch.randn_like(x.float()), dim=-1).to(dtype)
+        x.requires_grad_(True)
+        y.requires_grad_(True)
+        cells = []
+        for name, fn in functions.items():
+            def run(fn: Callable = fn, x: torch.Tensor = x, y: torch.Tensor = y) -> None:
+                with torch.autocast(device.type, dtype=dtype, enabled=device.type == "cuda"):
+                    loss = fn(x, y)
+                loss.backward()
+            seconds = 1 / rate(run, device, 1, 2, 5)
+            bound = gemms[name] * 2 * n * n * sizes.dim / peak
+            cells.append(f"{name} {seconds * 1e3:.2f} ms (bound {bound * 1e3:.2f} ms, {bound / seconds:.0%})")
+            x.grad = y.grad = None
+        memory = f"; peak memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB" if device.type == "cuda" else ""
+        say(f"   N={n}: " + ", ".join(cells) + memory)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@section("5. a world-size-1 process group: gather with gradient, DDP with accumulation and a learnt temperature")
+def collectives(sizes: Sizes) -> None:
+    import torch.distributed as dist
+    from torch import nn
+
+    from cloob_core.objectives.distributed import all_gather_with_grad
+    from cloob_core.objectives.registry import build_objective
+    from cloob_core.training.step import StepParts, accumulate_gradients, optimizer_step
+
+    device = torch.device(sizes.device, 0) if sizes.device == "cuda" else torch.device("cpu")
+    dist.init_process_group(sizes.backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1,
+                            **({"device_id": device} if device.type == "cuda" else {}))
+    try:
+        x = torch.randn(6, 4, device=device, requires_grad=True)
+        weights = torch.randn(6, 4, device=device)
+        gathered = all_gather_with_grad(x)
+        (gathered * weights).sum().backward()
+        ok = torch.equal(gathered, x) and torch.equal(x.grad, weights)
+        say(f"   {dist.get_backend()} gather with gradient: {'equal' if ok else 'DIFFERENT'}")
+        if not ok:
+            raise AssertionError("the gather or its backward is wrong")
+
+        class Towers(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.image, self.text = nn.Linear(8, 5), nn.Linear(6, 5)
+                self.log_inv_tau = nn.Parameter(torch.tensor(2.5))
+
+            def forward(self, images, texts):
+                return (nn.functional.normalize(self.image(images), dim=-1),
+                        nn.functional.normalize(self.text(texts), dim=-1), self.log_inv_tau.exp())
+
+        torch.manual_seed(0)
+        reference = Towers().to(device)
+        wrapped_module = copy.deepcopy(reference)
+        wrapped = nn.parallel.DistributedDataParallel(wrapped_module, device_ids=[0] if device.type == "cuda" else None)
+        results = []
+        for model, module, accum in ((wrapped, wrapped_module, 2), (reference, reference, 1)):
+            parts = StepParts(model=model, objective=build_objective("cloob", beta=8.0),
+                              optimizer=torch.optim.AdamW(module.parameters(), lr=0.05),
+                              scaler=torch.amp.GradScaler(device.type, enabled=False), device_type=device.type,
+                              accum_freq=accum)
+            generator = torch.Generator().manual_seed(1)
+            for _ in range(3):
+                images, texts = torch.randn(12, 8, generator=generator), torch.randn(12, 6, generator=generator)
+                accumulate_gradients(parts, images.to(device), texts.to(device))
+                optimizer_step(parts)
+            results.append(torch.cat([p.detach().flatten() for p in module.parameters()]))
+        worst = (results[0] - results[1]).abs().max().item()
+        say(f"   DDP, accum_freq 2, learnt temperature, 3 steps: ran; largest difference from one process on the "
+            f"whole batch {worst:.1e}")
+        if worst > 1e-4:
+            raise AssertionError(f"DDP with accumulation differs from one process by {worst}")
+    finally:
+        dist.destroy_process_group()
+
+
+@section("6. an 8-GPU checkpoint resumed on one GPU")
+def resume_from_eight(sizes: Sizes, scratch: Path) -> None:
+    from cloob_core.config import load_config
+    from cloob_core.training.checkpoint import CHECKSUM_SUFFIX
+    from cloob_core.training.loop import train
+
+    shards = scratch / "shards"
+    if not shards.exists():
+        write_shards(shards, sizes.images, sizes.image_side, per_shard=max(sizes.images // 64, 8))
+    base = [f"train.shards={shards}", "model.architecture=cloob-tiny-vit", "train.batch_size=64",
+            "train.tensorboard=false", "train.checkpoint_every=2", "train.steps=4", "train.data_streams=8",
+            "train.workers=2", "train.log_every=2"]
+    train(load_config(overrides=base), scratch / "whole", progress=False)
+    saved_path = scratch / "whole" / "checkpoints" / "step-00000002.pt"
+    saved = torch.load(saved_path, weights_only=True)
+    if torch.cuda.is_available():  # as rank 0 of an 8-GPU pod saved it before: every device's state
+        saved["rng"]["cuda"] = [torch.cuda.get_rng_state()] * 8
+    saved["world_size"] = 8
+    eight = scratch / "eight" / "step-00000002.pt"
+    eight.parent.mkdir(parents=True)
+    torch.save(saved, eight)
+    (eight.parent / (eight.name + CHECKSUM_SUFFIX)).write_text(hashlib.sha256(eight.read_bytes()).hexdigest() + "\n")
+    result = train(load_config(overrides=base), scratch / "resumed", resume=str(eight), progress=False)
+    final = torch.load(scratch / "resumed" / "checkpoints" / "step-00000004.pt", weights_only=True)
+    reference = torch.load(scratch / "whole" / "checkpoints" / "step-00000004.pt", weights_only=True)
+    same_data = final["positions"] == reference["positions"]
+    worst = max((final["model"][k].float() - reference["model"][k].float()).abs().max().item() for k in final["model"])
+    say(f"   resumed at step {result.metrics['resumed_from_step']} of {result.metrics['steps']} on "
+        f"{torch.cuda.device_count() if torch.cuda.is_available() else 0} GPU(s): data positions "
+        f"{'as the uninterrupted run' if same_data else 'DIFFERENT'}, largest weight difference {worst:.1e}")
+    if not same_data:
+        raise AssertionError("the resumed run read other data")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="every section on the CPU, tiny sizes (CI)")
+    parser.add_argument("--out", type=Path, help="also write the result lines to this file")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    sizes = QUICK if args.quick else FULL
+    if sizes.device == "cuda" and not torch.cuda.is_available():
+        from cloob_core.training.env import cuda_problem
+
+        print(f"gpu_check: no usable GPU ({cuda_problem()}); use --quick on the CPU", file=sys.stderr)
+        return 2
+    name = torch.cuda.get_device_name(0) if sizes.device == "cuda" else "CPU (quick mode)"
+    say(f"gpu_check: torch {torch.__version__} (CUDA {torch.version.cuda}), {name}, {os.cpu_count()} cores; "
+        f"brought: {os.environ.get('GPU_CHECK_BROUGHT') or 'nothing'}")
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        scratch = Path(tmp)
+        collectives(sizes)
+        steps_against_open_clip(sizes)
+        stage_against_step(sizes, scratch)
+        losses_against_matmul(sizes)
+        resume_from_eight(sizes, scratch)
+    say(f"gpu_check: {'FAILED: ' + ', '.join(FAILED) if FAILED else 'all sections ran'} in "
+        f"{time.perf_counter() - started:.0f} s")
+    if args.out:
+        args.out.write_text("\n".join(RESULTS) + "\n")
+    return 1 if FAILED else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
