@@ -39,6 +39,7 @@ from cloob_core.training.worker_gate import WorkerGate
 log = logging.getLogger(__name__)
 Position = tuple[int, int]  # (pass, samples of that pass consumed)
 IMAGE_KEYS = ("jpg", "jpeg", "png", "webp")
+SHARED_BYTES = 1 << 20  # a chunk's images from this size on reach the main process in shared memory
 
 
 class UnreadableData(StageError):
@@ -114,14 +115,19 @@ class Chunk:
     failure: str | None = None  # why the stream cannot go on (raised by ``assemble``, in the main process)
 
     def __getstate__(self) -> dict[str, Any]:
-        """From a worker, the tensors travel inside the pickle as numpy arrays. torch's own route (a file
+        """From a worker, small images travel inside the pickle as numpy arrays: torch's own route (a file
         descriptor per tensor, handed over by a thread of the worker that must first win the worker's GIL from
-        the decoding loop) held the main process up to 5 ms per tensor: a tenth of the stage's time at 32 px."""
+        the decoding loop) held the main process up to 5 ms per tensor, a tenth of the stage's time at 32 px.
+        From ``SHARED_BYTES`` on they take torch's route, in shared memory: copied through the pipe and again out
+        of the pickle, 224-px batches kept the main process of a GPU run from launching the step in time."""
         images = self.images.permute(0, 2, 3, 1) if self.images.dim() == 4 else self.images  # channels-last: no copy
+        if images.nbytes >= SHARED_BYTES:
+            return {**self.__dict__, "images": images, "tokens": self.tokens.numpy()}
         return {**self.__dict__, "images": images.numpy(), "tokens": self.tokens.numpy()}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        images = torch.from_numpy(state["images"])
+        images = state["images"]
+        images = images if isinstance(images, torch.Tensor) else torch.from_numpy(images)
         self.__dict__.update(state, images=images.permute(0, 3, 1, 2) if images.dim() == 4 else images,
                              tokens=torch.from_numpy(state["tokens"]))
 
