@@ -104,7 +104,9 @@ def train_task(params: str, shards: Any, settings: ClusterSettings) -> dsl.Pipel
                                         run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
         return watcher.set_cpu_request("500m").set_memory_request("1Gi")
     trained = steps.train(params=params, shards=shards, gpus=settings.gpus)
-    trained.set_cpu_request(settings.cpu).set_memory_request(settings.memory)
+    cpus = settings.training_cpus()  # the thread budget's cores too: a request sets no quota to read
+    trained.set_cpu_request(str(cpus)).set_memory_request(settings.memory).set_env_variable("LOKY_MAX_CPU_COUNT",
+                                                                                          str(cpus))
     if settings.gpus > 0:
         trained.set_accelerator_type(settings.accelerator).set_accelerator_limit(settings.gpus)
     kubernetes.empty_dir_mount(trained, volume_name="dshm", mount_path="/dev/shm", medium="Memory",

@@ -86,7 +86,7 @@ def test_training_runs_on_gpu_nodes_with_shared_memory_and_the_secret(compiled):
     resources = spec["deploymentSpec"]["executors"]["exec-train"]["container"]["resources"]
     assert resources["accelerator"]["resourceCount"] == "4"
     assert resources["accelerator"]["resourceType"] == "nvidia.com/gpu"
-    assert resources["resourceCpuRequest"] == "8" and resources["resourceMemoryRequest"] == "32Gi"
+    assert resources["resourceCpuRequest"] == "48" and resources["resourceMemoryRequest"] == "32Gi"  # 12 per GPU
     train = platform["exec-train"]
     assert train["emptyDirMounts"] == [{"medium": "Memory", "mountPath": "/dev/shm", "sizeLimit": "16Gi",
                                         "volumeName": "dshm"}]
@@ -297,6 +297,31 @@ def test_recurring_runs_are_created_listed_and_deleted(package, capsys):
         assert f"{recurring_id}  nightly-retrain  0 0 3 * * *" in capsys.readouterr().out
         assert main(["schedule", "delete", *endpoint, recurring_id]) == 0
         assert api.calls("DELETE", f"/apis/v2beta1/recurringruns/{recurring_id}") and not api.recurring
+
+
+def test_a_gpu_pod_gets_cuda_bf16_and_workers_and_streams_from_the_cpus_it_requests(compiled, monkeypatch):
+    """What the one-pod training step of a pipeline compiled for 4 GPUs runs with: 48 CPUs requested (12 per GPU)
+    and given to the thread budget, the default params' auto settings, which on that pod resolve to CUDA (one line
+    if it is unusable), bf16, and per rank 8 workers over 16 streams (12 cores each; a batch of 128 in 64 streams)."""
+    import torch
+
+    from cloob_core.config import config_from_mapping
+    from cloob_core.ops import launch
+    from cloob_core.training.shape import RunShape, run_shape
+    from cloob_core.training.step import resolve_precision
+
+    spec = compiled["spec"]
+    container = spec["deploymentSpec"]["executors"]["exec-train"]["container"]
+    assert container["resources"]["resourceCpuRequest"] == "48"
+    assert {"name": "LOKY_MAX_CPU_COUNT", "value": "48"} in container["env"]
+    params = json.loads(spec["root"]["inputDefinitions"]["parameters"]["params"]["defaultValue"])
+    train = params["train"]
+    assert (train["device"], train["precision"], train["workers"], train["data_streams"]) == ("auto",) * 4
+    on_the_pod = launch.on_gpus(config_from_mapping(params), 4).train
+    assert on_the_pod.device == "cuda"
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    assert resolve_precision(on_the_pod.precision, torch.device("cuda", 0)) == "bf16"
+    assert run_shape(on_the_pod, device_type="cuda", ranks=4, cores_per_rank=48 // 4, shards=1000) == RunShape(64, 8)
 
 
 def compile_with(tmp_path: Path, *options: str) -> dict:

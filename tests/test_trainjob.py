@@ -148,9 +148,12 @@ def test_a_job_on_shards_its_pods_cannot_reach_is_refused_before_any_pod_starts(
 
     with pytest.raises(ConfigError, match="its shards must be an s3:// prefix, not '/data/shards'"):
         kubeflow.train_multinode({}, "/data/shards", str(tmp_path / "model"), settings().to_json(), "run-1")
-    # 3 nodes x 8 GPUs are 24 ranks: the default 8 data streams cannot be shared among them
-    with pytest.raises(ConfigError, match=r"data_streams \(8\) must be a multiple of the number of ranks \(24\)"):
+    # 3 nodes x 8 GPUs are 24 ranks: the default batch of 128 cannot be shared among them, nor 8 streams
+    with pytest.raises(ConfigError, match=r"batch_size 128 must split into 24 rank\(s\)"):
         kubeflow.train_multinode({}, "s3://data/shards", str(tmp_path / "model"), settings().to_json(), "run-1")
+    with pytest.raises(ConfigError, match=r"data_streams \(8\) must be a multiple of the number of ranks \(24\)"):
+        kubeflow.train_multinode({"train": {"data_streams": 8, "batch_size": 192}}, "s3://data/shards",
+                                 str(tmp_path / "model"), settings().to_json(), "run-1")
 
 
 def _stub_python(folder: Path, body: str) -> dict[str, str]:
@@ -234,3 +237,26 @@ def test_a_two_node_job_trains_and_equals_one_process(kind, local_shards, tmp_pa
     two = load_file(tmp_path / "model" / "model" / "open_clip_model.safetensors")
     worst = max((one[k] - two[k]).abs().max().item() for k in one)
     assert worst < 1e-6, worst  # the same global batch, split over two nodes
+
+
+def test_the_job_pods_request_cpus_per_gpu_and_carry_nccl_settings():
+    """Each pod of a 2-node x 8-GPU job: 96 CPUs requested (12 per GPU) and given to the thread budget, CUDA
+    required, NCCL's defaults with the given ones over them, and on request the node's network and RDMA devices."""
+    job = settings(nodes=2, gpus=8, nccl_env={"NCCL_SOCKET_IFNAME": "eth0", "NCCL_DEBUG": "INFO"},
+                   host_network=True, rdma_resources={"rdma/rdma_shared_device_a": "1"})
+    config = trainjob.job_config(load_config(), "s3://data/shards", "s3://w/n", gpus=job.gpus)
+    body = trainjob.manifest(job, "n", config, "s3://w/n")
+    for role in ("Master", "Worker"):
+        pod = body["spec"]["pytorchReplicaSpecs"][role]["template"]["spec"]
+        (container,) = pod["containers"]
+        assert container["resources"]["requests"]["cpu"] == "96"
+        assert container["resources"]["limits"] == {"nvidia.com/gpu": "8", "rdma/rdma_shared_device_a": "1"}
+        env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+        assert env["LOKY_MAX_CPU_COUNT"] == {"resourceFieldRef": {"resource": "requests.cpu", "divisor": "1"}}
+        assert env["NCCL_SOCKET_IFNAME"] == "eth0" and env["NCCL_DEBUG"] == "INFO"
+        assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
+        assert yaml.safe_load(env["CLOOB_PARAMS"])["train"]["device"] == "cuda"
+        assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
+    plain = trainjob.manifest(settings(nodes=2, gpus=8), "n", config, "s3://w/n")
+    pod = plain["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    assert "hostNetwork" not in pod and pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "8"}

@@ -4,6 +4,7 @@ multi-node training job alike; `python -m pipelines compile` has one flag per fi
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -11,6 +12,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from cloob_core.config import ConfigError, describe
 
 MAX_DOWNLOAD_GROUPS = 256  # iterations of the download loop: Argo keeps every node's status in one etcd object
+# NCCL in a multi-node job, unless the settings say otherwise: errors end the job instead of hanging it (torch's
+# async error handling), and NCCL logs its warnings and the transport it chose, which is what to read first when
+# two nodes are slow (NET/IB against NET/Socket).
+NCCL_DEFAULTS = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "NCCL_DEBUG": "WARN", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
+
+
+def cpu_count(quantity: str) -> int:
+    """A Kubernetes CPU quantity ("8", "500m", "2.5") as whole CPUs, rounded up."""
+    text = quantity.strip()
+    value = float(text[:-1]) / 1000 if text.endswith("m") else float(text)
+    return max(1, math.ceil(value))
 
 
 class ClusterSettings(BaseModel):
@@ -29,7 +41,21 @@ class ClusterSettings(BaseModel):
     nodes: int = Field(1, ge=1, description="Training nodes; >1 creates a Training Operator job with `gpus` per node.")
     gpus: int = Field(1, ge=0, description="GPUs per training node; >1 runs torchrun, one process per GPU.")
     accelerator: str = Field("nvidia.com/gpu", description="Accelerator resource name.")
-    cpu: str = Field("8", description="Training pod CPU request.")
+    cpu: str = Field("8", description="CPU request of a training pod without GPUs (with GPUs: cpu_per_gpu).")
+    cpu_per_gpu: int = Field(12, ge=1, description="CPUs a training pod requests per GPU, and the cores its thread "
+                             "budget splits: the data-loader workers decode on them (a ViT-B/32 step on an H100 "
+                             "needs ~4,000 samples/s, ~470 per core at 224 px; docs/performance.md, \"Feeding a "
+                             "GPU\"). Size it to the node: its CPUs over its GPUs, less what the node keeps.")
+    nccl_env: dict[str, str] = Field(
+        default_factory=lambda: dict(NCCL_DEFAULTS), description="Environment of the multi-node job's pods for NCCL "
+        "and torch's NCCL layer (e.g. NCCL_SOCKET_IFNAME=eth0, NCCL_IB_HCA=mlx5); given values replace the "
+        "defaults of the same name (docs/kubernetes.md, \"Several nodes\").")
+    host_network: bool = Field(False, description="Multi-node pods on the node's network (hostNetwork, "
+                               "ClusterFirstWithHostNet DNS): NCCL then reaches the node's fast interfaces; needs a "
+                               "namespace that allows it.")
+    rdma_resources: dict[str, str] = Field(default_factory=dict, description="Extra resources each multi-node pod "
+                                           "asks for, e.g. rdma/rdma_shared_device_a=1 (the NVIDIA network "
+                                           "operator's InfiniBand/RoCE devices); NCCL uses them when present.")
     memory: str = Field("32Gi", description="Training pod memory request.")
     shm: str = Field("16Gi", description="Size of the training pods' memory-backed /dev/shm (DataLoader workers).")
     node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels the training pods need.")
@@ -50,6 +76,20 @@ class ClusterSettings(BaseModel):
     job_poll_s: float = Field(20.0, gt=0, description="Seconds between looks at the job's status.")
     image: str = Field("", description="The job pods' image; filled with the training image when the pipeline is "
                        "compiled.")
+
+    @field_validator("nccl_env", mode="before")
+    @classmethod
+    def _over_the_defaults(cls, value: Any) -> Any:
+        return {**NCCL_DEFAULTS, **value} if isinstance(value, dict) else value
+
+    @field_validator("cpu")
+    @classmethod
+    def _a_cpu_quantity(cls, value: str) -> str:
+        try:
+            cpu_count(value)
+        except ValueError:
+            raise ValueError(f"not a CPU quantity: {value!r} (e.g. 8, 500m)") from None
+        return value
 
     @field_validator("gpu_taint", "s3_secret", "service_account", "job_namespace", mode="before")
     @classmethod
@@ -76,6 +116,10 @@ class ClusterSettings(BaseModel):
             return cls(**values)
         except ValidationError as err:
             raise ConfigError(describe(err, "cluster settings")) from None
+
+    def training_cpus(self) -> int:
+        """CPUs a training pod requests: ``cpu_per_gpu`` per GPU, or ``cpu`` (rounded up) without GPUs."""
+        return self.gpus * self.cpu_per_gpu if self.gpus > 0 else cpu_count(self.cpu)
 
     def to_json(self) -> str:
         return self.model_dump_json()

@@ -80,6 +80,7 @@ def _env(settings: ClusterSettings, params_text: str) -> list[dict[str, Any]]:
                                  # up, not the node's cores (a request sets no cgroup quota to read)
                                  {"name": "LOKY_MAX_CPU_COUNT",
                                   "valueFrom": {"resourceFieldRef": {"resource": "requests.cpu", "divisor": "1"}}}]
+    env += [{"name": key, "value": value} for key, value in sorted(settings.nccl_env.items())]
     if settings.s3_secret:
         env += [{"name": key, "valueFrom": {"secretKeyRef": {"name": settings.s3_secret, "key": key,
                                                              "optional": True}}} for key in SECRET_KEYS]
@@ -87,9 +88,12 @@ def _env(settings: ClusterSettings, params_text: str) -> list[dict[str, Any]]:
 
 
 def _resources(settings: ClusterSettings) -> dict[str, Any]:
-    resources: dict[str, Any] = {"requests": {"cpu": settings.cpu, "memory": settings.memory}}
+    resources: dict[str, Any] = {"requests": {"cpu": str(settings.training_cpus()), "memory": settings.memory}}
+    limits = dict(settings.rdma_resources)
     if settings.gpus > 0:
-        resources["limits"] = {settings.accelerator: str(settings.gpus)}
+        limits[settings.accelerator] = str(settings.gpus)
+    if limits:
+        resources["limits"] = limits
     return resources
 
 
@@ -108,6 +112,8 @@ def _scheduling(settings: ClusterSettings) -> dict[str, Any]:
         spec["tolerations"] = [{"key": settings.gpu_taint, "operator": "Exists", "effect": "NoSchedule"}]
     if settings.service_account:
         spec["serviceAccountName"] = settings.service_account
+    if settings.host_network:
+        spec.update(hostNetwork=True, dnsPolicy="ClusterFirstWithHostNet")
     return spec
 
 
