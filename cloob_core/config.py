@@ -278,6 +278,9 @@ class TrainConfig(_Section):
         "one without), fp32 on the CPU (where bf16 runs too, but slower).")
     grad_clip_norm: float | None = Field(None, gt=0, description="Clip the global gradient norm to this (null: off).")
     grad_checkpointing: bool = Field(False, description="Recompute activations in backward (saves memory).")
+    grad_compression: Literal["none", "bf16"] = Field(
+        "none", description="bf16: DDP all-reduces the gradients in bfloat16, half the bytes between nodes (for "
+        "several nodes without a fast interconnect; the averaged gradient is rounded to bf16).")
     compile: bool = Field(False, description="torch.compile the model.")
     sync_batchnorm: bool = Field(False, description="SyncBatchNorm across ranks (ResNet encoders on GPUs).")
     device: Literal["auto", "cpu", "cuda"] = Field(

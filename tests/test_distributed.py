@@ -295,3 +295,37 @@ def test_local_anchors_change_the_loss_terms_a_rank_computes():
         second = objective.compute(x, y, inv_tau, Anchors(BATCH // 2, BATCH))
         assert not torch.allclose(first, whole)
         torch.testing.assert_close((first + second) / 2, whole, rtol=1e-12, atol=0)
+
+
+def _compressed_rank_main(rank: int, port: int, result_path: str) -> None:
+    from cloob_core.training.env import DistEnv, across_ranks
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE)
+    try:
+        results = {}
+        for compression in ("none", "bf16"):
+            model = across_ranks(TwoTowers().float(), DistEnv(rank, WORLD_SIZE), torch.device("cpu"),
+                                 grad_compression=compression)
+            images, texts = (t.float() for t in batch())
+            half = slice(rank * BATCH // WORLD_SIZE, (rank + 1) * BATCH // WORLD_SIZE)
+            _, grads = loss_and_grads(model, configured("cloob"), images[half], texts[half])
+            results[compression] = {k.removeprefix("module."): v for k, v in grads.items()}
+        if rank == 0:
+            torch.save(results, result_path)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_bf16_gradient_compression_averages_the_gradients_in_bfloat16(tmp_path):
+    """train.grad_compression bf16: DDP's all-reduce carries bfloat16, so the averaged gradient is the exact one
+    up to bf16's rounding (8 bits of mantissa), and differs from it."""
+    result_path = tmp_path / "rank0.pt"
+    mp.spawn(_compressed_rank_main, args=(_free_port(), str(result_path)), nprocs=WORLD_SIZE, join=True)
+    results = torch.load(result_path, weights_only=True)
+    differs = False
+    for name, exact in results["none"].items():
+        compressed = results["bf16"][name]
+        # each rank's gradient rounded to bf16, summed in bf16: errors of 2^-8 of the summands' size
+        torch.testing.assert_close(compressed, exact, rtol=0, atol=2 ** -7 * float(exact.abs().max()), msg=name)
+        differs |= not torch.equal(compressed, exact)
+    assert differs, "the compressed gradients equal the exact ones: no compression ran"

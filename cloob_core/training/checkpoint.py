@@ -4,7 +4,7 @@
 how it is put back into the model, optimiser, schedule, scaler, objective and RNGs. Saved with ``torch.save``
 and read with ``torch.load(weights_only=True)``, so a checkpoint is data, never code: tensors and plain
 containers only (numpy RNG state is stored as lists). Local files are written to a temporary name and renamed;
-an optional ``s3://`` mirror receives each checkpoint as a completed upload.
+an optional ``s3://`` mirror receives each checkpoint as a completed upload, in the background (:class:`Mirror`).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import io
 import logging
 import random
 import re
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -127,7 +128,7 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def save(state: dict[str, Any], folder: Path, step: int, keep: int, mirror: str | None = None) -> Path:
+def save(state: dict[str, Any], folder: Path, step: int, keep: int) -> Path:
     """Write the checkpoint and, before it takes its name, its SHA-256 beside it (``step-N.pt.sha256``): a
     checkpoint without a checksum was not completely written, and one whose bytes differ is corrupt."""
     path = folder / checkpoint_name(step)
@@ -135,13 +136,77 @@ def save(state: dict[str, Any], folder: Path, step: int, keep: int, mirror: str 
     for stale in folder.glob(".step-*.tmp"):  # temporaries of writes killed mid-way (the folder is this run's)
         stale.unlink(missing_ok=True)
     write_torch(path, state, before_publish=lambda tmp: write_text(checksum, _sha256(tmp.read_bytes()) + "\n"))
-    if mirror:  # the checksum first: the mirrored checkpoint is complete once it is there too
-        for file in (checksum, path):
-            storage.copy_file(file, storage.join(mirror, file.name))
     _retain(str(folder), keep)
-    if mirror:
-        _retain(mirror, keep)
     return path
+
+
+class Mirror:
+    """Uploads rank 0's checkpoints to an ``s3://`` prefix (``train.checkpoint_sync``) in a thread of its own, so
+    the run goes on while one uploads: the other ranks would otherwise wait for it in their next collective,
+    under NCCL's timeout, for as long as a 1.8 GB upload takes. The checksum goes first: a mirrored checkpoint is
+    complete once its bytes are there too. A checkpoint submitted while another uploads waits; a newer one
+    replaces it (retention would delete it anyway). A failed upload stops the run at the next checkpoint or at
+    its end, naming the object, as an inline upload did."""
+
+    def __init__(self, location: str, keep: int) -> None:
+        self.location, self.keep = location, keep
+        self._waiting: Path | None = None
+        self._error: BaseException | None = None
+        self._busy = False
+        self._done = threading.Condition()
+        self._thread = threading.Thread(target=self._upload_loop, name="cloob-checkpoint-mirror", daemon=True)
+        self._closed = False
+        self._thread.start()
+
+    def submit(self, path: Path) -> None:
+        self._raise_failure()
+        with self._done:
+            self._waiting = path
+            self._done.notify_all()
+
+    def finish(self, raise_failure: bool = True) -> None:
+        """Wait for the uploads submitted so far, then stop; raises an upload's error (if ``raise_failure``)."""
+        with self._done:
+            while self._waiting is not None or self._busy:
+                self._done.wait()
+            self._closed = True
+            self._done.notify_all()
+        self._thread.join()
+        if raise_failure:
+            self._raise_failure()
+
+    def _raise_failure(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def _upload_loop(self) -> None:
+        while True:
+            with self._done:
+                while self._waiting is None and not self._closed:
+                    self._done.wait()
+                if self._waiting is None:
+                    return
+                path, self._waiting, self._busy = self._waiting, None, True
+            try:
+                self._upload(path)
+            except BaseException as err:  # raised in the loop's thread by submit or finish
+                self._error = err
+            finally:
+                with self._done:
+                    self._busy = False
+                    self._done.notify_all()
+
+    def _upload(self, path: Path) -> None:
+        checksum = path.parent / (path.name + CHECKSUM_SUFFIX)
+        try:
+            for file in (checksum, path):
+                storage.copy_file(file, storage.join(self.location, file.name))
+        except FileNotFoundError:  # retention removed it locally while older uploads ran: a newer one follows
+            log.info("checkpoint %s was superseded before its upload", path.name)
+            return
+        _retain(self.location, self.keep)
+        log.info("checkpoint %s mirrored to %s", path.name, self.location)
 
 
 def complete(location: str) -> list[str]:

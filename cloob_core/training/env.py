@@ -116,3 +116,22 @@ def init_process_group(env: DistEnv, device: torch.device) -> None:
         torch.cuda.set_device(device)
     dist.init_process_group(backend, init_method="env://", rank=env.rank, world_size=env.world_size)
     log.info("rank %d of %d (%s, %s backend)", env.rank, env.world_size, env.launcher, backend)
+
+
+def across_ranks(model: torch.nn.Module, env: DistEnv, device: torch.device, *, sync_batchnorm: bool = False,
+                 grad_compression: str = "none") -> torch.nn.Module:
+    """What forward runs through: ``model`` itself in one process; else DDP around it (SyncBatchNorm first on
+    GPUs, if asked), with ``grad_compression`` bf16 all-reducing the gradients in bfloat16 (half the bytes
+    between nodes; each gradient is rounded to 8 bits of mantissa before the average, as torch's
+    ``bf16_compress_hook`` does)."""
+    if not env.distributed:
+        return model
+    if sync_batchnorm and device.type == "cuda":
+        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    wrapped = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda"
+                                                        else None)
+    if grad_compression == "bf16":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        wrapped.register_comm_hook(None, default_hooks.bf16_compress_hook)
+    return wrapped

@@ -35,7 +35,7 @@ from cloob_core.plots import training_curves_png
 from cloob_core.threads import core_share, plan_threads
 from cloob_core.training import checkpoint
 from cloob_core.training.checkpoint import Trainables, TrainingState
-from cloob_core.training.env import DistEnv, choose_device, detect, init_process_group
+from cloob_core.training.env import DistEnv, across_ranks, choose_device, detect, init_process_group
 from cloob_core.training.images import Normalize, TrainImages
 from cloob_core.training.monitor import Monitor, Snapshot
 from cloob_core.training.optim import build_optimizer, build_scheduler
@@ -118,6 +118,7 @@ class _Setup:
 
     config: CloobConfig  # the run's configuration with its shape resolved (data streams, workers)
     env: DistEnv
+    mirror: checkpoint.Mirror | None  # rank 0's uploads to train.checkpoint_sync
     device: torch.device
     steps: int
     parts: Trainables
@@ -150,18 +151,16 @@ def _build(config: CloobConfig, steps: int, shards: int) -> _Setup:
     parts = Trainables(model=model, optimizer=optimizer, scheduler=build_scheduler(optimizer, config.optim, steps),
                        scaler=torch.amp.GradScaler(device.type, enabled=precision == "fp16"),
                        objective=objective_from_config(config))
-    forward_model: torch.nn.Module = model
-    if cfg.sync_batchnorm and env.distributed and device.type == "cuda":
-        forward_model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(forward_model)
-    if env.distributed:
-        forward_model = torch.nn.parallel.DistributedDataParallel(
-            forward_model, device_ids=[device.index] if device.type == "cuda" else None)
+    forward_model = across_ranks(model, env, device, sync_batchnorm=cfg.sync_batchnorm,
+                                 grad_compression=cfg.grad_compression)
     if cfg.compile:
         forward_model = torch.compile(forward_model)
     step_parts = StepParts(model=forward_model, objective=parts.objective, optimizer=optimizer, scaler=parts.scaler,
                            device_type=device.type, precision=precision, accum_freq=cfg.accum_freq,
                            grad_clip_norm=cfg.grad_clip_norm)
-    return _Setup(config=config, env=env, device=device, steps=steps, parts=parts, step_parts=step_parts,
+    mirror = checkpoint.Mirror(cfg.checkpoint_sync, cfg.keep_checkpoints) if cfg.checkpoint_sync and env.is_main \
+        else None
+    return _Setup(config=config, env=env, mirror=mirror, device=device, steps=steps, parts=parts, step_parts=step_parts,
                   images=TrainImages(model.image_size, augment=cfg.augment),
                   normalize=Normalize.of(model.encoder.visual), tokenizer=build_tokenizer(config.model.architecture))
 
@@ -275,9 +274,10 @@ def _save_checkpoint(config: CloobConfig, setup: _Setup, output: Path, state: Tr
     if setup.env.is_main:
         whole = TrainingState(step=state.step, positions=positions, history=state.history)
         path = checkpoint.save(whole.checkpoint(setup.parts, config.model_dump(), setup.env.world_size),
-                               output / "checkpoints", state.step, config.train.keep_checkpoints,
-                               config.train.checkpoint_sync)
+                               output / "checkpoints", state.step, config.train.keep_checkpoints)
         log.info("checkpoint %s", path)
+        if setup.mirror is not None:
+            setup.mirror.submit(path)
     if setup.env.distributed:
         dist.barrier()
 
@@ -390,6 +390,10 @@ def _train(config: CloobConfig, output: Path, resume: str | None, progress: bool
     try:
         with _StopSignal() as stop:
             last_loss = _run_steps(config, setup, batches, state, monitor, output, stop)
+    except BaseException:
+        if setup.mirror is not None:  # the uploads begun go on to their end; the run's own error is the one raised
+            setup.mirror.finish(raise_failure=False)
+        raise
     finally:
         batches.close()  # ends the data-loader workers now, whatever stopped the loop
         monitor.close()
@@ -407,14 +411,16 @@ def _train(config: CloobConfig, output: Path, resume: str | None, progress: bool
         "samples_per_second": round((setup.steps - start_step) * cfg.batch_size / max(seconds, 1e-9), 2),
         "precision": setup.step_parts.precision,
     }
+    if env.distributed:  # the ranks part here: none waits in a collective while rank 0 writes and uploads
+        dist.barrier()
+        dist.destroy_process_group()
     published: list[str] = []
     if env.is_main:
         _write_outputs(output, setup.parts.model, config, metrics, state.history)
         if publish:
             published = storage.upload_tree(str(output), publish, exclude=("checkpoints",))
-    if env.distributed:
-        dist.barrier()
-        dist.destroy_process_group()
+        if setup.mirror is not None:
+            setup.mirror.finish()
     return TrainResult(output, metrics, setup.parts.model, env.is_main, published)
 
 
