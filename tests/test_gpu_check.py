@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -12,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_the_gpu_check_runs_every_section_in_its_quick_cpu_mode(tmp_path):
     done = subprocess.run(["benchmarks/gpu_check.sh", "--quick"], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "OUT": str(tmp_path)}, timeout=600)
+                          env={**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable}, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     lines = (tmp_path / "gpu_check.txt").read_text()
     for expected in ("ours CLIP / open_clip_train", "CLOOB / CLIP", "stage / step", "host syncs per step",

@@ -33,6 +33,7 @@ class WatchedAssembler(Assembler):
             yield batch
 
 
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")  # more workers than this machine's cores
 @pytest.mark.parametrize("workers", [0, 1, 2, 3, 5])
 @pytest.mark.parametrize("streams", [1, 2, 3, 4, 5, 7])
 def test_any_streams_over_any_workers_keeps_the_waiting_chunks_bounded(streams, workers, monkeypatch):
