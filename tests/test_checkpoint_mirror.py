@@ -61,5 +61,5 @@ def test_a_failed_upload_is_raised_at_the_next_submit_or_at_the_end(tmp_path, mo
             mirror.submit(saved(local, 2))
     mirror = checkpoint.Mirror("s3://bucket/run/checkpoints", keep=2)
     mirror.submit(saved(local, 3))
-    with pytest.raises(OSError, match="step-00000003.pt.sha256"):
+    with pytest.raises(OSError, match=r"step-00000003\.pt\.sha256"):
         mirror.finish()
