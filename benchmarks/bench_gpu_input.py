@@ -120,8 +120,10 @@ def _box(image) -> tuple[int, int, int, int]:
     return 0, 0, height, width
 
 
-def loader_rate(shards: Path, workers: int, batch: int, steps: int, device: str) -> float:
-    """Batches/s × batch of ``cloob train``'s loader alone (16 streams; ``workers`` processes), after a warm-up."""
+def loader_rate(shards: Path, workers: int, batch: int, steps: int, device: str) -> tuple[float, float]:
+    """``cloob train``'s loader alone (16 streams; ``workers`` processes), after a warm-up: (samples/s, the main
+    process's CPU milliseconds per batch). The second is what the loader takes from the thread that launches a
+    GPU step's kernels: it can be compared on any machine, GPU or not."""
     from types import SimpleNamespace
 
     import torch
@@ -142,10 +144,11 @@ def loader_rate(shards: Path, workers: int, batch: int, steps: int, device: str)
         warm = max(steps // 4, 2)
         for _ in range(warm):
             next(batches)
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         for _ in range(steps - warm):
             next(batches)
-        return (steps - warm) * batch / (time.perf_counter() - started)
+        used = time.process_time() - cpu
+        return (steps - warm) * batch / (time.perf_counter() - started), 1e3 * used / (steps - warm)
     finally:
         batches.close()
 
@@ -156,6 +159,8 @@ def main() -> None:
     parser.add_argument("--sides", default="256,288,512")
     parser.add_argument("--processes", type=int, default=os.cpu_count())
     parser.add_argument("--workers", default="8,16", help="worker counts of the loader measurement")
+    parser.add_argument("--batch", type=int, default=256, help="batch of the loader measurement")
+    parser.add_argument("--loader-only", action="store_true", help="only the loader measurement")
     parser.add_argument("--quick", action="store_true", help="a few images, no GPU part (CI)")
     args = parser.parse_args()
     import torch
@@ -166,7 +171,7 @@ def main() -> None:
           f"{torch.cuda.get_device_name(0) if gpu else 'no GPU'}; {count} JPEGs per source size (samples/s)")
     print(f"  {'source':>8} {'ours, 1 core':>13} {'ours, all cores':>16} {'nvJPEG + crop':>14} "
           f"{'all cores / nvJPEG':>19}")
-    for side in (int(s) for s in args.sides.split(",")):
+    for side in (int(s) for s in args.sides.split(",") if not args.loader_only):
         samples = jpegs(count, side)
         one = statistics.median(_cpu_rate(samples) for _ in range(2))
         every = cpu_every_core(samples, args.processes)
@@ -176,13 +181,14 @@ def main() -> None:
 
     from gpu_check import write_shards
 
-    batch, steps = (16, 8) if args.quick else (256, 40)
+    batch, steps = (16, 8) if args.quick else (args.batch, 40)
     with tempfile.TemporaryDirectory() as tmp:
         shards = Path(tmp) / "shards"
         write_shards(shards, 128 if args.quick else 4096, 48 if args.quick else 288, per_shard=8 if args.quick else 64)
         for workers in (int(w) for w in args.workers.split(",")):
-            got = loader_rate(shards, workers, batch, steps, "cuda" if gpu else "cpu")
-            print(f"  cloob train's loader alone, {workers} workers, batch {batch}: {got:.0f} samples/s", flush=True)
+            got, main_ms = loader_rate(shards, workers, batch, steps, "cuda" if gpu else "cpu")
+            print(f"  cloob train's loader alone, {workers} workers, batch {batch}: {got:.0f} samples/s; main "
+                  f"process {main_ms:.1f} CPU ms per batch", flush=True)
     sys.stdout.flush()
 
 
