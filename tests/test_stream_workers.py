@@ -55,3 +55,36 @@ def test_any_streams_over_any_workers_keeps_the_waiting_chunks_bounded(streams, 
         batches.close()
     # at most one step's chunks of the workers other than the one that completes the batch
     assert WatchedAssembler.most_waiting <= max(streams - 1, 0), WatchedAssembler.most_waiting
+
+
+class LargeChunks(StreamChunks):
+    """Chunks of 224-px images (2.4 MB each): past ``SHARED_BYTES``, so they travel in shared memory."""
+
+    def _chunk(self, step, stream, source, handler, decoded_in):
+        size = self.settings.chunk_size
+        pixels = torch.arange(size * 224 * 224 * 3, dtype=torch.int64).remainder(251).to(torch.uint8)
+        images = (pixels.reshape(size, 224, 224, 3) + stream).permute(0, 3, 1, 2)  # channels-last, as crops are
+        return Chunk(step, stream, images, torch.full((size, 4), step), (0, step), 0)
+
+
+def test_large_chunks_reach_the_main_process_in_shared_memory_intact_and_channels_last(monkeypatch):
+    from cloob_core.training.streams import SHARED_BYTES
+
+    monkeypatch.setattr(loop, "StreamChunks", LargeChunks)
+    config = load_config(overrides=["train.data_streams=4", "train.workers=2", "train.batch_size=64",
+                                    "train.data_timeout_s=60"])
+    setup = SimpleNamespace(env=SimpleNamespace(rank=0, world_size=1), device=torch.device("cpu"), images=None,
+                            tokenizer=None)
+    batches = loop._batches(config, setup, [f"shard-{i}.tar" for i in range(4)], loop.TrainingState())
+    expected = torch.arange(16 * 224 * 224 * 3, dtype=torch.int64).remainder(251).to(torch.uint8).reshape(
+        16, 224, 224, 3)
+    try:
+        for step in range(3):
+            batch = next(batches)
+            assert batch.images.shape == (64, 3, 224, 224) and SHARED_BYTES <= 16 * 224 * 224 * 3
+            assert batch.images.is_contiguous(memory_format=torch.channels_last)
+            for stream in range(4):
+                got = batch.images[16 * stream : 16 * (stream + 1)].permute(0, 2, 3, 1)
+                assert torch.equal(got, expected + stream), (step, stream)
+    finally:
+        batches.close()
