@@ -11,7 +11,8 @@ Sections:
 3. ``cloob train`` with the defaults a GPU pod gets (device cuda, precision/workers/streams auto) on JPEG shards
    against its step alone, and the host synchronisations per step (``torch.cuda.set_sync_debug_mode``);
 4. the CLOOB and InfoNCE losses (forward + backward) against the matmul bound, N = 1k to 16k;
-5. NCCL: the gather with gradient and DDP with accumulation and a learnable temperature, on a world-size-1 group;
+5. NCCL: the gather with gradient, DDP with accumulation and a learnable temperature, and DDP with the bf16
+   compression hook, on a world-size-1 group;
 6. an "8-GPU" checkpoint (every device's CUDA RNG state, as earlier versions saved it) resumed on one GPU.
 """
 
@@ -291,7 +292,8 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@section("5. a world-size-1 process group: gather with gradient, DDP with accumulation and a learnt temperature")
+@section("5. a world-size-1 process group: gather with gradient, DDP with accumulation and a learnt temperature, "
+         "DDP with bf16 compression")
 def collectives(sizes: Sizes) -> None:
     import torch.distributed as dist
     from torch import nn
@@ -344,6 +346,19 @@ def collectives(sizes: Sizes) -> None:
             f"whole batch {worst:.1e}")
         if worst > 1e-4:
             raise AssertionError(f"DDP with accumulation differs from one process by {worst}")
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks  # train.grad_compression bf16
+
+        plain, compressed = copy.deepcopy(reference), copy.deepcopy(reference)
+        hooked = nn.parallel.DistributedDataParallel(compressed, device_ids=[0] if device.type == "cuda" else None)
+        hooked.register_comm_hook(None, default_hooks.bf16_compress_hook)
+        images, texts = torch.randn(12, 8, device=device), torch.randn(12, 6, device=device)
+        for model in (plain, hooked):
+            build_objective("cloob", beta=8.0)(*model(images, texts)).backward()
+        gap = max((a.grad - b.grad).abs().max().item() / max(a.grad.abs().max().item(), 1e-12)
+                  for a, b in zip(plain.parameters(), compressed.parameters(), strict=True))
+        say(f"   DDP with the bf16 compression hook: ran; gradients within {gap:.1e} of the exact ones (relative)")
+        if gap > 2 ** -6:
+            raise AssertionError(f"bf16-compressed gradients differ by {gap}")
     finally:
         dist.destroy_process_group()
 
