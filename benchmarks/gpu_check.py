@@ -13,7 +13,9 @@ Sections:
 4. the CLOOB and InfoNCE losses (forward + backward) against the matmul bound, N = 1k to 16k;
 5. NCCL: the gather with gradient, DDP with accumulation and a learnable temperature, and DDP with the bf16
    compression hook, on a world-size-1 group;
-6. an "8-GPU" checkpoint (every device's CUDA RNG state, as earlier versions saved it) resumed on one GPU.
+6. an "8-GPU" checkpoint (every device's CUDA RNG state, as earlier versions saved it) resumed on one GPU;
+7. (only when asked: ``--sections 7``) the stage against its step under variants: twice the batch, half the
+   workers, torch's file_system sharing strategy; about 3 minutes on a GPU.
 """
 
 from __future__ import annotations
@@ -183,24 +185,34 @@ class StepClock:
         return self.syncs[self.first + 1 : self.last]
 
 
-@section("3. the training stage with a GPU pod's defaults against its step alone; host syncs per step")
-def stage_against_step(sizes: Sizes, scratch: Path) -> None:
+@dataclass
+class StageRun:
+    stage: float  # samples/s of the stage, steady state
+    alone: float  # samples/s of its step alone, same model and batch
+    result: object  # the stage's TrainResult
+    clock: StepClock
+    caught: list
+
+
+def run_stage(sizes: Sizes, scratch: Path, name: str, batch: int, extra: tuple[str, ...] = ()) -> StageRun:
+    """``cloob train`` with a GPU pod's defaults (plus ``extra`` overrides) on the check's shards, and its step alone
+    on random tensors at the same model and batch."""
     from cloob_core.config import load_config
     from cloob_core.training import monitor as monitor_module
     from cloob_core.training.loop import train
 
     model = sizes.models[0]
-    shards = write_shards(scratch / "shards", sizes.images, sizes.image_side, per_shard=max(sizes.images // 64, 8))
-    step, device = build_variant("ours_cloob", model, sizes.batch, precision="bf16" if sizes.device == "cuda"
-                                 else "fp32")
-    alone = rate(step, device, sizes.batch, sizes.warmup, sizes.steps)
+    if not (scratch / "shards").exists():
+        write_shards(scratch / "shards", sizes.images, sizes.image_side, per_shard=max(sizes.images // 64, 8))
+    step, device = build_variant("ours_cloob", model, batch, precision="bf16" if sizes.device == "cuda" else "fp32")
+    alone = rate(step, device, batch, sizes.warmup, sizes.steps)
     del step
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    overrides = [f"train.shards={scratch / 'shards'}", f"model.architecture={model}", f"train.batch_size={sizes.batch}",
+    overrides = [f"train.shards={scratch / 'shards'}", f"model.architecture={model}", f"train.batch_size={batch}",
                  f"train.steps={sizes.stage_steps}", f"train.checkpoint_every={sizes.stage_steps}",
                  f"train.log_every={sizes.stage_steps}", "train.tensorboard=false", "train.sample_cache_mb=0",
-                 f"train.device={'cuda' if sizes.device == 'cuda' else 'auto'}"]
+                 f"train.device={'cuda' if sizes.device == 'cuda' else 'auto'}", *extra]
     config = load_config(overrides=overrides)
     settled = max(sizes.stage_steps // 4, 2)  # workers started, first batches decoded
     clock = StepClock(settled, sizes.stage_steps - 2, device)  # (the last step writes its checkpoint)
@@ -217,25 +229,50 @@ def stage_against_step(sizes: Sizes, scratch: Path) -> None:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             clock.caught = caught
-            result = train(config, scratch / "run", progress=False)
+            result = train(config, scratch / name, progress=False)
     finally:
         monitor_module.Monitor.advance = real_advance
         if device.type == "cuda":
             torch.cuda.set_sync_debug_mode(0)
-    stage = clock.samples_per_second(sizes.batch)
-    syncs = clock.syncs_per_step()
-    metrics = result.metrics
-    say(f"   {model}, batch {sizes.batch}, {shards} shards of {sizes.image_side}-px JPEGs: precision "
-        f"{metrics['precision']}, {result.model.encoder.visual.__class__.__name__} on {device}; shape: "
-        f"{_shape_line(scratch / 'run')}")
-    say(f"   stage {stage:.0f} samples/s (steps {clock.first + 1}-{clock.last}), step alone {alone:.0f}: "
-        f"stage / step = {stage / alone:.3f} (goal >= 0.9); whole run {metrics['samples_per_second']:.0f}")
+    return StageRun(clock.samples_per_second(batch), alone, result, clock, caught)
+
+
+@section("3. the training stage with a GPU pod's defaults against its step alone; host syncs per step")
+def stage_against_step(sizes: Sizes, scratch: Path) -> None:
+    run = run_stage(sizes, scratch, "run", sizes.batch)
+    syncs = run.clock.syncs_per_step()
+    metrics = run.result.metrics
+    device = torch.device(sizes.device)
+    say(f"   {sizes.models[0]}, batch {sizes.batch}, {sizes.images} {sizes.image_side}-px JPEGs: precision "
+        f"{metrics['precision']} on {device}; shape: {_shape_line(scratch / 'run')}")
+    say(f"   stage {run.stage:.0f} samples/s (steps {run.clock.first + 1}-{run.clock.last}), step alone "
+        f"{run.alone:.0f}: stage / step = {run.stage / run.alone:.3f} (goal >= 0.9); whole run "
+        f"{metrics['samples_per_second']:.0f}")
     if device.type == "cuda":
-        detail = [str(w.message)[:120] for w in caught if "synchroniz" in str(w.message)][:3]
+        detail = [str(w.message)[:120] for w in run.caught if "synchroniz" in str(w.message)][:3]
         say(f"   host syncs per step: {statistics.mean(syncs):.2f} (max {max(syncs)}; goal 0)"
             + (f"; e.g. {detail}" if max(syncs) else ""))
     else:
         say("   host syncs per step: not measured on the CPU")
+
+
+@section("7. the training stage against its step under variants (what closes the gap; opt-in: --sections 7)")
+def stage_variants(sizes: Sizes, scratch: Path) -> None:
+    variants = (("defaults", sizes.batch, (), None),
+                ("twice the batch", 2 * sizes.batch, (), None),
+                ("half the workers", sizes.batch, ("train.workers=8" if sizes.device == "cuda" else "train.workers=1",),
+                 None),
+                ("file_system sharing", sizes.batch, (), "file_system"))
+    for index, (label, batch, extra, sharing) in enumerate(variants):
+        previous = torch.multiprocessing.get_sharing_strategy()
+        if sharing:
+            torch.multiprocessing.set_sharing_strategy(sharing)
+        try:
+            run = run_stage(sizes, scratch, f"variant-{index}", batch, extra)
+        finally:
+            torch.multiprocessing.set_sharing_strategy(previous)
+        say(f"   {label:<20} batch {batch}: stage {run.stage:.0f}, step alone {run.alone:.0f} samples/s: "
+            f"stage / step = {run.stage / run.alone:.3f}")
 
 
 def _shape_line(run: Path) -> str:
@@ -420,7 +457,8 @@ def main() -> int:
         for number, run in (("5", lambda: collectives(sizes)), ("1", lambda: steps_against_open_clip(sizes)),
                             ("3", lambda: stage_against_step(sizes, scratch)),
                             ("4", lambda: losses_against_matmul(sizes)),
-                            ("6", lambda: resume_from_eight(sizes, scratch))):
+                            ("6", lambda: resume_from_eight(sizes, scratch)),
+                            ("7", lambda: stage_variants(sizes, scratch))):
             if number in chosen:
                 run()
     say(f"gpu_check: {'FAILED: ' + ', '.join(FAILED) if FAILED else 'all sections ran'} in "
