@@ -19,7 +19,6 @@ numbers.
 from __future__ import annotations
 
 import argparse
-import io
 import multiprocessing
 import os
 import random
@@ -29,31 +28,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+from gpu_check import photo_jpegs, write_shards
 
 SIZE = 224
-
-
-def jpegs(count: int, side: int) -> list[tuple[bytes, str]]:
-    """``count`` (JPEG bytes, caption) pairs at ``side`` px on the short side."""
-    import pyarrow.parquet as pq
-    from PIL import Image
-
-    import cloob_core.data as data_package
-
-    rows = pq.read_table(Path(data_package.__file__).parent / "captioned" / "pairs.parquet",
-                         columns=["image", "caption"]).to_pylist()
-    out = []
-    for index in range(count):
-        row = rows[index % len(rows)]
-        image = Image.open(io.BytesIO(row["image"])).convert("RGB")
-        scale = side / min(image.size)
-        image = image.resize((round(image.width * scale), round(image.height * scale)), Image.Resampling.BICUBIC)
-        if index >= len(rows):
-            image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-        encoded = io.BytesIO()
-        image.save(encoded, "JPEG", quality=90)
-        out.append((encoded.getvalue(), row["caption"]))
-    return out
 
 
 def _cpu_rate(samples: list[tuple[bytes, str]]) -> float:
@@ -172,14 +149,13 @@ def main() -> None:
     print(f"  {'source':>8} {'ours, 1 core':>13} {'ours, all cores':>16} {'nvJPEG + crop':>14} "
           f"{'all cores / nvJPEG':>19}")
     for side in (int(s) for s in args.sides.split(",") if not args.loader_only):
-        samples = jpegs(count, side)
+        samples = list(photo_jpegs(count, side))
         one = statistics.median(_cpu_rate(samples) for _ in range(2))
         every = cpu_every_core(samples, args.processes)
         device = gpu_rate(samples) if gpu else float("nan")
         print(f"  {side:>6}px {one:>13.0f} {every:>16.0f} {device:>14.0f} {every / device:>19.2f}", flush=True)
     import tempfile
 
-    from gpu_check import write_shards
 
     batch, steps = (16, 8) if args.quick else (args.batch, 40)
     with tempfile.TemporaryDirectory() as tmp:

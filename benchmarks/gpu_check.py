@@ -34,7 +34,7 @@ import tempfile
 import time
 import traceback
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -124,9 +124,10 @@ def steps_against_open_clip(sizes: Sizes) -> None:
             f"(goal >= 0.95); CLOOB / CLIP = {measured['ours_cloob'] / measured['ours_clip']:.3f} (goal >= 0.9)")
 
 
-def write_shards(folder: Path, count: int, side: int, per_shard: int) -> int:
-    """``count`` JPEG pairs in WebDataset tars: the packaged captioned photos (128 px) enlarged to ``side`` px
-    and re-encoded at quality 90, so decoding costs what a photo of that size costs. Returns the shards."""
+def photo_jpegs(count: int, side: int) -> Iterator[tuple[bytes, str]]:
+    """``count`` (JPEG, caption) pairs: the packaged captioned photos (128 px) enlarged to ``side`` px wide and
+    re-encoded at quality 90, so decoding costs what a photo of that size costs; past the photos' number, mirrored
+    and turned copies, so that no two samples are the same."""
     import pyarrow.parquet as pq
     from PIL import Image
 
@@ -134,19 +135,27 @@ def write_shards(folder: Path, count: int, side: int, per_shard: int) -> int:
 
     rows = pq.read_table(Path(data_package.__file__).parent / "captioned" / "pairs.parquet",
                          columns=["image", "caption"]).to_pylist()
+    for index in range(count):
+        row = rows[index % len(rows)]
+        image = Image.open(io.BytesIO(row["image"])).convert("RGB")
+        image = image.resize((side, side * image.height // image.width), Image.Resampling.BICUBIC)
+        if index >= len(rows):
+            image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT).rotate(index % 7, expand=False)
+        encoded = io.BytesIO()
+        image.save(encoded, "JPEG", quality=90)
+        yield encoded.getvalue(), row["caption"]
+
+
+def write_shards(folder: Path, count: int, side: int, per_shard: int) -> int:
+    """:func:`photo_jpegs` in WebDataset tars of ``per_shard`` samples, with their sizes.json. Returns the shards."""
     folder.mkdir(parents=True, exist_ok=True)
     shards = (count + per_shard - 1) // per_shard
+    samples = photo_jpegs(count, side)
     for shard in range(shards):
         with tarfile.open(folder / f"{shard:05d}.tar", "w") as tar:
             for index in range(shard * per_shard, min(count, (shard + 1) * per_shard)):
-                row = rows[index % len(rows)]
-                image = Image.open(io.BytesIO(row["image"])).convert("RGB")
-                image = image.resize((side, side * image.height // image.width), Image.Resampling.BICUBIC)
-                if index >= len(rows):  # another sample, not a copy: mirrored and shifted
-                    image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT).rotate(index % 7, expand=False)
-                encoded = io.BytesIO()
-                image.save(encoded, "JPEG", quality=90)
-                for suffix, payload in (("jpg", encoded.getvalue()), ("txt", row["caption"].encode())):
+                jpeg, caption = next(samples)
+                for suffix, payload in (("jpg", jpeg), ("txt", caption.encode())):
                     info = tarfile.TarInfo(f"{index:08d}.{suffix}")
                     info.size = len(payload)
                     tar.addfile(info, io.BytesIO(payload))

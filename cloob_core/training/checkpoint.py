@@ -154,8 +154,8 @@ class Mirror:
         self._error: BaseException | None = None
         self._busy = False
         self._done = threading.Condition()
+        self._closed = False  # set before the thread starts: it reads it at once
         self._thread = threading.Thread(target=self._upload_loop, name="cloob-checkpoint-mirror", daemon=True)
-        self._closed = False
         self._thread.start()
 
     def submit(self, path: Path) -> None:

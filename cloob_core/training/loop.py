@@ -135,8 +135,7 @@ def _build(config: CloobConfig, steps: int, shards: int) -> _Setup:
                       shards=shards)
     config = config_from_mapping(config.model_dump(), values={"train": {"data_streams": shape.streams,
                                                                         "workers": shape.workers}})
-    cfg = config.train
-    cfg.check_shape(env.world_size)
+    cfg = config.train  # (its shape was checked in _train; auto counts are valid by construction)
     plan_threads(cfg.threads, workers=cfg.workers, device_type=device.type).apply()
     init_process_group(env, device)
     use_fast_kernels(device)

@@ -112,7 +112,7 @@ class Chunk:
     tokens: torch.Tensor
     position: Position
     skipped: int
-    failure: str | None = None  # why the stream cannot go on (raised by ``assemble``, in the main process)
+    failure: str | None = None  # why the stream cannot go on (raised by ``Assembler``, in the main process)
 
     def __getstate__(self) -> dict[str, Any]:
         """From a worker, small images travel inside the pickle as numpy arrays: torch's own route (a file
