@@ -107,9 +107,26 @@ def honours_conditional_writes(folder: str) -> bool:
                 write_if_unchanged(probe, b"overwritten", version)
             except WriteConflict:
                 refused += 1
+        _remove_abandoned_probes(storage.join(folder, ".cas-probe"), probe)
         return refused == 2 and storage.read_bytes(probe) == token
     finally:
         storage.delete(probe)
+
+
+PROBE_ABANDONED_S = 600.0  # a probe takes seconds: one this much older than ours was left by a killed gate
+
+
+def _remove_abandoned_probes(prefix: str, ours: str) -> None:
+    """Remove probe objects a killed gate left, judged by the server's clock: older than ours by
+    :data:`PROBE_ABANDONED_S` (a running gate's probe is seconds old)."""
+    bucket, key = storage.split_s3(prefix)
+    listed = storage.s3_client().list_objects_v2(Bucket=bucket, Prefix=key + "/").get("Contents", [])
+    now = next((entry["LastModified"] for entry in listed if entry["Key"] == storage.split_s3(ours)[1]), None)
+    if now is None:
+        return
+    for entry in listed:
+        if (now - entry["LastModified"]).total_seconds() > PROBE_ABANDONED_S:
+            storage.delete(f"s3://{bucket}/{entry['Key']}")
 
 
 def hold_lock(path: Path, wait_s: float) -> IO:

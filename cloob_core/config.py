@@ -186,6 +186,9 @@ class AcquireConfig(_Section):
                                                    "evaluation keeps the held-out 'test' split.")
 
 
+_ENGINE_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*(%|[KMGT]i?B|B)", re.IGNORECASE)
+
+
 class EngineConfig(_Section):
     """The out-of-core engine (DuckDB) of the manifest-wide steps: URL duplicates, the gate's aggregates."""
 
@@ -194,6 +197,24 @@ class EngineConfig(_Section):
     threads: int = Field(0, ge=0, description="Engine threads (0: DuckDB's default, one per core it may use).")
     spill_dir: str | None = Field(None, description="Local folder the engine spills to (null: a temporary folder); "
                                   "needs about the size of the manifest's URL column for 10^9 rows.")
+
+    @field_validator("memory_limit")
+    @classmethod
+    def _size(cls, value: str) -> str:
+        """A size DuckDB reads the same way: a positive number with a unit (KB, MiB, GB, ...) or a percentage
+        of the machine's memory; DuckDB itself would take ``-5GB`` as its default and ``abc`` only later."""
+        found = _ENGINE_SIZE.fullmatch(value.strip())
+        if found is None or float(found.group(1)) <= 0 or (found.group(2) == "%" and float(found.group(1)) > 100):
+            raise ValueError(f"{value!r} is not a memory size: give a positive number with a unit (512MB, 4GiB, "
+                             "1TB) or a percentage of the memory (50%)")
+        return value.strip()
+
+    @field_validator("spill_dir")
+    @classmethod
+    def _local_folder(cls, value: str | None) -> str | None:
+        if value is not None and (not value.strip() or "://" in value):
+            raise ValueError(f"{value!r} is not a local folder (the engine spills to a local disk)")
+        return value
 
 
 class ValidationConfig(_Section):
@@ -234,6 +255,8 @@ class TrainConfig(_Section):
                             "otherwise): distinct ones while the sample has enough, then repeats.")
     shards: str = Field("data/shards", description="Training shards: a folder with sizes.json (local or "
                         "s3://), a brace pattern or a .tar; from `cloob data download|shards`.")
+    allow_incomplete_shards: bool = Field(False, description="Train on a shard folder whose stats.json counts "
+                                          "missing shards (partitions still downloading); refused otherwise.")
     batch_size: int = Field(128, ge=2, description="Global contrastive batch over all ranks (paper: 512 on CC3M, "
                             "1024 on YFCC).")
     epochs: float = Field(40.0, gt=0, description="Training length in passes over the shards' samples "

@@ -25,6 +25,7 @@ import functools
 import inspect
 import json
 import logging
+import math
 import os
 import socket
 import threading
@@ -37,7 +38,7 @@ from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import IO, Any, ParamSpec, TypeVar
 
-from cloob_core import conditional_write, storage
+from cloob_core import conditional_write, scratch, storage
 from cloob_core.errors import StageError
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 TTL_S = 60.0  # an S3 lease not renewed for this long is stale; renewed every third of it
+MAX_TTL_S = 86400.0  # a lease that claims longer is not trusted (taken over as unreadable)
 
 
 class OutputBusy(StageError):
@@ -62,35 +64,34 @@ class Holder:
     started: str
     token: str
     ttl_s: float = TTL_S
+    machine: str = ""  # scratch.machine_id(): "" in leases written before it was recorded
 
     @classmethod
     def me(cls) -> Holder:
         return cls(socket.gethostname(), os.getpid(), datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                   uuid.uuid4().hex, TTL_S)
+                   uuid.uuid4().hex, TTL_S, scratch.machine_id())
 
     @classmethod
     def parse(cls, data: bytes | str) -> Holder | None:
+        """The holder a lease file names; None when it cannot be trusted: empty (being written), not ours, or a
+        time to live that is not a positive finite number (such a lease would never lapse)."""
         try:
             fields = json.loads(data)
-            return cls(str(fields["host"]), int(fields["pid"]), str(fields["started"]), str(fields["token"]),
-                       float(fields.get("ttl_s", TTL_S)))
-        except (ValueError, KeyError, TypeError):
-            return None  # empty (being written) or not ours
+            holder = cls(str(fields["host"]), int(fields["pid"]), str(fields["started"]), str(fields["token"]),
+                         float(fields.get("ttl_s", TTL_S)), str(fields.get("machine", "")))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return None
+        return holder if math.isfinite(holder.ttl_s) and 0 < holder.ttl_s <= MAX_TTL_S else None
 
     def describe(self) -> str:
         return f"host {self.host}, pid {self.pid}, started {self.started}"
 
     def running_here(self) -> bool | None:
-        """Whether the holder's process is alive: None when it runs on another host (unknowable from here)."""
-        if self.host != socket.gethostname():
+        """Whether the holder's process is alive: None when it may run on another machine, or in another pid
+        namespace (unknowable from here; a host name alone does not tell)."""
+        if self.host != socket.gethostname() or not self.machine or self.machine != scratch.machine_id():
             return None
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
+        return scratch.alive(self.pid)
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -150,7 +151,9 @@ def _local_lease(location: str, label: str) -> Iterator[None]:
         handle.flush()
         yield
     finally:
-        path.unlink(missing_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            if os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino:  # ours, not a successor's
+                path.unlink()
         handle.close()
 
 
@@ -169,10 +172,23 @@ class _Renewal(threading.Thread):
         self.location, self.holder, self.version = location, holder, version
         self.lost: str | None = None
         self._stop_event = threading.Event()
+        self._lock = threading.Lock()
         self._last_renewed = time.monotonic()
 
     def run(self) -> None:
-        while not self._stop_event.wait(self.holder.ttl_s / 3):
+        while not self._stop_event.wait(self.holder.ttl_s / 3) and self.lost is None:
+            try:
+                self.renew()
+            except Exception as err:  # a flaky store: try again at the next beat, until the lease would lapse
+                if time.monotonic() - self._last_renewed > self.holder.ttl_s:
+                    self.lost = f"not renewed for {self.holder.ttl_s:g} s ({type(err).__name__}: {err})"
+
+    def renew(self) -> None:
+        """One renewal: a conditional write against the version this holder wrote last, which a takeover
+        changes. Sets ``lost`` when the lease is another's."""
+        with self._lock:
+            if self.lost is not None:
+                return
             try:
                 self.version = conditional_write.write_if_unchanged(self.location, self.holder.encode(), self.version)
                 self._last_renewed = time.monotonic()
@@ -182,10 +198,8 @@ class _Renewal(threading.Thread):
                     self.lost = f"taken over by {current.describe() if current else 'another run'}"
                     return
                 self.version = version  # still ours (a renewal whose reply was lost): renew that version
-            except Exception as err:  # a flaky store: try again at the next beat, until the lease would lapse
-                if time.monotonic() - self._last_renewed > self.holder.ttl_s:
-                    self.lost = f"not renewed for {self.holder.ttl_s:g} s ({type(err).__name__}: {err})"
-                    return
+                self.version = conditional_write.write_if_unchanged(self.location, self.holder.encode(), self.version)
+                self._last_renewed = time.monotonic()
 
     def stop(self) -> None:
         self._stop_event.set()
@@ -201,17 +215,30 @@ def _read_holder(location: str) -> tuple[Holder | None, str | None, float | None
         return None, None, None
     body = reply["Body"].read()
     server_now = _server_time(reply)
-    age = (server_now - reply["LastModified"]).total_seconds()
+    age = None if server_now is None else (server_now - reply["LastModified"]).total_seconds()
     return Holder.parse(body), reply["ETag"], age
 
 
-def _server_time(reply: dict[str, Any]) -> datetime:
+def _server_time(reply: dict[str, Any]) -> datetime | None:
+    """The server's time of the reply (its ``Date`` header); None when it sent none this client can read. Never
+    this machine's clock: the holder's renewals are stamped by the server's."""
     date = reply.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
     try:
         when = parsedate_to_datetime(date)
-    except (TypeError, ValueError, IndexError):  # no Date header (or one this client cannot read): our clock
-        return datetime.now(timezone.utc)
+    except (TypeError, ValueError, IndexError):
+        return None
     return when if when.tzinfo else when.replace(tzinfo=timezone.utc)  # HTTP dates are GMT
+
+
+def _unchanged_for(location: str, version: str, ttl_s: float) -> bool:
+    """Whether the lease stays at ``version`` for ``ttl_s`` seconds by this machine's monotonic clock: its age
+    where the store gives no time to judge it by (a renewal would change the version within a third of that)."""
+    deadline = time.monotonic() + ttl_s
+    while time.monotonic() < deadline:
+        time.sleep(min(1.0, ttl_s / 10))
+        if _read_holder(location)[1] != version:
+            return False
+    return True
 
 
 def _stale(holder: Holder | None, age: float | None) -> str | None:
@@ -231,6 +258,7 @@ def _s3_lease(location: str, label: str) -> Iterator[None]:
     version = _acquire_s3(location, label, me)
     renewal = _Renewal(location, me, version)
     renewal.start()
+    _renewals[location] = renewal
     failed = False
     try:
         yield
@@ -238,6 +266,7 @@ def _s3_lease(location: str, label: str) -> Iterator[None]:
         failed = True
         raise
     finally:
+        _renewals.pop(location, None)
         renewal.stop()
         current = _read_holder(location)[0]
         if current is not None and current.token == me.token:
@@ -263,6 +292,11 @@ def _acquire_s3(location: str, label: str, me: Holder) -> str:
         if version is None:  # released in between: try again
             continue
         why = _stale(holder, age)
+        if why is None and age is None and holder is not None:
+            log.warning("%s: the store sends no Date header to judge the lease's age by; watching it for %g s",
+                        label, holder.ttl_s)
+            why = f"not renewed for {holder.ttl_s:g} s (watched)" if _unchanged_for(location, version,
+                                                                                     holder.ttl_s) else None
         if why is None:
             raise _busy(label, holder)
         try:
@@ -273,6 +307,27 @@ def _acquire_s3(location: str, label: str, me: Holder) -> str:
                     holder.describe() if holder else "an unreadable holder", why)
         return taken
     raise _busy(label, _read_holder(location)[0])
+
+
+_renewals: dict[str, _Renewal] = {}  # the S3 leases this process holds, by location
+
+
+def check_held(output: str | os.PathLike, name: str = "", what: str = "") -> None:
+    """Fence a publication: call it right before a write that makes work visible (an index, a part, a shard).
+    On S3 it renews the lease now, a conditional write against this holder's version, which a takeover changes;
+    a writer whose lease was taken (it was paused past the lease's time to live) gets :class:`LeaseLost` and
+    publishes nothing more. After a renewal no other run can take the lease for its time to live, so the write
+    that follows is this holder's. Locally the ``flock`` is held until the process dies: nothing to check."""
+    if not storage.is_s3(output):
+        return
+    location = storage.join(str(output), lease_name(name))
+    renewal = _renewals.get(location)
+    if renewal is None:
+        return  # not written under a lease (a temporary folder)
+    renewal.renew()
+    if renewal.lost:
+        raise LeaseLost(f"the lease on {what or output} was lost while this run wrote it ({renewal.lost}): another "
+                        "run took over, so this run publishes nothing more; run it again")
 
 
 def holding(parameter: str, name: str = "") -> Callable[[Callable[P, R]], Callable[P, R]]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
 import shutil
 from collections.abc import Iterator
@@ -24,6 +25,7 @@ from typing import IO, Any
 
 from cloob_core.io import atomic_path, parse_json
 
+log = logging.getLogger(__name__)
 LEASE_PREFIX = ".cloob-lease"  # the files of cloob_core.lease: bookkeeping while a stage writes, never content
 STREAM_BLOCK = 16 * 1024 * 1024  # an S3 object read from start to end is fetched in ranges of this size
 RANGE_BLOCK = 2 * 1024 * 1024  # a reader that seeks (parquet: footer, then row groups) fetches ranges this small
@@ -147,6 +149,15 @@ def exists(location: str | os.PathLike) -> bool:
 
 def file_version(location: str | os.PathLike) -> tuple[int, str] | None:
     """``(size, version)`` of the file at ``location`` (see :func:`tree_entries`); None when no file is there."""
+    if not is_s3(location):
+        try:
+            stat = os.stat(location)  # follows a link
+        except (FileNotFoundError, NotADirectoryError):
+            if os.path.islink(location):
+                raise FileNotFoundError(f"{location} is a symbolic link to {os.readlink(location)}, which does "
+                                        "not exist") from None
+            return None
+        return (stat.st_size, local_version(stat)) if os.path.isfile(location) else None
     info = _info(location)
     if info is None or info["type"] != "file":
         return None
@@ -164,14 +175,51 @@ def _info(location: str | os.PathLike) -> dict[str, Any] | None:
 
 
 def _version(path: str, info: dict[str, Any]) -> str:
-    """What changes when a file is rewritten: the S3 ETag, or locally the modification time in nanoseconds
-    (fsspec gives it in float seconds, which would change the digests recorded from it)."""
-    return str(info["ETag"]) if "ETag" in info else str(os.stat(path).st_mtime_ns)
+    """What changes when a file is rewritten: the S3 ETag, or locally :func:`local_version`."""
+    return str(info["ETag"]) if "ETag" in info else local_version(os.stat(path))
+
+
+def local_version(stat: os.stat_result) -> str:
+    """A local file's change signal: modification time, inode change time (ctime) and identity (device, inode),
+    in nanoseconds. Size and mtime alone miss a same-size rewrite whose mtime is put back (``rsync -t``,
+    ``cp -p``, ``touch -r``); the ctime cannot be set back by any tool (only the clock could), and a file
+    replaced by a rename has another inode. A content digest would also catch an edit through the raw device,
+    at the cost of reading every part on each run."""
+    return f"{stat.st_mtime_ns}:{stat.st_ctime_ns}:{stat.st_dev}:{stat.st_ino}"
+
+
+def _local_tree(root: str) -> list[tuple[str, int, str]]:
+    """:func:`tree_entries` of a local folder. Symbolic links are followed, to files and to folders, once per
+    folder (a link back to a folder above is not walked twice); a link whose target is missing is an error
+    naming it."""
+    found, seen = [], set()
+    for folder, dirs, files in os.walk(root, followlinks=True):
+        identity = (os.stat(folder).st_dev, os.stat(folder).st_ino)
+        if identity in seen:
+            log.warning("%s leads back to a folder already listed (a symbolic link loop); not listed again", folder)
+            dirs[:] = []
+            continue
+        seen.add(identity)
+        relative = os.path.relpath(folder, root)
+        for name in files:
+            if name.startswith(LEASE_PREFIX):
+                continue
+            path = os.path.join(folder, name)
+            try:
+                stat = os.stat(path)  # follows a link
+            except FileNotFoundError:
+                raise FileNotFoundError(f"{path} is a symbolic link to {os.readlink(path)}, which does not "
+                                        "exist") from None
+            entry = name if relative == "." else f"{relative.replace(os.sep, '/')}/{name}"
+            found.append((entry, stat.st_size, local_version(stat)))
+    return sorted(found)
 
 
 def tree_entries(location: str) -> list[tuple[str, int, str]]:
     """``(path, size, version)`` of every file under the folder ``location``, sorted by path (``/``-separated,
-    relative to it); the version is the S3 ETag, or locally the modification time in nanoseconds."""
+    relative to it); the version is the S3 ETag, or locally :func:`local_version`."""
+    if not is_s3(location):
+        return _local_tree(str(location)) if os.path.isdir(location) else []
     try:
         with _filesystem(location) as (files, path):
             root = files._strip_protocol(path).rstrip("/") + "/"

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import yaml
 
+from reports import report_of
+
 BIN = Path(sys.executable).parent
 GATE = ["--store", "store", "--metric", "mnist_zeroshot_classification.acc1", "--guards", "{}"]
 DVC_YAML = {"artifacts": {"cloob-model": {"path": "models/train/model", "type": "model"}},
@@ -30,7 +32,8 @@ def train(root: Path, seed: int, accuracy: float) -> None:
     """A new model folder through a real DVC stage (so dvc.lock and DVC's cache record it), and its metrics."""
     (root / "src" / "open_clip_model.safetensors").write_bytes(bytes([seed]) * 64)
     run(root, "dvc", "repro", "-q")
-    (root / "metrics.json").write_text(json.dumps({"mnist_zeroshot_classification": {"acc1": accuracy}}))
+    report_of(root / "models" / "train" / "model", {"mnist_zeroshot_classification": {"acc1": accuracy}},
+              root / "report")
 
 
 def production_stage(root: Path) -> str | None:
@@ -56,13 +59,13 @@ def test_a_promotion_is_a_gto_stage_once_the_commit_holds_its_weights(tmp_path):
     run(root, "git", "add", "-A")
     run(root, "git", "commit", "-qm", "model 1")
     # the committed model is promoted: the gate records the stage at once
-    out = run(root, "cloob", "promote", "--model", "models/train/model", "--metrics", "metrics.json", *GATE)
+    out = run(root, "cloob", "promote", "--model", "models/train/model", "--metrics", "report/metrics.json", *GATE)
     assert "PROMOTED" in out and "GTO: cloob-model at HEAD is in stage 'prod'" in out
     assert production_stage(root) == "v0.0.1"
     # right after dvc repro the lock is not committed: tagging HEAD would name the old model, so it waits
     train(root, 2, 0.6)
-    out = run(root, "cloob", "promote", "--model", "models/train/model", "--metrics", "metrics.json", "--output",
-              "promotion.json", *GATE)
+    out = run(root, "cloob", "promote", "--model", "models/train/model", "--metrics", "report/metrics.json",
+              "--output", "promotion.json", *GATE)
     assert "PROMOTED model" in out and "not recorded yet: HEAD's dvc.lock does not hold these weights" in out
     assert production_stage(root) == "v0.0.1"
     waiting = json.loads((root / "promotion.json").read_text())

@@ -13,6 +13,7 @@ from cloob_core import storage
 from cloob_core.cli import main
 from cloob_core.config import PromoteConfig
 from cloob_core.ops import promotion
+from reports import report_of
 
 METRIC = "mnist_zeroshot_classification.acc1"
 GUARD = "mnist_linear_probe.lp_acc1"
@@ -117,9 +118,9 @@ def test_production_metrics_from_another_suite_are_not_compared(tmp_path):
 def test_cli_reports_a_failed_gate_as_a_normal_outcome(tmp_path, capsys):
     store = tmp_path / "store"
     for name, top1 in (("a", 0.5), ("b", 0.4)):
-        (tmp_path / f"{name}.json").write_text(json.dumps(metrics(top1, 0.8)))
-        code = main(["promote", "--model", str(model(tmp_path / name, ord(name))), "--metrics",
-                     str(tmp_path / f"{name}.json"), "--output", str(tmp_path / f"{name}_decision.json"),
+        report = report_of(model(tmp_path / name, ord(name)), metrics(top1, 0.8), tmp_path / f"{name}_report")
+        code = main(["promote", "--model", str(tmp_path / name), "--metrics", str(report), "--output",
+                     str(tmp_path / f"{name}_decision.json"),
                      "--store", str(store), "--metric", METRIC, "--guards", json.dumps({GUARD: 0.02})])
         assert code == 0
     assert "NOT PROMOTED" in capsys.readouterr().out.splitlines()[-1]
@@ -165,8 +166,7 @@ def test_a_corrupt_production_pointer_is_named(tmp_path, capsys):
     store.mkdir()
     (store / "production.json").write_text("{not json")
     candidate = model(tmp_path / "a", 1)
-    report = tmp_path / "metrics.json"
-    report.write_text(json.dumps(metrics(0.5, 0.8)))
+    report = report_of(candidate, metrics(0.5, 0.8), tmp_path / "report")
     assert main(["promote", "--model", str(candidate), "--metrics", str(report), "--store", str(store),
                  "--metric", METRIC, "--guards", json.dumps({GUARD: 0.02})]) == 2
     error = capsys.readouterr().err

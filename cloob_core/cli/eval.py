@@ -25,14 +25,14 @@ TASK_HELP = {
 
 
 def _task(args: argparse.Namespace) -> int:
-    from cloob_core.evaluation.run import TASKS, ModelSource, evaluate
+    from cloob_core.evaluation.run import FEATURE_CACHE, TASKS, ModelSource, evaluate
     from cloob_core.evaluation.tasks.common import EvalOptions
 
     task_class = TASKS[args.eval_command]
     task = task_class(**{f.name: getattr(args, f.name) for f in dataclasses.fields(task_class)})
     output = Path(args.output)
     options = EvalOptions(classnames=args.classnames, label_key=args.label_key, progress=not args.no_progress,
-                          cache=None if args.no_cache else Path(args.cache or output / ".cache"))
+                          cache=None if args.no_cache else Path(args.cache or output / FEATURE_CACHE))
     result = evaluate(task, ModelSource(args.model, args.architecture, args.weights, args.device), output, options)
     for line in result.lines:
         print(line)

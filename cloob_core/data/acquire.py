@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
 
-from cloob_core import lease
+from cloob_core import lease, scratch
 from cloob_core.config import PACKAGED_SETS, CloobConfig
 from cloob_core.data.manifest import list_parts, read_batches
 from cloob_core.data.run_manifest import PartSource, RunManifest, frame_part, write_run_manifest
@@ -92,7 +91,7 @@ def opened(manifest: str | RunManifest, config: CloobConfig) -> Iterator[RunMani
         finally:
             opened_manifest.close()
         return
-    with tempfile.TemporaryDirectory(prefix="cloob-manifest-") as folder:
+    with scratch.folder("cloob-manifest") as folder:
         log.debug("reading %s into a run manifest (run `cloob data acquire` once to skip this)", manifest)
         converted = acquire_into(str(manifest), folder, config)
         try:

@@ -24,7 +24,6 @@ import re
 import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter, deque
@@ -36,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cloob_core import lease, storage
+from cloob_core import lease, scratch, storage
 from cloob_core.config import CloobConfig
 from cloob_core.data.acquire import opened
 from cloob_core.data.fetch import FetchPolicy
@@ -288,7 +287,7 @@ def _build_planned(run: _Run, records: list[ShardRecord], round_: int, plan: Pla
     """Build the planned shards in worker processes and publish them in plan order; how many were built."""
     manifest, output, source, owner, progress = run.manifest, run.output, run.source, run.owner, run.progress
     dl, pre = run.config.download, run.config.preprocess
-    staging_dir = Path(output) if not storage.is_s3(output) else Path(tempfile.mkdtemp(prefix="cloob-staging-"))
+    staging_dir = Path(output) if not storage.is_s3(output) else scratch.new_folder("cloob-staging")
     seen = {_digest_key(sha): key for r in records for key, sha in r.samples} if pre.dedup_content else {}
     finaliser = _Finaliser(output, pre.dedup_content, seen)
 

@@ -4,9 +4,9 @@ read one format. Rows go through the download engine with a local source (``sour
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
+from cloob_core import scratch
 from cloob_core.config import PACKAGED_SETS, CloobConfig
 from cloob_core.data.acquire import acquire_into, row_group_rows
 from cloob_core.data.download import download
@@ -22,7 +22,7 @@ def build_shards(source: str, output: str, config: CloobConfig, *, manifest: str
     ``manifest`` naming its files (relative paths in the URL column)."""
     if source not in PACKAGED_SETS and not Path(source).is_dir():
         raise ManifestError(f"--source {source} is neither a packaged set ({', '.join(PACKAGED_SETS)}) nor a folder")
-    with tempfile.TemporaryDirectory(prefix="cloob-manifest-") as folder:
+    with scratch.folder("cloob-manifest") as folder:
         fetch_source: FolderSource | PackagedSource
         if source in PACKAGED_SETS:
             rows: str | RunManifest = acquire_into(source, folder, config, split)

@@ -3,10 +3,12 @@ each cut into row groups of whole shards, and beside them
 
 - ``_manifest.json``, the index: the parts in order (rows, row groups, content digest, the source part and its
   fingerprint), the URL and caption columns, the packaged sets its rows name;
-- ``_url_duplicates.parquet``: ``(row, first)`` for each row whose URL an earlier row has, sorted by row, computed
-  out of core by the engine.
+- ``_url_duplicates-<digest>.parquet``: ``(row, first)`` for each row whose URL an earlier row has, sorted by row,
+  computed out of core by the engine.
 
-The index is written last and names every file, so a kill leaves the previous manifest whole. Every later step
+Every file but the index is named by its content (or its source's), and the index is written last and names
+every file, so a kill leaves the previous manifest whole: the files of the old index are removed only after the
+new one is in place. Every later step
 reads the index (its size grows with the parts, not the rows) and the row groups it needs. The parts keep the
 source's names and order, and a part whose source is unchanged (same size and ETag or mtime) is reused, so a
 growing source re-reads only its new parts; rows keep their numbers when parts are added at the end.
@@ -18,14 +20,12 @@ from __future__ import annotations
 import bisect
 import hashlib
 import math
-import shutil
-import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cloob_core import storage
+from cloob_core import conditional_write, lease, scratch, storage
 from cloob_core.config import EngineConfig
 from cloob_core.data import engine
 from cloob_core.data.manifest import ManifestError, ManifestRow, jsonable
@@ -37,7 +37,9 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 INDEX_NAME = "_manifest.json"
-DUPLICATES_NAME = "_url_duplicates.parquet"
+DUPLICATES_STEM = "_url_duplicates"  # _url_duplicates-<digest>.parquet
+DUPLICATES_NAME = f"{DUPLICATES_STEM}.parquet"  # a scratch name while it is written
+LEGACY_DUPLICATES = DUPLICATES_NAME  # the fixed name indexes written before the digest name had
 LAYOUT = 1
 
 
@@ -70,6 +72,7 @@ class RunManifest:
     caption_col: str
     parts: tuple[ManifestPart, ...]
     duplicate_rows: int = 0
+    duplicates: str = LEGACY_DUPLICATES  # the URL duplicates' file, named by its content
     _open: dict[int, Any] = field(default_factory=dict, compare=False, repr=False)
     _last_read: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -88,7 +91,8 @@ class RunManifest:
         parts = tuple(ManifestPart(**{**part, "row_groups": tuple(part["row_groups"]),
                                       "packaged": tuple(tuple(pair) for pair in part["packaged"])})
                       for part in index["parts"])
-        return cls(location, index["url_col"], index["caption_col"], parts, index["duplicate_rows"])
+        return cls(location, index["url_col"], index["caption_col"], parts, index["duplicate_rows"],
+                   index.get("duplicates", LEGACY_DUPLICATES))
 
     @staticmethod
     def is_one(location: str) -> bool:
@@ -195,7 +199,7 @@ class RunManifest:
 
         if not self.duplicate_rows:
             return {}
-        with storage.open_seekable(storage.join(self.location, DUPLICATES_NAME)) as handle:
+        with storage.open_seekable(storage.join(self.location, self.duplicates)) as handle:
             table = pq.read_table(handle, filters=[("row", ">=", first), ("row", "<", stop)])
         return dict(zip(table.column("row").to_pylist(), table.column("first").to_pylist(), strict=True))
 
@@ -239,15 +243,19 @@ def part_name(source: PartSource) -> str:
 def write_run_manifest(sources: Iterable[PartSource], output: str, url_col: str, caption_col: str,
                        row_group_rows: int, settings: EngineConfig) -> RunManifest:
     """Write (or bring up to date) the run manifest at ``output`` from ``sources`` in order; see the module
-    docstring. Parts already there from the same source and fingerprint are kept as they are."""
+    docstring. Parts already there from the same source and fingerprint are kept as they are. Every file is
+    published under the output's lease (:func:`cloob_core.lease.check_held`), and on S3 the index only over the
+    index this run started from: a run that lost its lease, or whose output another run replaced, publishes
+    nothing more."""
     storage.ensure_folder(output)
-    previous = _previous_parts(output)
-    staging = Path(tempfile.mkdtemp(prefix="cloob-acquire-"))
-    try:
+    index_location = storage.join(output, INDEX_NAME)
+    started_from = conditional_write.read_versioned(index_location)[1] if storage.is_s3(output) else None
+    previous = _previous(output)
+    with scratch.folder("cloob-acquire") as staging:
         parts = []
         for source in sources:
             name = part_name(source)
-            kept = previous.get(name)
+            kept = next((part for part in previous.parts if part.name == name), None) if previous else None
             if kept is not None and source.fingerprint is not None and storage.exists(storage.join(output, name)):
                 parts.append(kept)
                 continue
@@ -255,34 +263,57 @@ def write_run_manifest(sources: Iterable[PartSource], output: str, url_col: str,
             written = _write_part(source.batches(), local, url_col, caption_col, row_group_rows)
             parts.append(ManifestPart(name, written.rows, written.row_groups, _sha256(local), source.source,
                                       source.fingerprint, tuple(sorted(written.packaged)), written.packaged_rows))
+            lease.check_held(output)
             storage.upload_file(local, storage.join(output, name))
             local.unlink(missing_ok=True)
         manifest = RunManifest(output, url_col, caption_col, tuple(parts))
-        duplicates = _write_duplicates(manifest, staging / DUPLICATES_NAME, settings)
-        storage.upload_file(staging / DUPLICATES_NAME, storage.join(output, DUPLICATES_NAME))
-        manifest = RunManifest(output, url_col, caption_col, tuple(parts), duplicates)
-        storage.write_bytes(storage.join(output, INDEX_NAME), json_bytes(_index(manifest)))
-        for name in set(previous) - {part.name for part in parts}:
-            storage.delete(storage.join(output, name))
-        return manifest
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        local = staging / DUPLICATES_NAME
+        duplicate_rows = _write_duplicates(manifest, local, settings)
+        duplicates = duplicates_name(_sha256(local))  # named by content: the index it belongs to names it
+        lease.check_held(output)
+        storage.upload_file(local, storage.join(output, duplicates))
+        manifest = RunManifest(output, url_col, caption_col, tuple(parts), duplicate_rows, duplicates)
+        lease.check_held(output)
+        if storage.is_s3(output):
+            try:
+                conditional_write.write_if_unchanged(index_location, json_bytes(_index(manifest)), started_from)
+            except conditional_write.WriteConflict:
+                raise lease.LeaseLost(f"{index_location} was replaced by another run while this one wrote "
+                                      f"{output}; its index stands, and this run published nothing; run it again "
+                                      "if that run was not meant to") from None
+        else:
+            storage.write_bytes(index_location, json_bytes(_index(manifest)))
+    in_use = {part.name for part in parts} | {duplicates}
+    for name in _files_of(previous) - in_use:
+        storage.delete(storage.join(output, name))
+    return manifest
+
+
+def duplicates_name(digest: str) -> str:
+    return f"{DUPLICATES_STEM}-{digest[:16]}.parquet"
+
+
+def _files_of(manifest: RunManifest | None) -> set[str]:
+    if manifest is None:
+        return set()
+    return {part.name for part in manifest.parts} | {manifest.duplicates}
 
 
 def _index(manifest: RunManifest) -> dict[str, Any]:
     return {"layout": LAYOUT, "url_col": manifest.url_col, "caption_col": manifest.caption_col,
             "rows": len(manifest), "fingerprint": manifest.fingerprint(), "duplicate_rows": manifest.duplicate_rows,
+            "duplicates": manifest.duplicates,
             "parts": [{**asdict(part), "row_groups": list(part.row_groups),
                        "packaged": [list(pair) for pair in part.packaged]} for part in manifest.parts]}
 
 
-def _previous_parts(output: str) -> dict[str, ManifestPart]:
+def _previous(output: str) -> RunManifest | None:
     if not RunManifest.is_one(output):
-        return {}
+        return None
     try:
-        return {part.name: part for part in RunManifest.open(output).parts}
+        return RunManifest.open(output)
     except ManifestError:
-        return {}
+        return None
 
 
 @dataclass

@@ -5,6 +5,7 @@ webdataset through fsspec (s3fs), and the handler that skips what cannot be read
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 import sys
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cloob_core import storage
-from cloob_core.io import UnreadableFile
+from cloob_core.io import UnreadableFile, parse_json
 
 log = logging.getLogger(__name__)
 _BRACES = re.compile(r"\{\d+\.\.\d+\}")
@@ -59,15 +60,39 @@ def shard_list(location: str | list[str]) -> tuple[list[str], int | None]:
         import braceexpand
 
         return list(braceexpand.braceexpand(location)), None
+    sizes_file = storage.join(location, "sizes.json")
     try:
-        sizes = storage.read_json(storage.join(location, "sizes.json"))
+        raw = storage.read_bytes(sizes_file)
     except FileNotFoundError:
         names = storage.list_names(location, ".tar")
         if not names:
             raise FileNotFoundError(f"no sizes.json and no .tar shards in {location}") from None
         return [storage.join(location, name) for name in names], None
+    sizes = parse_json(raw, sizes_file)
+    recorded = (_stats(location).get("summary_files") or {}).get("sizes.json")
+    if recorded and hashlib.sha256(raw).hexdigest() != recorded:
+        raise UnreadableFile(f"{sizes_file} does not match {location}'s stats.json (a merge-stats stopped between "
+                             f"the two, or it changed since): run `cloob data merge-stats --output {location}` "
+                             "again")
     if not isinstance(sizes, dict) or not sizes or not all(
             isinstance(n, str) and isinstance(c, int) and c >= 0 for n, c in sizes.items()):
         raise UnreadableFile(f"{storage.join(location, 'sizes.json')} must map shard names to sample counts, got "
                              f"{str(sizes)[:80]}")
     return [storage.join(location, name) for name in sorted(sizes)], int(sum(sizes.values()))
+
+
+def _stats(location: str) -> dict[str, Any]:
+    stats = storage.read_json_or(storage.join(location, "stats.json"), {})
+    return stats if isinstance(stats, dict) else {}
+
+
+def missing_shards(location: str | list[str]) -> str | None:
+    """Why the shard folder ``location`` is incomplete (its stats.json counts missing shards: partitions still
+    downloading, or a run to resume), or None."""
+    if isinstance(location, list) or _BRACES.search(location) or location.endswith(".tar"):
+        return None
+    stats = _stats(location)
+    missing = stats.get("missing_shards")
+    if isinstance(missing, int) and missing > 0:
+        return f"{missing} of {stats.get('expected_shards')} shards are missing"
+    return None

@@ -9,18 +9,17 @@ A row retried in a later round counts by its latest attempt: a retry that succee
 
 from __future__ import annotations
 
+import hashlib
 import itertools
-import tempfile
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import IO, Any
 
-from cloob_core import lease, storage
+from cloob_core import lease, scratch, storage
 from cloob_core.data.writer import SETTINGS_FILE, ShardRecord, jsonl_bytes, read_failures, read_records
-from cloob_core.io import json_bytes
+from cloob_core.io import file_digest, json_bytes
 
 # Rows dropped as duplicates are not failures to retry: retrying them would duplicate samples.
 NOT_RETRIED = frozenset({"duplicate_url", "duplicate_content"})
@@ -117,14 +116,22 @@ def _expected_shards(folder: str) -> int | None:
 @lease.holding("folder", "merge")
 def merge_stats(folder: str) -> OutputSummary:
     """Recompute and write the whole-output files of ``folder`` from its per-shard records; ``failures.jsonl`` is
-    streamed through a local temporary file and published whole."""
+    streamed through a local temporary file and published whole. ``stats.json`` is written last and records the
+    SHA-256 of the other two (``summary_files``): the completion mark their readers check, so a run stopped
+    between the files leaves a summary that readers refuse rather than one that mixes two runs."""
     sizes_name, stats_name, failures_name = SUMMARY_FILES
-    with tempfile.TemporaryDirectory(prefix="cloob-merge-") as scratch:
-        local = Path(scratch) / failures_name
+    with scratch.folder("cloob-merge") as local_folder:
+        local = local_folder / failures_name
         with open(local, "wb") as failures_out:
             summary = summarize(folder, failures_out=failures_out)
+        sizes = json_bytes(summary.sizes)
+        summary.stats["summary_files"] = {sizes_name: hashlib.sha256(sizes).hexdigest(),
+                                          failures_name: file_digest(local)}
+        lease.check_held(folder, "merge")
         storage.upload_file(local, storage.join(folder, failures_name))
-    storage.write_bytes(storage.join(folder, sizes_name), json_bytes(summary.sizes))
+    lease.check_held(folder, "merge")
+    storage.write_bytes(storage.join(folder, sizes_name), sizes)
+    lease.check_held(folder, "merge")
     storage.write_bytes(storage.join(folder, stats_name), json_bytes(summary.stats))
     return summary
 

@@ -34,7 +34,7 @@ from cloob_core.data import engine
 from cloob_core.data.acquire import opened
 from cloob_core.data.packaged import URL_PATTERN as PACKAGED_URL
 from cloob_core.data.redact import Redactor
-from cloob_core.data.run_manifest import DUPLICATES_NAME, RunManifest
+from cloob_core.data.run_manifest import RunManifest
 from cloob_core.data.summary import summarize
 from cloob_core.data.writer import read_records, tar_samples
 from cloob_core.errors import StageError
@@ -199,7 +199,7 @@ def manifest_facts(manifest: RunManifest, config: CloobConfig) -> ManifestFacts:
             sample = db.execute(f"SELECT {url}, {caption} FROM {scan} {picked}", {"parts": locations}).df()
         if manifest.duplicate_rows:
             first = db.execute("SELECT row FROM read_parquet($dups) LIMIT 5",
-                               {"dups": storage.join(manifest.location, DUPLICATES_NAME)}).fetchall()
+                               {"dups": storage.join(manifest.location, manifest.duplicates)}).fetchall()
             examples["duplicate_url_rows"] = [row.url for row in manifest.rows(sorted(r for (r,) in first))]
     counts["duplicate_url_rows"] = manifest.duplicate_rows
     table = {"rows": rows, **{name.replace("_rows", "_fraction"): (value / rows if rows else 0.0)

@@ -10,13 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from cloob_core import lease, storage
+from cloob_core import lease, publish, storage
 from cloob_core.evaluation.inputs import load_model
 from cloob_core.evaluation.tasks.common import EvalOptions, EvalResult
 from cloob_core.evaluation.tasks.diagnostics import DiagnosticsTask
 from cloob_core.evaluation.tasks.linear_probe import LinearProbeTask
 from cloob_core.evaluation.tasks.retrieval import RetrievalTask
 from cloob_core.evaluation.tasks.zeroshot import ZeroShotTask
+
+FEATURE_CACHE = ".cache"  # a task's default feature cache inside its output folder (not part of its results)
 
 
 @dataclass(frozen=True)
@@ -40,5 +42,8 @@ def evaluate(task: EvalTask, source: ModelSource, output: str | Path,
     """Load the model, run ``task``, write its results (CLIP_benchmark JSON, metrics.json, plots, report.md)."""
     storage.ensure_folder(output)
     model = load_model(source.model, source.architecture, source.weights, source.device)
-    return task.run(model, options or EvalOptions(), Path(output))
+    with publish.staged(output, keep=True, outside=(FEATURE_CACHE,)) as staging:  # added to the folder's results
+        result = task.run(model, options or EvalOptions(), staging)
+    result.output = Path(output)
+    return result
 

@@ -9,13 +9,12 @@ data set, which :func:`cloob_core.evaluation.suite_report.suite_report` combines
 from __future__ import annotations
 
 import contextlib
-import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cloob_core import lease, storage
+from cloob_core import lease, publish, scratch, storage
 from cloob_core.config import PACKAGED_SOURCES, TASK_RESULTS, DatasetConfig, EvalConfig, result_name
 from cloob_core.data.wds_layout import CLASSNAMES_FILE
 from cloob_core.errors import one_line, user_facing
@@ -194,17 +193,20 @@ def evaluate_suite(settings: EvalConfig, model: ModelSource, output: str | Path,
     with lease.writing(output):  # after the checks: a refused suite creates no folder
         loaded = load_model(model.model, model.architecture, model.weights, model.device)
         results = []
-        with tempfile.TemporaryDirectory(prefix="cloob-features-") as scratch:
+        with scratch.folder("cloob-features") as features:
             for name, chosen in plan.items():
                 entry, folder = settings.datasets[name], Path(output) / name
-                options = _options(settings, name, cache or Path(scratch), progress, shared_features)
+                options = _options(settings, name, cache or features, progress, shared_features)
                 result = DatasetResult(name, folder)
-                for task in chosen:
-                    with naming_entry(name):
-                        done = _task(entry, task).run(loaded, options, folder)
-                    result.metrics.update({result_name(name, task): m for m in done.metrics.values()})
-                    result.lines += done.lines
-                annotate(folder, list(result.metrics), fingerprint=fingerprints[name], **{COMPLETE: True})
+                # the data set's results appear together when its tasks are done: a run stopped part-way changes
+                # nothing there (results of its other tasks, evaluated before, are kept)
+                with publish.staged(folder, keep=True) as staging:
+                    for task in chosen:
+                        with naming_entry(name):
+                            done = _task(entry, task).run(loaded, options, staging)
+                        result.metrics.update({result_name(name, task): m for m in done.metrics.values()})
+                        result.lines += done.lines
+                    annotate(staging, list(result.metrics), fingerprint=fingerprints[name], **{COMPLETE: True})
                 results.append(result)
     return results
 

@@ -13,9 +13,9 @@ from typing import Any
 
 from cloob_core import lease
 from cloob_core.config import SUITE_RESULT, EvalConfig, result_name
-from cloob_core.evaluation.records import COMPLETE, Report, combine_reports, read_metrics
+from cloob_core.evaluation.records import COMPLETE, INDEX_FILE, Report, gather_results, publish_report
 from cloob_core.evaluation.suite_error import SuiteError
-from cloob_core.io import json_digest, write_json
+from cloob_core.io import json_digest
 
 log = logging.getLogger(__name__)
 SUITE_FILE = "suite.json"  # beside a suite report's metrics.json: the suite's fingerprint
@@ -76,38 +76,38 @@ def aggregate(settings: EvalConfig, metrics: dict[str, dict[str, Any]]) -> dict[
 @lease.holding("output")
 def suite_report(settings: EvalConfig, inputs: Sequence[str | Path], output: str | Path) -> Report:
     """``cloob eval report --params``: the suite's results in one report, plus its aggregates as the ``suite``
-    result. Each input is a results folder (it has ``.report.json``) or a folder of them, one per data set (what
-    `cloob eval suite` writes). Results outside the suite (a data set since removed from it) are left out; a
-    result the suite needs that no input has is an error naming it."""
+    result and the suite's fingerprint (``suite.json``). Each input is a results folder (it has
+    ``.report.json``) or a folder of them, one per data set (what `cloob eval suite` writes). Results outside the
+    suite (a data set since removed from it) are left out. Everything is checked before anything is written: a
+    result the suite needs that no input has, or one that is incomplete, is an error naming it, and ``output``
+    stays as it was."""
     folders = []
     for given in map(Path, inputs):
-        if (given / ".report.json").is_file():
+        if (given / INDEX_FILE).is_file():
             folders.append(given)
         else:
-            folders += [given / name for name in settings.datasets if (given / name / ".report.json").is_file()]
+            folders += [given / name for name in settings.datasets if (given / name / INDEX_FILE).is_file()]
     needed = {result_name(name, task) for name, entry in settings.datasets.items() for task in entry.tasks}
-    found: dict[str, dict[str, Any]] = {}
-    for folder in folders:
-        found |= {name: scalars for name, scalars in read_metrics(folder / "metrics.json").items() if name in needed}
-    missing = sorted(needed - set(found))
+    results = gather_results(folders, keep=needed)
+    missing = sorted(needed - set(results.entries))
     if missing:
         raise SuiteError(f"no results for {', '.join(missing)} in {', '.join(map(str, inputs))}; run `cloob eval "
                          "suite` for those data sets first")
-    report = combine_reports(folders, Path(output), keep=needed, suite={SUITE_RESULT: aggregate(settings, found)})
-    write_json(Path(output) / SUITE_FILE, suite_fingerprint(settings, _dataset_fingerprints(settings, report)))
-    return report
+    fingerprint = suite_fingerprint(settings, _dataset_fingerprints(settings, results.entries))
+    return publish_report(results, Path(output), suite={SUITE_RESULT: aggregate(settings, results.scalars)},
+                          extra={SUITE_FILE: fingerprint})
 
 
-def _dataset_fingerprints(settings: EvalConfig, report: Report) -> dict[str, Any]:
+def _dataset_fingerprints(settings: EvalConfig, entries: dict[str, dict]) -> dict[str, Any]:
     """Each data set's fingerprint as its evaluations recorded it; its tasks (separate Kubeflow steps) agree."""
     found: dict[str, Any] = {}
     for name, entry in settings.datasets.items():
         incomplete = [result_name(name, task) for task in entry.tasks
-                      if not report.entries[result_name(name, task)].get(COMPLETE)]
+                      if not entries[result_name(name, task)].get(COMPLETE)]
         if incomplete:
             raise SuiteError(f"eval.datasets.{name}: {', '.join(incomplete)} is incomplete (its evaluation stopped "
                              "part-way); evaluate the data set again")
-        recorded = [report.entries[result_name(name, task)].get("fingerprint") for task in entry.tasks]
+        recorded = [entries[result_name(name, task)].get("fingerprint") for task in entry.tasks]
         if any(value != recorded[0] for value in recorded):
             raise SuiteError(f"eval.datasets.{name}: its tasks were evaluated on different data or settings (their "
                              "fingerprints differ); evaluate them again")

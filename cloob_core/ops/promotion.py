@@ -28,10 +28,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from cloob_core import conditional_write, storage
+from cloob_core import conditional_write, publish, storage
 from cloob_core.config import PromoteConfig
 from cloob_core.errors import StageError
-from cloob_core.evaluation.records import read_metrics
+from cloob_core.evaluation.records import INDEX_FILE, parse_metrics, read_metrics
 from cloob_core.evaluation.suite_report import SUITE_FILE
 from cloob_core.io import file_digest, json_bytes, write_json
 from cloob_core.model.files import INFO_FILE, STATE_FILE
@@ -317,9 +317,12 @@ def decide_and_publish(model_dir: str | Path, metrics: dict[str, dict[str, Any]]
 def promote(settings: PromoteConfig, *, model_dir: str | Path, metrics_file: str | Path,
             decision_file: str | Path | None = None) -> Decision:
     """The promotion gate (``cloob promote``, the DVC stage and the Kubeflow step of that name):
-    :func:`decide_and_publish` on a report's metrics file; the decision also as JSON at ``decision_file`` (a DVC
-    metric, a Kubeflow artifact)."""
-    decision = decide_and_publish(model_dir, read_metrics(metrics_file), settings, read_suite(metrics_file))
+    :func:`decide_and_publish` on a report's metrics file, which must be one complete report of this model
+    (:func:`read_report`); the decision also as JSON at ``decision_file`` (a DVC metric, a Kubeflow artifact)."""
+    report = read_report(metrics_file)
+    _check_candidate(Path(model_dir))
+    _of_model(report, metrics_file, model_id(model_dir))
+    decision = decide_and_publish(model_dir, report.metrics, settings, report.suite)
     if decision.promoted and settings.registry_stage:
         from cloob_core.ops.git_registry import record_stage
 
@@ -352,22 +355,54 @@ def record_production_stage(settings: PromoteConfig, model_dir: str | Path,
     return record.line
 
 
-def read_suite(metrics_file: str | Path) -> dict[str, Any] | None:
-    """The suite fingerprint beside a report's metrics.json (None for a report made without a suite)."""
-    return storage.read_json_or(Path(metrics_file).parent / SUITE_FILE, None)
+@dataclass(frozen=True)
+class ReportMetrics:
+    """What the gate takes from an evaluation report: its metrics, the suite they were computed on (None for a
+    report made without a suite) and the model they are of."""
+
+    metrics: dict[str, dict[str, Any]]
+    suite: dict[str, Any] | None
+    model: str | None
+
+
+def read_report(metrics_file: str | Path) -> ReportMetrics:
+    """The metrics of one complete report (``cloob eval report``'s output folder): every file is read through
+    the report's published unit and checked against its digest, so metrics of an interrupted or mixed report,
+    or edited since, are refused; so are results of more than one model."""
+    path = Path(metrics_file)
+    read_metrics(path)  # a missing file or one that is not a metrics.json: named as such
+    unit = publish.unit_of(path.parent)
+    if unit is None or path.name not in unit.files or INDEX_FILE not in unit.files:
+        raise PromotionError(f"{path} is not part of a complete evaluation report ({publish.UNIT_FILE} beside it "
+                             "does not list it): give the metrics.json of a `cloob eval report` output folder")
+    metrics = parse_metrics(unit.read(path.name), path)
+    models = sorted({str(entry.get("model_id")) for entry in unit.read_json(INDEX_FILE).values()})
+    if len(models) != 1:
+        raise PromotionError(f"{path} holds results of {len(models)} models ({', '.join(models)}), not of one")
+    suite = unit.read_json(SUITE_FILE) if SUITE_FILE in unit.files else None
+    return ReportMetrics(metrics, suite, models[0])
+
+
+def _of_model(report: ReportMetrics, metrics_file: str | Path, model: str) -> None:
+    if report.model != model:
+        raise PromotionError(f"{metrics_file} holds the results of model {report.model}, not of model {model}: "
+                             "evaluate that model and report again")
 
 
 def refresh_production_metrics(settings: PromoteConfig, *, metrics_file: str | Path) -> dict[str, Any]:
-    """``cloob promote --record-production-metrics``: :func:`record_production_metrics` from a report's file."""
-    return record_production_metrics(settings, read_metrics(metrics_file), read_suite(metrics_file))
+    """``cloob promote --record-production-metrics``: :func:`record_production_metrics` from a report's file,
+    which must be of the production model."""
+    report = read_report(metrics_file)
+    return record_production_metrics(settings, report.metrics, report.suite, model=report.model)
 
 
 def record_production_metrics(settings: PromoteConfig, metrics: dict[str, dict[str, Any]],
-                              suite: dict[str, Any] | None = None) -> dict[str, Any]:
+                              suite: dict[str, Any] | None = None, *, model: str | None = None) -> dict[str, Any]:
     """After re-evaluating production (the scheduled evaluation pipeline): its metrics on today's suite (they
     replace the earlier ones, with the suite's fingerprint), so the next gate compares like with like. The pointer
     is rewritten with a compare-and-swap (a promotion in between wins, and these metrics, measured on the old
-    model, are not recorded); the model does not change."""
+    model, are not recorded); the model does not change. ``model``: the id of the model the metrics are of (when
+    known), which must be production's."""
     measured = flatten(metrics)
     broken = sorted(key for key, value in measured.items() if not math.isfinite(value))
     if broken:
@@ -377,6 +412,9 @@ def record_production_metrics(settings: PromoteConfig, metrics: dict[str, dict[s
     production, version = _read_pointer(store)
     if production is None:
         raise PromotionError(f"{store} has no {POINTER}: nothing is in production yet")
+    if model is not None and model != production["model_id"]:
+        raise PromotionError(f"the metrics are of model {model}, and production in {store} is model "
+                             f"{production['model_id']}: re-evaluate the production model")
     _complete_interrupted(store, _decision_in(store, production))  # who replaces a pointer records its decision
     production = {**production, "metrics": measured, "suite": suite["digest"] if suite else None,
                   "evaluated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -34,5 +34,5 @@ def reevaluate_production(config: CloobConfig, output: str | Path, *, device: st
                    progress=progress)
     report = suite_report(config.eval, [output / "datasets"], output / "report")
     suite = storage.read_json(output / "report" / SUITE_FILE)
-    pointer = record_production_metrics(config.promote, report.metrics, suite)
+    pointer = record_production_metrics(config.promote, report.metrics, suite, model=fetched["model_id"])
     return ProductionEvaluation(fetched["model_id"], report, pointer)

@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from cloob_core import lease, storage
 from cloob_core.config import CloobConfig, ConfigError, TrainConfig, config_from_mapping
-from cloob_core.data.shard_files import shard_list
+from cloob_core.data.shard_files import missing_shards, shard_list
 from cloob_core.errors import StageError
 from cloob_core.io import write_json, write_text
 from cloob_core.model.dual_encoder import build_model, build_tokenizer
@@ -373,6 +373,10 @@ def _train(config: CloobConfig, output: Path, resume: str | None, progress: bool
     cfg.check_shape(detect().world_size)  # before the model is built and the process group starts
     storage.ensure_folder(output)
     urls, total_samples = shard_list(cfg.shards)
+    if not cfg.allow_incomplete_shards and (missing := missing_shards(cfg.shards)):
+        raise ConfigError(f"train.shards {cfg.shards} is incomplete: {missing} (partitions still downloading, or a "
+                          "download to resume); finish it and run `cloob data merge-stats`, or set "
+                          "train.allow_incomplete_shards: true to train on what is there")
     setup = _build(config, plan_steps(config, total_samples), len(urls))
     config, cfg, env = setup.config, setup.config.train, setup.env
     state = _resume(config, output, resume, setup.parts, setup.steps)

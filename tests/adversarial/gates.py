@@ -10,6 +10,8 @@ from pathlib import Path
 
 from hostile import poised, wait_for
 
+from reports import report_of
+
 METRIC = "mnist_zeroshot_classification.acc1"
 GUARD = "mnist_linear_probe.lp_acc1"
 SETTINGS = ["--metric", METRIC, "--min-improvement", "0.005", "--guards", f"{GUARD}=0.01"]
@@ -19,10 +21,8 @@ def candidate(folder: Path, top1: float) -> tuple[Path, Path]:
     folder.mkdir(parents=True)
     (folder / "open_clip_model.safetensors").write_bytes(os.urandom(256))
     (folder / "model_info.json").write_text("{}")
-    report = folder / "metrics.json"
-    report.write_text(json.dumps({"mnist_zeroshot_classification": {"acc1": top1},
-                                  "mnist_linear_probe": {"lp_acc1": 0.8}}))
-    return folder, report
+    return folder, report_of(folder, {"mnist_zeroshot_classification": {"acc1": top1},
+                                      "mnist_linear_probe": {"lp_acc1": 0.8}})
 
 
 @dataclass

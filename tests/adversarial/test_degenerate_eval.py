@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hostile import cli
+from hostile import cli, snapshot
 from image_server import image_folder
 
 from cloob_core.config import EvalConfig
@@ -94,22 +94,31 @@ def test_a_figure_that_is_100_percent_by_construction_never_enters_a_suite_mean(
         aggregate(only_small, metrics)
 
 
-def test_results_of_an_evaluation_that_stopped_part_way_are_refused_by_the_report(capsys, tmp_path, weights,
-                                                                               monkeypatch):
+def test_an_evaluation_that_stops_part_way_changes_nothing_and_a_report_refuses_unmarked_results(
+        capsys, tmp_path, weights, monkeypatch):
     params = suite_params(tmp_path, {"mnist": {"source": "mnist", "tasks": ["zeroshot", "retrieval"]}})
     out, report = tmp_path / "eval", tmp_path / "report"
     run = ["eval", "suite", "--params", params, "--output", out, "--architecture", "cloob-tiny", "--weights",
            weights, "--no-progress"]
     assert cli(capsys, *run).code == 0
     assert cli(capsys, "eval", "report", "--params", params, "--inputs", out, "--output", report).code == 0
+    before = snapshot(out)
     from cloob_core.evaluation.tasks import retrieval
 
     def full_disk(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(retrieval, "retrieval", full_disk)  # the second task fails: zeroshot's result is new, alone
+    monkeypatch.setattr(retrieval, "retrieval", full_disk)  # the second task fails after zeroshot's result
     failed = cli(capsys, *run)
     assert failed.code == 2 and failed.error_line().startswith("cloob: eval.datasets.mnist: no space left")
+    assert snapshot(out) == before  # zeroshot's new result was never published: the data set's folder is as it was
+    # results written without the suite's completion mark (an evaluation folder of an older version, edited by
+    # hand) are refused by the suite's report, which then writes nothing
+    index = out / "mnist" / ".report.json"
+    entries = json.loads(index.read_text())
+    del entries["mnist_zeroshot_classification"]["complete"]
+    index.write_text(json.dumps(entries))
+    (out / "mnist" / ".cloob-unit.json").unlink()
     done = cli(capsys, "eval", "report", "--params", params, "--inputs", out, "--output", tmp_path / "again")
     line = done.error_line()
     assert done.code == 2 and "eval.datasets.mnist: mnist_zeroshot_classification" in line and "incomplete" in line

@@ -15,6 +15,8 @@ import pytest
 import torch
 from hostile import cli, snapshot
 
+from reports import report_of
+
 MODEL = ["--architecture", "cloob-tiny", "--no-cache", "--no-progress"]
 
 
@@ -99,9 +101,7 @@ def _candidate(tmp_path: Path, top1: object) -> tuple[Path, Path]:
     model.mkdir(parents=True)
     (model / "open_clip_model.safetensors").write_bytes(b"weights of " + str(tmp_path).encode())  # a model of its own
     (model / "model_info.json").write_text("{}")
-    metrics = tmp_path / "metrics.json"
-    metrics.write_text(json.dumps({"mnist_zeroshot_classification": {"acc1": top1}}))
-    return model, metrics
+    return model, report_of(model, {"mnist_zeroshot_classification": {"acc1": top1}}, tmp_path / "report")
 
 
 PROMOTE = ["--metric", "mnist_zeroshot_classification.acc1", "--guards", "{}"]

@@ -17,6 +17,7 @@ from hostile import cli
 
 from cloob_core import storage
 from cloob_core.ops import promotion
+from reports import report_of
 
 
 def gate(capsys, store: str, folder, value: float, *extra: str) -> Gate:
@@ -139,8 +140,9 @@ def test_a_record_the_store_keeps_refusing_is_completed_by_the_rerun_on_s3(capsy
 
 def test_a_store_on_a_full_disk_is_one_line_and_promotes_nothing(capsys, tmp_path, small_disk):
     store = small_disk(64 * 1024)
-    model, report = candidate(tmp_path / "big", 0.5)
+    model, _ = candidate(tmp_path / "big", 0.5)
     (model / "open_clip_model.safetensors").write_bytes(bytes(256 * 1024))  # larger than the disk
+    report = report_of(model, {"mnist_zeroshot_classification": {"acc1": 0.5}, "mnist_linear_probe": {"lp_acc1": 0.8}})
     done = cli(capsys, "promote", "--model", model, "--metrics", report, "--store", store, *SETTINGS)
     line = done.error_line()
     assert done.code == 2 and line.startswith(f"cloob: no space left on device writing {store}/models/")

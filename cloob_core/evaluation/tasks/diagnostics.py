@@ -161,5 +161,5 @@ def diagnostics(model: EvalModel, images: ImageSet, output: Path, encoding: Enco
                        found.unmatched.numpy(), top_k,
                        f"{images.name}: matched vs top-{top_k} unmatched"),
     ]
-    write_result(output, task_record(model, images, task, metrics), plots)
+    write_result(output, task_record(model, images, task, metrics), model.fingerprint, plots)
     return metrics

@@ -272,5 +272,5 @@ def linear_probe_task(model: EvalModel, train: ImageSet, test: ImageSet, output:
     task = "linear_probe"
     plots = [per_class_png(output / f"{test.name}_{task}_per_class.png", names, metrics["per_class_accuracy"],
                            metrics["chance"], f"{test.name}: linear probe per class (lambda {search.lam:.3g})")]
-    write_result(output, task_record(model, test, task, metrics, search.warnings), plots)
+    write_result(output, task_record(model, test, task, metrics, search.warnings), model.fingerprint, plots)
     return metrics

@@ -113,5 +113,5 @@ def retrieval(model: EvalModel, images: ImageSet, output: Path, encoding: Encodi
     image_x, text_y, matches, _ = caption_pairs(model, images, encoding)
     metrics = retrieval_metrics(image_x, text_y, matches)
     metrics.update(images=len(image_x), captions=len(text_y))
-    write_result(output, task_record(model, images, "zeroshot_retrieval", metrics))
+    write_result(output, task_record(model, images, "zeroshot_retrieval", metrics), model.fingerprint)
     return metrics

@@ -118,7 +118,7 @@ def zeroshot(model: EvalModel, images: ImageSet, output: Path, encoding: Encodin
         confusion_png(output / f"{images.name}_{task}_confusion.png", metrics["confusion_matrix"],
                       images.classnames, f"{images.name}: zero-shot confusion"),
     ]
-    write_result(output, task_record(model, images, task, metrics), plots)
+    write_result(output, task_record(model, images, task, metrics), model.fingerprint, plots)
     return metrics
 
 
@@ -131,5 +131,5 @@ def mean_over_test_sets(model: EvalModel, test_sets: list[ImageSet], output: Pat
             if (key.startswith("acc") or key == "mean_per_class_recall") and all(key in m for m in per_set.values())]
     metrics: dict[str, Any] = {key: statistics.fmean(m[key] for m in per_set.values()) for key in keys}
     metrics["test_sets"] = {set_name: {k: m[k] for k in keys if k in m} for set_name, m in per_set.items()}
-    write_result(output, benchmark_record(name, model.architecture, model.source, task, metrics))
+    write_result(output, benchmark_record(name, model.architecture, model.source, task, metrics), model.fingerprint)
     return metrics
