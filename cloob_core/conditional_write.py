@@ -55,7 +55,7 @@ def write_if_unchanged(location: str | os.PathLike, data: bytes, version: str | 
             return storage.s3_client().put_object(Bucket=bucket, Key=key, Body=data, **condition)["ETag"]
         except ClientError as err:
             if err.response.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict",
-                                                             "412", "409"):
+                                                             "412", "409", "NoSuchKey", "404"):  # 404: gone since
                 raise WriteConflict(f"{location} changed since it was read") from None
             raise
 

@@ -9,10 +9,17 @@ as the partitions of one download), removed when the stage ends:
   taken over at once (and that is logged);
 - on S3 an object created with ``If-None-Match: *``, which its holder renews (a conditional write against its own
   version) every third of its time to live. A lease not renewed for that long, judged by the server's clock
-  (``Last-Modified`` against the reply's ``Date``), or whose holder on this host is no longer running, is taken
-  over with ``If-Match`` on the stale version, so exactly one of several contenders gets it. A holder that finds
-  its lease taken (it was paused for longer than the time to live) fails when the stage ends instead of
-  presenting the output as its own.
+  (``Last-Modified`` against the reply's ``Date``; a store that sends no ``Date`` has the lease watched for its
+  time to live instead, never judged by this machine's clock), or whose holder runs on this machine and pid
+  namespace (boot id and pid namespace beside the host name, which pods and containers reuse) and is no longer
+  running, is taken over with ``If-Match`` on the stale version, so exactly one of several contenders gets it.
+  A lease whose time to live is not a positive finite number is unreadable, and taken over.
+
+Writes under a lease are fenced: before each write that publishes work, the stage calls :func:`check_held`,
+which renews the lease now; a takeover has changed its version, so a holder that was paused past its time to live
+learns it there and publishes nothing more (:class:`LeaseLost`). After a renewal no one can take the lease for its
+time to live, so the write that follows is the holder's. A holder that finds its lease taken at the end fails
+instead of presenting the output as its own.
 
 A stage that calls another on the same folder in the same thread (the suite's report combining reports) holds the
 one lease.

@@ -1,22 +1,25 @@
 """Outputs of several files published as one unit: a reader sees the previous complete output or the new one,
 never a mix of two runs, and a stage that fails or refuses leaves its output as it was.
 
-A stage writes the unit's whole new content into a staging folder inside the output (``.cloob-staging-TOKEN``),
-so nothing it writes is visible until it is done. Then it publishes:
+A stage writes the unit's whole new content into a staging folder (locally inside the output,
+``.cloob-staging-TOKEN``; for an ``s3://`` output a local folder, uploaded under that prefix when done), so
+nothing it writes is visible until it is done. Then it publishes:
 
 1. ``.cloob-unit.pending.json``: every file of the new unit with its SHA-256, and the files of the old unit that go;
-2. each staged file renamed into place, the files that go removed;
-3. ``.cloob-unit.json`` replaced by the new record (one atomic rename): the unit is complete;
+2. each staged file moved into place (a rename; on S3 a server-side copy), the files that go removed;
+3. ``.cloob-unit.json`` replaced by the new record (one atomic write): the unit is complete;
 4. the pending record and the staging folder removed.
 
 A kill before step 1 leaves the previous unit untouched (its staging folder is removed by the next run). A kill
-after it leaves every new file in the staging folder or in place, so the next run of the stage, before it writes
-anything, completes the publication (a roll-forward); a reader meanwhile refuses in one line
-(:class:`IncompleteOutput`), as it does for a file that does not match the record (changed after it was published).
-The record has no time or token in it: the same content gives the same bytes, which DVC's hashes rely on.
+after it leaves every new file staged or in place, so whoever reads or writes the output next completes the
+publication first (a roll-forward: the pending record says everything, and doing it twice changes nothing). A
+reader that cannot write there refuses in one line (:class:`IncompleteOutput`), as it does for a file that does
+not match the record (changed after it was published). The record has no time or token in it: the same content
+gives the same bytes, which DVC's hashes rely on.
 
 Why not one rename of the whole folder (``renameat2(RENAME_EXCHANGE)``): the output folder is often a mount point
-(a Kubeflow artifact, a container volume) or holds the run's lease and caches, which a folder swap would move away.
+(a Kubeflow artifact, a container volume), shares its folder with other files (a shard folder's summary), or is
+an S3 prefix; and it holds the run's lease, which a folder swap would move away.
 """
 
 from __future__ import annotations
@@ -31,9 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cloob_core import storage
+from cloob_core import lease, scratch, storage
 from cloob_core.errors import StageError
-from cloob_core.io import file_digest, parse_json, write_json
+from cloob_core.io import file_digest, json_bytes, parse_json
 
 UNIT_FILE = ".cloob-unit.json"
 PENDING_FILE = ".cloob-unit.pending.json"
@@ -47,127 +50,158 @@ class IncompleteOutput(StageError):
 
 @dataclass(frozen=True)
 class Unit:
-    """A published unit: its files' SHA-256 by relative path."""
+    """A published unit: its files' SHA-256 by relative path (``/``-separated)."""
 
-    folder: Path
+    folder: str
     files: dict[str, str]
 
     def read(self, name: str) -> bytes:
         """The bytes of member ``name``, checked against the record."""
-        path = self.folder / name
+        location = storage.join(self.folder, *name.split("/"))
         if name not in self.files:
-            raise IncompleteOutput(f"{path} is not part of the output published in {self.folder}")
+            raise IncompleteOutput(f"{location} is not part of the output published in {self.folder}")
         try:
-            data = path.read_bytes()
+            data = storage.read_bytes(location)
         except FileNotFoundError:
-            raise IncompleteOutput(f"{path} is missing from the output published in {self.folder}; run the stage "
-                                   "that writes it again") from None
+            raise IncompleteOutput(f"{location} is missing from the output published in {self.folder}; run the "
+                                   "stage that writes it again") from None
         if hashlib.sha256(data).hexdigest() != self.files[name]:
-            raise IncompleteOutput(f"{path} does not match the output published in {self.folder} (changed after "
-                                   "it was published, or left by another run); run the stage that writes it again")
+            raise IncompleteOutput(f"{location} does not match the output published in {self.folder} (changed "
+                                   "after it was published, or left by another run); run the stage that writes it "
+                                   "again")
         return data
 
     def read_json(self, name: str) -> Any:
-        return parse_json(self.read(name), str(self.folder / name))
+        return parse_json(self.read(name), storage.join(self.folder, *name.split("/")))
 
 
 def _is_bookkeeping(name: str) -> bool:
     return name.startswith(BOOKKEEPING)
 
 
-def unit_of(folder: str | Path) -> Unit | None:
-    """The unit published in ``folder``; None when there is none (nothing published there, or an output written
-    before units). A publication that did not complete is :class:`IncompleteOutput`."""
-    folder = Path(folder)
-    if (folder / PENDING_FILE).exists():
-        raise IncompleteOutput(f"{folder} was not completely published (a run stopped while publishing it); run "
-                               "the stage that writes it again, which completes it")
-    try:
-        record = parse_json((folder / UNIT_FILE).read_bytes(), str(folder / UNIT_FILE))
-    except (FileNotFoundError, NotADirectoryError):
+def unit_of(folder: str | os.PathLike) -> Unit | None:
+    """The unit published in ``folder`` (local or ``s3://``); None when there is none (nothing published there,
+    or an output written before units). A publication a killed run left half-done is completed first; where this
+    reader cannot complete it (no write access), :class:`IncompleteOutput`."""
+    folder = str(folder)
+    pending = storage.read_json_or(storage.join(folder, PENDING_FILE), None)
+    if pending is not None:
+        try:
+            _install(folder, pending)
+        except OSError as err:
+            raise IncompleteOutput(f"{folder} was not completely published (a run stopped while publishing it), "
+                                   f"and completing it failed ({err}); run the stage that writes it again") from None
+    record = storage.read_json_or(storage.join(folder, UNIT_FILE), None)
+    if record is None:
         return None
     if not isinstance(record, dict) or not isinstance(record.get("files"), dict):
-        raise IncompleteOutput(f"{folder / UNIT_FILE} is not a unit record; run the stage that writes it again")
+        raise IncompleteOutput(f"{storage.join(folder, UNIT_FILE)} is not a unit record; run the stage that writes "
+                               "it again")
     return Unit(folder, dict(record["files"]))
 
 
-def _members(folder: Path, outside: tuple[str, ...]) -> list[str]:
-    """The relative paths of the files under ``folder`` that a unit may hold (not bookkeeping, not ``outside``)."""
+def _members(folder: Path, outside: tuple[str, ...] = ()) -> list[str]:
+    """The relative paths of the files under the local ``folder`` that a unit may hold (not bookkeeping, not
+    ``outside``)."""
     found = []
     for root, dirs, files in os.walk(folder):
         relative = Path(root).relative_to(folder)
-        top = relative.parts[0] if relative.parts else None
-        if top is None:
+        if not relative.parts:
             dirs[:] = [d for d in dirs if not _is_bookkeeping(d) and d not in outside]
             files = [f for f in files if not _is_bookkeeping(f) and f not in outside]
         found += [(relative / name).as_posix() for name in files]
     return sorted(found)
 
 
-def settle(folder: str | Path) -> None:
+def settle(folder: str | os.PathLike) -> None:
     """Before a stage writes ``folder``: complete a publication a killed run left half-done, and remove staging
-    folders of runs that died before publishing. The caller holds the folder's lease."""
-    folder = Path(folder)
-    if not folder.is_dir():
+    folders of runs that died before publishing. The caller holds the folder's lease, so no other run is
+    staging there."""
+    folder = str(folder)
+    unit_of(folder)
+    if storage.is_s3(folder):
+        bucket, key = storage.split_s3(folder.rstrip("/") + "/" + STAGING_PREFIX)
+        pages = storage.s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key)
+        for entry in (item for page in pages for item in page.get("Contents", [])):
+            storage.delete(f"s3://{bucket}/{entry['Key']}")
         return
-    pending = folder / PENDING_FILE
-    if pending.exists():
-        _install(folder, parse_json(pending.read_bytes(), str(pending)))
-    for entry in folder.iterdir():
-        if entry.name.startswith(STAGING_PREFIX):
-            shutil.rmtree(entry, ignore_errors=True)
+    if Path(folder).is_dir():
+        for entry in Path(folder).iterdir():
+            if entry.name.startswith(STAGING_PREFIX):
+                shutil.rmtree(entry, ignore_errors=True)
 
 
 @contextlib.contextmanager
-def staged(folder: str | Path, *, keep: bool = False, outside: tuple[str, ...] = ()) -> Iterator[Path]:
-    """A staging folder for the new content of the unit in the local folder ``folder``, published when the block
-    ends without an error (see the module docstring); on an error the staging folder is removed and ``folder``
-    is as it was. ``keep``: the stage adds to the previous unit (its files are in the staging folder at the start,
+def staged(folder: str | os.PathLike, *, keep: bool = False, outside: tuple[str, ...] = (),
+           lease_name: str = "") -> Iterator[Path]:
+    """A local staging folder for the new content of the unit in ``folder`` (local or ``s3://``), published when
+    the block ends without an error (see the module docstring); on an error nothing in ``folder`` changes.
+    ``keep``: the stage adds to the previous unit (a local folder's files are in the staging folder at the start,
     as hard links, so they cost no copy); else the new unit replaces it, and the previous unit's files not in the
-    new one go. Files that were never part of a unit are not removed (a folder written before units, a user's
-    file). ``outside``: top-level names in ``folder`` that are not part of the unit (a cache the stage writes in
-    place). The block replaces files (atomic writes do), never changes one in place: a kept file is a hard link
-    to the published one. The caller holds the folder's lease."""
-    folder = Path(folder)
+    new one go. Files that were never part of a unit are not removed (a folder written before units, a shard
+    folder's shards, a user's file). ``outside``: top-level names that are not part of the unit (a cache the stage
+    writes in place). The block replaces files (atomic writes do), never changes one in place: a kept file is a
+    hard link to the published one. The caller holds the folder's lease (``lease_name``), which is checked
+    before the publication starts (:func:`cloob_core.lease.check_held`): a writer that lost it publishes
+    nothing."""
+    folder = str(folder)
+    remote = storage.is_s3(folder)
+    if keep and remote:
+        raise ValueError("keep is for local folders")
     storage.ensure_folder(folder)
     settle(folder)
     previous = unit_of(folder)
-    staging = folder / f"{STAGING_PREFIX}{uuid.uuid4().hex[:12]}"
-    staging.mkdir()
+    name = f"{STAGING_PREFIX}{uuid.uuid4().hex[:12]}"
+    local = scratch.new_folder("cloob-publish") if remote else Path(folder, name)
+    local.mkdir(exist_ok=True)
     try:
         if keep:
-            for name in sorted(previous.files) if previous else _members(folder, outside):
-                target = staging / name
-                target.parent.mkdir(parents=True, exist_ok=True)
-                try:
-                    os.link(folder / name, target)
-                except OSError:
-                    shutil.copy2(folder / name, target)
-        yield staging
-        new = {name: file_digest(staging / name) for name in _members(staging, ())}
+            _link_previous(Path(folder), local, sorted(previous.files) if previous else
+                           _members(Path(folder), outside))
+        yield local
+        new = {member: file_digest(local / member) for member in _members(local)}
+        if remote:
+            for member in new:
+                storage.copy_file(local / member, storage.join(folder, name, *member.split("/")))
         gone = sorted(set(previous.files) - set(new)) if previous else []
-        write_json(folder / PENDING_FILE, {"files": new, "staging": staging.name, "remove": gone})
+        pending = {"files": new, "staging": name, "remove": gone}
+        lease.check_held(folder, lease_name)
+        storage.write_bytes(storage.join(folder, PENDING_FILE), json_bytes(pending))
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        storage.delete_tree(storage.join(folder, name))
         raise
-    _install(folder, parse_json((folder / PENDING_FILE).read_bytes(), str(folder / PENDING_FILE)))
+    finally:
+        if remote:
+            shutil.rmtree(local, ignore_errors=True)
+    _install(folder, pending)
 
 
-def _install(folder: Path, pending: dict[str, Any]) -> None:
+def _link_previous(folder: Path, staging: Path, names: list[str]) -> None:
+    for member in names:
+        target = staging / member
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(folder / member, target)
+        except OSError:
+            shutil.copy2(folder / member, target)
+
+
+def _install(folder: str, pending: dict[str, Any]) -> None:
     """Steps 2-4 of a publication; idempotent, so a roll-forward after a kill at any point completes it."""
-    staging = folder / pending["staging"]
-    for name in pending["files"]:
-        source = staging / name
-        if source.exists():
-            (folder / name).parent.mkdir(parents=True, exist_ok=True)
-            os.replace(source, folder / name)
-    for name in pending["remove"]:
-        (folder / name).unlink(missing_ok=True)
-        for parent in (folder / name).parents:
-            if parent == folder:
-                break
-            with contextlib.suppress(OSError):
-                parent.rmdir()  # only when empty
-    write_json(folder / UNIT_FILE, {"files": pending["files"]})
-    (folder / PENDING_FILE).unlink(missing_ok=True)
-    shutil.rmtree(staging, ignore_errors=True)
+    staging = storage.join(folder, pending["staging"])
+    for member in pending["files"]:
+        source = storage.join(staging, *member.split("/"))
+        if storage.exists(source):
+            with contextlib.suppress(FileNotFoundError):  # a reader completing it at the same time moved it first
+                storage.move(source, storage.join(folder, *member.split("/")))
+    for member in pending["remove"]:
+        storage.delete(storage.join(folder, *member.split("/")))
+        if not storage.is_s3(folder):
+            for parent in Path(folder, member).parents:
+                if parent == Path(folder):
+                    break
+                with contextlib.suppress(OSError):
+                    parent.rmdir()  # only when empty
+    storage.write_bytes(storage.join(folder, UNIT_FILE), json_bytes({"files": pending["files"]}))
+    storage.delete(storage.join(folder, PENDING_FILE))
+    storage.delete_tree(staging)

@@ -251,6 +251,27 @@ def delete(location: str | os.PathLike) -> None:
         files.rm_file(path)  # S3 deletes a missing key without a word; so does this, locally
 
 
+def move(source: str, target: str) -> None:
+    """Give the file at ``source`` the name ``target`` in the same store: a rename locally, a server-side copy
+    and a delete on S3 (the object appears whole at ``target`` when its copy completes)."""
+    if not is_s3(source):
+        Path(target).parent.mkdir(parents=True, exist_ok=True)
+        os.replace(source, target)
+        return
+    with _filesystem(source) as (files, path):
+        files.copy(path, str(target)[len("s3://"):])
+    delete(source)
+
+
+def delete_tree(location: str | os.PathLike) -> None:
+    """Remove the folder (or S3 prefix) ``location`` and everything under it; nothing there is no error."""
+    if not is_s3(location):
+        shutil.rmtree(location, ignore_errors=True)
+        return
+    with contextlib.suppress(FileNotFoundError), _filesystem(location) as (files, path):
+        files.rm(path, recursive=True)
+
+
 def ensure_folder(folder: str | os.PathLike) -> None:
     """Create a local output folder; stages call it before any work, so that a file in its place or a folder
     they may not write fails at once, not after the compute is spent."""

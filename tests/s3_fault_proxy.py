@@ -137,7 +137,10 @@ class FaultProxy:
                 for name, value in reply_headers:  # (send_response wrote Date and Server already)
                     if name.lower() not in (*_HOP_BY_HOP, "content-length", "date", "server"):
                         self.send_header(name, value)
-                self.send_header("Content-Length", str(len(reply_body)))
+                upstream_length = next((value for name, value in reply_headers if name.lower() == "content-length"),
+                                       "0")
+                # a HEAD's length is the object's, not its (empty) body's: readers size ranged reads by it
+                self.send_header("Content-Length", upstream_length if self.command == "HEAD" else str(len(reply_body)))
                 self.end_headers()
                 if self.command != "HEAD":
                     self.wfile.write(reply_body)

@@ -160,10 +160,11 @@ def _digest_key(sha256_hex: str) -> bytes:
 
 
 class _Finaliser:
-    """Publishes shards in plan order, dropping content seen in any earlier shard."""
+    """Publishes shards in plan order, dropping content seen in any earlier shard; each under the partition's
+    lease (``owner``), checked before the shard's files appear and before its completion mark."""
 
-    def __init__(self, output: str, dedup_content: bool, seen: dict[bytes, str]):
-        self.output, self.dedup_content, self.seen = output, dedup_content, seen
+    def __init__(self, output: str, owner: str, dedup_content: bool, seen: dict[bytes, str]):
+        self.output, self.owner, self.dedup_content, self.seen = output, owner, dedup_content, seen
 
     def publish(self, result: JobResult) -> ShardRecord:
         job = result.job
@@ -195,12 +196,14 @@ class _Finaliser:
             image_sides={"min": min(sides), "max": max(sides)} if sides else {},
             tar_bytes=staging.stat().st_size if kept else 0,
         )
+        lease.check_held(self.output, self.owner)
         storage.write_bytes(storage.join(self.output, job.name + FAILURES_SUFFIX), jsonl_bytes(failures))
         if kept:
             storage.upload_file(staging, storage.join(self.output, tar_name))
         else:
             staging.unlink(missing_ok=True)
         stats = storage.join(self.output, job.name + STATS_SUFFIX)
+        lease.check_held(self.output, self.owner)
         storage.write_bytes(stats, json_bytes(record.to_json()))  # the completion mark
         log.debug("shard %s: %d of %d rows in %.1f s", job.name, len(kept), len(job.rows), result.duration_s)
         return record
@@ -289,7 +292,7 @@ def _build_planned(run: _Run, records: list[ShardRecord], round_: int, plan: Pla
     dl, pre = run.config.download, run.config.preprocess
     staging_dir = Path(output) if not storage.is_s3(output) else scratch.new_folder("cloob-staging")
     seen = {_digest_key(sha): key for r in records for key, sha in r.samples} if pre.dedup_content else {}
-    finaliser = _Finaliser(output, pre.dedup_content, seen)
+    finaliser = _Finaliser(output, owner, pre.dedup_content, seen)
 
     def staging(name: str) -> str:
         return str(staging_dir / f".{name}.tar.{owner}.{os.getpid()}.tmp")

@@ -5,7 +5,7 @@ one copy of it serves `cloob eval`, CLIP_benchmark and open_clip users alike. A 
     OUTPUT/classnames.txt                          one class name per line, in label order
     OUTPUT/zeroshot_classification_templates.txt   one prompt per line, {c} where the class name goes
     OUTPUT/SPLIT/0.tar, 1.tar, …                   samples s0000000, …: the image (jpg/png/webp) and cls
-    OUTPUT/SPLIT/nshards.txt                       the number of tars, written last: the split is complete
+    OUTPUT/SPLIT/nshards.txt                       the number of tars
 
 A retrieval set (image–text retrieval, CLIP_benchmark's ``zeroshot_retrieval``) has ``dataset_type.txt`` saying
 "retrieval", no class files, and ``txt`` in place of ``cls``: the image's captions, one per line.
@@ -16,19 +16,19 @@ split column; an image on several rows has several captions), or a packaged set 
 both splits, their class names and held-out prompts, or each image's caption). Labels follow torchvision's
 ImageFolder: classes in sorted order, images sorted within each class. Images already in a format CLIP_benchmark
 decodes are copied byte for byte; others become PNG. An image that does not decode is left out and counted.
+The set is published as one unit (:mod:`cloob_core.publish`): a run that stops leaves the previous set whole.
 """
 
 from __future__ import annotations
 
 import io
 import logging
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from cloob_core import lease, storage
+from cloob_core import lease, publish, storage
 from cloob_core.config import PACKAGED_SETS, ConfigError
 from cloob_core.data.manifest import read_manifest
 from cloob_core.data.packaged import SPLITS, PackagedSplit, load_packaged
@@ -96,17 +96,18 @@ def build_eval_set(source: str, output: str, *, kind: SetKind = "classification"
     else:
         splits, names, templates = _class_splits(source, columns, split, classnames, templates)
     storage.ensure_folder(output)
-    _write_text(storage.join(output, DATASET_TYPE_FILE), [kind])
-    if kind == "classification":
-        _write_text(storage.join(output, CLASSNAMES_FILE), names)
-        _write_text(storage.join(output, TEMPLATES_FILE), _check_templates(templates or list(DEFAULT_TEMPLATES)))
     result = EvalSetResult(output, kind, names, {})
-    for name, rows in sorted(splits.items()):
-        written, skipped = _write_split(storage.join(output, name), rows, shard_size)
-        result.samples[name], result.skipped[name] = written, skipped
-        if kind == "retrieval":
-            result.captions[name] = sum(len(fields["txt"].splitlines()) for _, fields in rows)
-        log.info("%s: %d images%s", name, written, f", {skipped} unreadable left out" if skipped else "")
+    with publish.staged(output) as staging:  # the set appears whole, or the previous one stays
+        _write_text(str(staging / DATASET_TYPE_FILE), [kind])
+        if kind == "classification":
+            _write_text(str(staging / CLASSNAMES_FILE), names)
+            _write_text(str(staging / TEMPLATES_FILE), _check_templates(templates or list(DEFAULT_TEMPLATES)))
+        for name, rows in sorted(splits.items()):
+            written, skipped = _write_split(str(staging / name), rows, shard_size)
+            result.samples[name], result.skipped[name] = written, skipped
+            if kind == "retrieval":
+                result.captions[name] = sum(len(fields["txt"].splitlines()) for _, fields in rows)
+            log.info("%s: %d images%s", name, written, f", {skipped} unreadable left out" if skipped else "")
     return result
 
 
@@ -252,9 +253,9 @@ def _image_member(image: _Image) -> tuple[str, bytes] | None:
 
 
 def _write_split(folder: str, rows: _Rows, shard_size: int) -> tuple[int, int]:
-    """The tars, then ``nshards.txt``; (images written, images left out)."""
+    """The tars, then ``nshards.txt``, into the local staging folder ``folder``; (images written, images left
+    out)."""
     storage.ensure_folder(folder)
-    storage.delete(storage.join(folder, SHARD_COUNT_FILE))  # incomplete until the count is there again
     written = skipped = shards = 0
     pending: list[tuple[str, bytes, dict[str, bytes]]] = []
 
@@ -290,10 +291,4 @@ def _write_tar(location: str, samples: list[tuple[str, bytes, dict[str, bytes]]]
             for offset, (extension, data, fields) in enumerate(samples):
                 writer.write_sample({"__key__": f"s{first + offset:07d}", extension: data, **fields})
 
-    if storage.is_s3(location):
-        with tempfile.TemporaryDirectory() as scratch:
-            local = Path(scratch) / "shard.tar"
-            write(local)
-            storage.upload_file(local, location)
-    else:
-        atomic_write(location, write)
+    atomic_write(location, write)

@@ -7,10 +7,11 @@ each cut into row groups of whole shards, and beside them
   computed out of core by the engine.
 
 Every file but the index is named by its content (or its source's), and the index is written last and names
-every file, so a kill leaves the previous manifest whole: the files of the old index are removed only after the
-new one is in place. Every later step
+every file, so a kill leaves the previous manifest whole: files of these names that the index does not name (the
+old index's, or a killed run's) are removed only after the new index is in place. Every later step
 reads the index (its size grows with the parts, not the rows) and the row groups it needs. The parts keep the
-source's names and order, and a part whose source is unchanged (same size and ETag or mtime) is reused, so a
+source's names and order, and a part whose source is unchanged (same size and ETag, or locally
+:func:`cloob_core.storage.local_version`) is reused, so a
 growing source re-reads only its new parts; rows keep their numbers when parts are added at the end.
 A shard never spans two parts: a part's shards are its own, so adding a part adds shards and changes none.
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import math
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -284,19 +286,17 @@ def write_run_manifest(sources: Iterable[PartSource], output: str, url_col: str,
         else:
             storage.write_bytes(index_location, json_bytes(_index(manifest)))
     in_use = {part.name for part in parts} | {duplicates}
-    for name in _files_of(previous) - in_use:
-        storage.delete(storage.join(output, name))
+    for name in storage.list_names(output, ".parquet"):
+        if _OUR_FILES.fullmatch(name) and name not in in_use:  # an older index's, also one a killed run left
+            storage.delete(storage.join(output, name))
     return manifest
+
+
+_OUR_FILES = re.compile(r"part-[0-9a-f]{16}\.parquet|_url_duplicates(-[0-9a-f]{16})?\.parquet")
 
 
 def duplicates_name(digest: str) -> str:
     return f"{DUPLICATES_STEM}-{digest[:16]}.parquet"
-
-
-def _files_of(manifest: RunManifest | None) -> set[str]:
-    if manifest is None:
-        return set()
-    return {part.name for part in manifest.parts} | {manifest.duplicates}
 
 
 def _index(manifest: RunManifest) -> dict[str, Any]:

@@ -9,7 +9,6 @@ A row retried in a later round counts by its latest attempt: a retry that succee
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 from collections import Counter
 from collections.abc import Iterator
@@ -17,9 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from cloob_core import lease, scratch, storage
+from cloob_core import lease, publish, storage
 from cloob_core.data.writer import SETTINGS_FILE, ShardRecord, jsonl_bytes, read_failures, read_records
-from cloob_core.io import file_digest, json_bytes
+from cloob_core.io import json_bytes
 
 # Rows dropped as duplicates are not failures to retry: retrying them would duplicate samples.
 NOT_RETRIED = frozenset({"duplicate_url", "duplicate_content"})
@@ -28,6 +27,7 @@ NOT_RETRIED = frozenset({"duplicate_url", "duplicate_content"})
 # A shards folder's whole-output files (open_clip's sizes.json, our stats and failures), rebuilt from the shards'
 # own records by merge_stats.
 SUMMARY_FILES = ("sizes.json", "stats.json", "failures.jsonl")
+MERGE_LEASE = "merge"
 
 
 FIRST_FAILURES = 20
@@ -113,26 +113,17 @@ def _expected_shards(folder: str) -> int | None:
     return settings.get("expected_shards")
 
 
-@lease.holding("folder", "merge")
+@lease.holding("folder", MERGE_LEASE)
 def merge_stats(folder: str) -> OutputSummary:
-    """Recompute and write the whole-output files of ``folder`` from its per-shard records; ``failures.jsonl`` is
-    streamed through a local temporary file and published whole. ``stats.json`` is written last and records the
-    SHA-256 of the other two (``summary_files``): the completion mark their readers check, so a run stopped
-    between the files leaves a summary that readers refuse rather than one that mixes two runs."""
+    """Recompute the whole-output files of ``folder`` from its per-shard records and publish them as one unit
+    (:mod:`cloob_core.publish`): a run stopped part-way leaves the previous three, a finished one the new three.
+    ``failures.jsonl`` is streamed to a local file, never held."""
     sizes_name, stats_name, failures_name = SUMMARY_FILES
-    with scratch.folder("cloob-merge") as local_folder:
-        local = local_folder / failures_name
-        with open(local, "wb") as failures_out:
+    with publish.staged(folder, lease_name=MERGE_LEASE) as staging:
+        with open(staging / failures_name, "wb") as failures_out:
             summary = summarize(folder, failures_out=failures_out)
-        sizes = json_bytes(summary.sizes)
-        summary.stats["summary_files"] = {sizes_name: hashlib.sha256(sizes).hexdigest(),
-                                          failures_name: file_digest(local)}
-        lease.check_held(folder, "merge")
-        storage.upload_file(local, storage.join(folder, failures_name))
-    lease.check_held(folder, "merge")
-    storage.write_bytes(storage.join(folder, sizes_name), sizes)
-    lease.check_held(folder, "merge")
-    storage.write_bytes(storage.join(folder, stats_name), json_bytes(summary.stats))
+        (staging / sizes_name).write_bytes(json_bytes(summary.sizes))
+        (staging / stats_name).write_bytes(json_bytes(summary.stats))
     return summary
 
 

@@ -35,10 +35,11 @@ from cloob_core.data.acquire import opened
 from cloob_core.data.packaged import URL_PATTERN as PACKAGED_URL
 from cloob_core.data.redact import Redactor
 from cloob_core.data.run_manifest import RunManifest
+from cloob_core.data.shard_files import summary_file
 from cloob_core.data.summary import summarize
 from cloob_core.data.writer import read_records, tar_samples
 from cloob_core.errors import StageError
-from cloob_core.io import json_bytes
+from cloob_core.io import json_bytes, parse_json
 
 log = logging.getLogger(__name__)
 _SAMPLE_PARTS = {"jpg", "txt", "json"}
@@ -258,7 +259,7 @@ def shard_table(folder: str, config: CloobConfig) -> tuple[pd.DataFrame, pd.Data
     val = config.validation
     records = read_records(folder)
     try:
-        sizes = storage.read_json(storage.join(folder, "sizes.json"))
+        sizes = parse_json(summary_file(folder, "sizes.json"), storage.join(folder, "sizes.json"))
     except FileNotFoundError:
         sizes = {}
     rows = []

@@ -20,7 +20,7 @@ from open_clip.transform import PreprocessCfg, image_transform_v2
 from PIL import Image
 from torch import Tensor
 
-from cloob_core import storage
+from cloob_core import publish, storage
 from cloob_core.config import PACKAGED_SETS, PACKAGED_SOURCES, ConfigError
 from cloob_core.evaluation.class_sets import packaged_class_set, packaged_class_sets
 from cloob_core.io import file_digest
@@ -277,6 +277,8 @@ def wds_set(location: str, split: str) -> ImageSet:
     ``SPLIT/{0..n-1}.tar`` with an image and ``cls`` (or ``txt`` captions, one per line, for a set whose
     ``dataset_type.txt`` says retrieval), ``classnames.txt`` and ``zeroshot_classification_templates.txt``."""
     from cloob_core.data.wds_layout import CLASSNAMES_FILE, DATASET_TYPE_FILE, SHARD_COUNT_FILE, TEMPLATES_FILE
+
+    publish.unit_of(location)  # a set whose publication a killed `cloob data eval-set` left half-done: completed
 
     def lines(name: str) -> list[str] | None:
         try:
