@@ -66,6 +66,20 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
             tmp.unlink(missing_ok=True)
 
 
+_TEMPORARY = re.compile(r"^\.(?P<name>.+)\.[0-9a-f]{12}\.tmp$")
+
+
+def remove_temporaries(folder: str | Path, owned: Callable[[str], bool]) -> None:
+    """Remove the temporaries of :func:`atomic_path` that writes killed mid-way left in the local ``folder``, for
+    the files whose names ``owned`` accepts. The caller holds the folder's lease: no live write of those files."""
+    if not Path(folder).is_dir():
+        return
+    for path in Path(folder).iterdir():
+        found = _TEMPORARY.match(path.name)
+        if found and owned(found.group("name")):
+            path.unlink(missing_ok=True)
+
+
 def _new_temporary(path: Path) -> Path:
     """An empty file of a fresh name beside ``path``, created with mode 0666 so the kernel applies the umask:
     the published file has the mode a plain ``open()`` would give it (``mkstemp`` would make it 0600)."""

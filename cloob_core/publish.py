@@ -36,7 +36,7 @@ from typing import Any
 
 from cloob_core import lease, scratch, storage
 from cloob_core.errors import StageError
-from cloob_core.io import file_digest, json_bytes, parse_json
+from cloob_core.io import file_digest, json_bytes, parse_json, remove_temporaries
 
 UNIT_FILE = ".cloob-unit.json"
 PENDING_FILE = ".cloob-unit.pending.json"
@@ -129,6 +129,7 @@ def settle(folder: str | os.PathLike) -> None:
         for entry in Path(folder).iterdir():
             if entry.name.startswith(STAGING_PREFIX):
                 shutil.rmtree(entry, ignore_errors=True)
+        remove_temporaries(folder, lambda name: name in (UNIT_FILE, PENDING_FILE))
 
 
 @contextlib.contextmanager

@@ -33,7 +33,7 @@ from cloob_core.data import engine
 from cloob_core.data.manifest import ManifestError, ManifestRow, jsonable
 from cloob_core.data.packaged import PREFIX as PACKAGED_PREFIX
 from cloob_core.data.packaged import parse_url
-from cloob_core.io import json_bytes
+from cloob_core.io import json_bytes, remove_temporaries
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -250,6 +250,8 @@ def write_run_manifest(sources: Iterable[PartSource], output: str, url_col: str,
     index this run started from: a run that lost its lease, or whose output another run replaced, publishes
     nothing more."""
     storage.ensure_folder(output)
+    if not storage.is_s3(output):  # a killed run's half-written files (an S3 object appears only whole)
+        remove_temporaries(output, lambda name: name == INDEX_NAME or bool(_OUR_FILES.fullmatch(name)))
     index_location = storage.join(output, INDEX_NAME)
     started_from = conditional_write.read_versioned(index_location)[1] if storage.is_s3(output) else None
     previous = _previous(output)
