@@ -72,6 +72,19 @@ def test_trees_go_up_and_come_back_whole(root, tmp_path):
         storage.download_tree(storage.join(root, "none"), tmp_path / "nothing")
 
 
+def test_a_folder_of_symbolic_links_goes_up_with_their_targets(root, tmp_path):
+    # DVC's cache type `symlink` checks a model folder out as links into its cache: the files are the targets
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "ab12").write_bytes(b"weights")
+    local = tmp_path / "model"
+    local.mkdir()
+    (local / "open_clip_model.safetensors").symlink_to(cache / "ab12")
+    (local / "model_info.json").write_text("{}")
+    assert storage.upload_tree(local, root) == ["model_info.json", "open_clip_model.safetensors"]
+    assert storage.read_bytes(storage.join(root, "open_clip_model.safetensors")) == b"weights"
+
+
 def test_readers_stream_and_seek_on_both_stores(root):
     data = bytes(range(256)) * 40_000  # 10 MB: more than one of the seeking reader's ranges
     location = storage.join(root, "big.bin")
