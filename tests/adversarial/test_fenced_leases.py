@@ -38,7 +38,9 @@ PAUSES = ["check_held||1", "upload_file|_url_duplicates|1", "write_if_unchanged|
 
 
 @pytest.mark.parametrize("pause", PAUSES)
-def test_a_paused_writer_on_s3_publishes_nothing_after_its_lease_was_taken(tmp_path, s3_bucket, pause):
+def test_a_paused_writer_on_s3_publishes_nothing_after_its_lease_was_taken(tmp_path, s3_bucket, fault_proxy, pause):
+    fault_proxy.add("latency", method=None, times=None, seconds=0.01)  # a store some way off, for every request
+    fault_proxy.add("slowdown", method="PUT", key="/out/part-", times=1)  # and one that pushes back once
     out = f"s3://{s3_bucket}/out"
     big, small = _source(tmp_path / "big", 3, 200, "a"), _source(tmp_path / "small", 1, 27, "b")
     writer_a = paused(["data", "acquire", "--source", big, "--output", out], tmp_path / "a", pause, SHORT_LEASE)
@@ -54,7 +56,9 @@ def test_a_paused_writer_on_s3_publishes_nothing_after_its_lease_was_taken(tmp_p
     assert len(RunManifest.open(out)) == 27  # B's rows
 
 
-def test_a_paused_writer_on_s3_leaves_a_merge_of_another_run_alone(tmp_path, s3_bucket, mnist_train_shards):
+def test_a_paused_writer_on_s3_leaves_a_merge_of_another_run_alone(tmp_path, s3_bucket, fault_proxy,
+                                                                    mnist_train_shards):
+    fault_proxy.add("reset-after", method="PUT", key=".cloob-unit", times=1)  # a lost reply on B's switch
     out = f"s3://{s3_bucket}/shards"
     storage.upload_tree(mnist_train_shards, out)
     writer_a = paused(["data", "merge-stats", "--output", out], tmp_path / "a", "check_held||1", SHORT_LEASE)
@@ -99,7 +103,7 @@ def _holder(**fields) -> dict:
             "token": "theirs", "ttl_s": 60.0, "machine": scratch.machine_id(), **fields}
 
 
-def test_a_fresh_lease_of_another_machine_with_the_same_host_name_is_not_taken(s3_bucket):
+def test_a_fresh_lease_of_another_machine_with_the_same_host_name_is_not_taken(s3_bucket, fault_proxy):
     # pods and containers reuse host names: its pid says nothing here, so a fresh lease is busy
     out = _lease_object(s3_bucket, _holder(machine="another-boot/pid:[4026531836]"))
     with pytest.raises(lease.OutputBusy, match="being written by another run"), lease.writing(out):
@@ -111,7 +115,7 @@ def test_a_fresh_lease_of_another_machine_with_the_same_host_name_is_not_taken(s
 
 
 @pytest.mark.parametrize("ttl", ["NaN", "Infinity", -1, 0, 1e12, "soon"])
-def test_a_lease_whose_time_to_live_is_not_a_number_does_not_live_forever(s3_bucket, ttl, caplog):
+def test_a_lease_whose_time_to_live_is_not_a_number_does_not_live_forever(s3_bucket, fault_proxy, ttl, caplog):
     out = _lease_object(s3_bucket, _holder(ttl_s=ttl, machine="elsewhere"))
     with lease.writing(out):
         pass
