@@ -186,6 +186,9 @@ class AcquireConfig(_Section):
                                                    "evaluation keeps the held-out 'test' split.")
 
 
+CPU_DATA_STREAMS = 8  # what train.data_streams "auto" gives on the CPU: a shard per stream is needed for all of them
+
+
 _ENGINE_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*(%|[KMGT]i?B|B)", re.IGNORECASE)
 
 

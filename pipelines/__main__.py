@@ -145,7 +145,7 @@ def _positive_seconds(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m pipelines", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m pipelines", description=" ".join(__doc__.split()))
     parser.add_argument("-v", "--verbose", action="store_true", help="show the traceback of a failure")
     sub = parser.add_subparsers(dest="command", required=True)
     comp = sub.add_parser("compile", help="write the pretraining-and-evaluation pipeline as KFP YAML")

@@ -26,3 +26,21 @@ def test_cli_rejects_bad_config_with_exit_2(capsys, tmp_path):
     error = capsys.readouterr().err
     assert "train.objective" in error and "Traceback" not in error
     assert not any(tmp_path.iterdir())  # nothing was written
+
+
+def test_an_unknown_option_is_told_with_the_subcommands_usage(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit) as exited:
+        main(["eval", "linear-probe", "--bogus", "1"])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and err.startswith("usage: cloob eval linear-probe")
+    assert "unrecognized arguments: --bogus 1" in err
+
+
+def test_every_task_takes_its_images_as_data():
+    from cloob_core.cli import build_parser
+
+    for task in ("zeroshot", "linear-probe", "retrieval", "diagnostics"):
+        args = build_parser().parse_args(["eval", task, "--data", "mnist"])
+        assert (args.train_data if task == "linear-probe" else args.data) in ("mnist", ["mnist"])

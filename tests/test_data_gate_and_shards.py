@@ -223,3 +223,14 @@ def test_every_data_stage_documents_its_options(stage, capsys):
         for flag in ("--manifest", "--output", "--url-col", "--caption-col", "--allow-private-network",
                      "--retry-failed", "--partition", "--resize-mode", "--url-deadline", "--max-image-pixels"):
             assert flag in text
+
+
+def test_too_few_shards_for_trainings_data_streams_are_named_with_the_size_that_gives_enough(tmp_path, capsys):
+    common = ["data", "shards", "--source", "mnist", "--split", "test", "--no-progress", "--resize-mode", "no"]
+    assert main([*common, "--output", str(tmp_path / "few"), "--shard-size", "400"]) == 0
+    out = capsys.readouterr().out
+    assert "warning: 3 shard(s) feed at most 3 training data stream(s)" in out, out
+    assert "preprocess.shard_size at most 125 (--shard-size 125)" in out
+    assert main([*common, "--output", str(tmp_path / "enough"), "--shard-size", "125"]) == 0
+    out = capsys.readouterr().out
+    assert "shards 8" in out and "warning" not in out

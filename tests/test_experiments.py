@@ -71,7 +71,7 @@ def test_the_reference_point_is_the_checkpoint_before_the_first_restart(steps, r
 
 
 def test_a_cell_checkpoints_exactly_at_the_first_restart_of_the_schedule(mnist_train_shards):
-    from cloob_core.training.optim import build_scheduler, first_restart
+    from cloob_core.training.optim import build_scheduler, first_restart, plan_schedule
 
     base = load_config(overrides=[f"train.shards={mnist_train_shards}", "train.batch_size=64", "train.epochs=2",
                                   "optim.warmup_steps=10", "optim.lr_cycles=3"])
@@ -80,7 +80,8 @@ def test_a_cell_checkpoints_exactly_at_the_first_restart_of_the_schedule(mnist_t
     assert restart == 10 + 115 // 3 and restart % config.train.checkpoint_every == 0
     import torch
 
-    scheduler = build_scheduler(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0), config.optim, 125)
+    scheduler = build_scheduler(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0),
+                                plan_schedule(config.optim, 125))
     rates = []
     for step in (restart - 1, restart):
         scheduler.step_update(step)

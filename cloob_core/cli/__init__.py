@@ -47,7 +47,10 @@ def _configure_logging(verbose: bool) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # said with the subcommand's usage, which lists its options, not the top level's
+        getattr(args, "command_parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     _configure_logging(args.verbose)
     limit_spinning(getattr(args, "grain", "fine"))  # before a handler imports torch
     try:

@@ -128,7 +128,8 @@ def _add_download(stages: argparse._SubParsersAction) -> None:
     parser.add_argument("--manifest", required=True, metavar="PATH", help="manifest file, local path or s3:// URL")
     _add_output_folder(parser)
     parser.add_argument("--partition", default="0/1", metavar="I/N",
-                        help="process only part I of N disjoint parts (shard k belongs to part k %% N); default 0/1")
+                        help="process only part I of N disjoint parts: contiguous ranges of shards, part I "
+                        "holding shards [I*S/N, (I+1)*S/N) of the S shards; default 0/1")
     parser.add_argument("--retry-failed", action="store_true",
                         help="re-attempt only the rows recorded in failures (except duplicates), into new "
                         "NNNNN-retryRR shards")

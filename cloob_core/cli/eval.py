@@ -178,7 +178,8 @@ def _add_linear_probe(tasks: argparse._SubParsersAction) -> None:
     parser = add_command(tasks, "linear-probe", _task, "L-BFGS logistic regression with CLIP's lambda search",
                          "Linear probe on cached image features: lambda by CLIP's parametric binary search on the "
                          "validation split (or a random half of train), refit on train(+val), scored on test.")
-    parser.add_argument("--train-data", default="captioned", help=DATA_HELP + " (default: captioned)")
+    parser.add_argument("--train-data", "--data", dest="train_data", default="captioned",
+                        help=DATA_HELP + "; --data as for the other tasks (default: captioned)")
     parser.add_argument("--train-split", default="train")
     parser.add_argument("--test-data", help="test images (default: --train-data)")
     parser.add_argument("--test-split", default="test")

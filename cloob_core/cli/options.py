@@ -17,7 +17,7 @@ def add_command(commands: argparse._SubParsersAction, name: str, handler: Callab
     """The subcommand ``name``, run by ``handler``. Its ``--help`` describes it with the handler's docstring unless
     ``description`` is given, so what a command does is written once, on the function that does it."""
     parser = commands.add_parser(name, help=summary, description=description or inspect.getdoc(handler) or summary)
-    parser.set_defaults(func=handler)
+    parser.set_defaults(func=handler, command_parser=parser)  # its usage, for an error in its arguments
     return parser
 
 

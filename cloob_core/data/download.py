@@ -99,12 +99,12 @@ def _remove_leftovers(output: str, owned: range) -> None:
 class _Progress:
     """A tqdm bar fed by the workers through a queue: rows done, rate and success ratio."""
 
-    def __init__(self, total: int, enabled: bool, context: Any):
+    def __init__(self, total: int, enabled: bool, context: Any, what: str):
         from tqdm.auto import tqdm
 
         self.queue = context.Queue() if enabled else None
         interactive = sys.stderr.isatty()  # in a pod's log, one line every 30 s rather than a redrawn bar
-        self.bar = tqdm(total=total, unit="img", desc="download", disable=not enabled, dynamic_ncols=interactive,
+        self.bar = tqdm(total=total, unit="img", desc=what, disable=not enabled, dynamic_ncols=interactive,
                         mininterval=0.1 if interactive else 30.0)
         self.ok = self.done = 0
         self._stop = threading.Event()
@@ -308,7 +308,8 @@ def _build_planned(run: _Run, records: list[ShardRecord], round_: int, plan: Pla
             yield ShardJob(name, shard, round_, manifest.rows(list(rows)), duplicates, staging(name))
 
     processes = min(dl.processes or usable_cores(), max(1, len(plan)))
-    bar = _Progress(sum(len(rows) for _, _, rows in plan), progress and bool(plan), _CONTEXT)
+    bar = _Progress(sum(len(rows) for _, _, rows in plan), progress and bool(plan), _CONTEXT,
+                    "download" if isinstance(source, HttpSource) else "shards")  # local images: nothing downloads
     done = 0
     try:
         with _interrupts_raise():

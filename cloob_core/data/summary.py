@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from cloob_core import lease, publish, storage
+from cloob_core.config import CPU_DATA_STREAMS
 from cloob_core.data.writer import SETTINGS_FILE, ShardRecord, jsonl_bytes, read_failures, read_records
 from cloob_core.io import json_bytes
 
@@ -127,6 +128,18 @@ def merge_stats(folder: str) -> OutputSummary:
     return summary
 
 
+def too_few_shards(stats: dict[str, Any]) -> str | None:
+    """Why these shards cannot feed training's default data streams (one shard per stream; 8 on the CPU), with
+    the shard size that would: a small set in the default shards of 256 is one or two shards."""
+    shards, samples = stats.get("shards") or 0, stats.get("successes") or 0
+    if not 0 < shards < CPU_DATA_STREAMS:
+        return None
+    size = max(1, samples // CPU_DATA_STREAMS)
+    return (f"{shards} shard(s) feed at most {shards} training data stream(s), and training reads "
+            f"{CPU_DATA_STREAMS} on the CPU (one per core and GPU on GPUs), each shard by one of them: write them "
+            f"again with preprocess.shard_size at most {size} (--shard-size {size}) for {CPU_DATA_STREAMS} shards")
+
+
 def format_summary(summary: OutputSummary) -> str:
     stats = summary.stats
     missing = stats.get("missing_shards")
@@ -134,6 +147,9 @@ def format_summary(summary: OutputSummary) -> str:
         f"INCOMPLETE: {missing} of {stats['expected_shards']} shards are missing (partitions still running, or "
         "an interrupted run to re-run)"
     ]
+    few = too_few_shards(stats) if not missing else None
+    if few:
+        lines.append(f"warning: {few}")
     lines += [
         f"rows {stats['rows']}, samples written {stats['successes']} "
         f"({100 * stats['success_ratio']:.1f}%), failed or dropped {stats['failures']}, "

@@ -38,7 +38,7 @@ from cloob_core.training.checkpoint import Trainables, TrainingState
 from cloob_core.training.env import DistEnv, across_ranks, choose_device, detect, init_process_group
 from cloob_core.training.images import Normalize, TrainImages
 from cloob_core.training.monitor import Monitor, Snapshot
-from cloob_core.training.optim import build_optimizer, build_scheduler
+from cloob_core.training.optim import build_optimizer, build_scheduler, plan_schedule
 from cloob_core.training.shape import run_shape
 from cloob_core.training.step import (
     StepParts,
@@ -147,7 +147,12 @@ def _build(config: CloobConfig, steps: int, shards: int) -> _Setup:
     if cfg.grad_checkpointing:
         model.encoder.set_grad_checkpointing(True)
     optimizer = build_optimizer(model, config.optim)
-    parts = Trainables(model=model, optimizer=optimizer, scheduler=build_scheduler(optimizer, config.optim, steps),
+    schedule = plan_schedule(config.optim, steps)
+    if schedule.adapted and env.is_main:
+        log.warning("%s", schedule.adapted)
+    if env.is_main:
+        log.info("schedule: %s", schedule.describe(config.optim.lr))
+    parts = Trainables(model=model, optimizer=optimizer, scheduler=build_scheduler(optimizer, schedule),
                        scaler=torch.amp.GradScaler(device.type, enabled=precision == "fp16"),
                        objective=objective_from_config(config))
     forward_model = across_ranks(model, env, device, sync_batchnorm=cfg.sync_batchnorm,

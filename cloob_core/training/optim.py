@@ -3,6 +3,8 @@ schedule with linear warmup and hard restarts (paper §5.1, following open_clip)
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from timm.scheduler import CosineLRScheduler
 from torch import nn
@@ -30,17 +32,56 @@ def build_optimizer(model: nn.Module, config: OptimConfig) -> torch.optim.AdamW:
         return torch.optim.AdamW(groups, foreach=True, **options)
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, config: OptimConfig, total_steps: int) -> CosineLRScheduler:
-    """Per-step schedule: ``warmup_steps`` of linear warmup, then ``lr_cycles`` cosine cycles to zero that
-    share the remaining steps, each restarting at the peak rate (hard restarts). Drive it with
+WARMUP_SHARE = 0.1  # the warm-up of a run too short for optim.warmup_steps: a tenth of it, as recipes warm up
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The schedule a run of ``total`` steps gets from the configuration: ``warmup`` steps of linear warm-up, then
+    ``cycles`` cosine cycles of ``cycle_steps`` with hard restarts. ``adapted``: why it differs from the
+    configuration (a run too short for it), or None."""
+
+    warmup: int
+    cycles: int
+    cycle_steps: int
+    total: int
+    adapted: str | None = None
+
+    def describe(self, lr: float) -> str:
+        cycles = "one cosine cycle" if self.cycles == 1 else f"{self.cycles} cosine cycles with hard restarts"
+        return (f"{self.warmup} warm-up step(s) to lr {lr:g}, then {cycles} of {self.cycle_steps} step(s), "
+                f"{self.total} steps in all")
+
+
+def plan_schedule(config: OptimConfig, total_steps: int) -> Schedule:
+    """The configured schedule fitted to a run of ``total_steps``. A warm-up as long as the run would never reach
+    ``optim.lr`` (237 pairs for 40 epochs at the defaults: 74 steps, all of them warm-up, peaking at a third of the
+    rate), so it becomes :data:`WARMUP_SHARE` of the run; cycles longer than the steps left become one step each.
+    Both are said in ``adapted``."""
+    warmup, notes = config.warmup_steps, []
+    if warmup and warmup >= total_steps:
+        warmup = int(total_steps * WARMUP_SHARE)
+        notes.append(f"optim.warmup_steps {config.warmup_steps} is not shorter than this run's {total_steps} steps, "
+                     f"so the learning rate would never reach optim.lr: warming up for {warmup} instead "
+                     f"({WARMUP_SHARE:.0%} of the run)")
+    decay = max(total_steps - warmup, 1)
+    cycles = min(config.lr_cycles, decay)
+    if cycles < config.lr_cycles:
+        notes.append(f"optim.lr_cycles {config.lr_cycles} is more than the {decay} step(s) after the warm-up: "
+                     f"{cycles} cycle(s) instead")
+    return Schedule(warmup, cycles, max(decay // cycles, 1), total_steps, "; ".join(notes) or None)
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, schedule: Schedule) -> CosineLRScheduler:
+    """Per-step schedule (:func:`plan_schedule`): linear warm-up, then cosine cycles to zero that share the
+    remaining steps, each restarting at the peak rate (hard restarts). Drive it with
     ``scheduler.step_update(step)``; it is a pure function of the step, so resuming needs only the step."""
-    decay_steps = max(total_steps - config.warmup_steps, 1)
     return CosineLRScheduler(
         optimizer,
-        t_initial=max(decay_steps // config.lr_cycles, 1),
+        t_initial=schedule.cycle_steps,
         lr_min=0.0,
-        cycle_limit=config.lr_cycles,
-        warmup_t=config.warmup_steps,
+        cycle_limit=schedule.cycles,
+        warmup_t=schedule.warmup,
         warmup_lr_init=0.0,
         warmup_prefix=True,
         t_in_epochs=False,
@@ -48,8 +89,9 @@ def build_scheduler(optimizer: torch.optim.Optimizer, config: OptimConfig, total
 
 
 def first_restart(config: OptimConfig, total_steps: int) -> int | None:
-    """The step at which :func:`build_scheduler`'s first hard restart happens (None: a single cycle): the end of
-    the paper's reference epoch for Fig. 2."""
-    if config.lr_cycles <= 1:
+    """The step at which the schedule's first hard restart happens (None: a single cycle): the end of the paper's
+    reference epoch for Fig. 2."""
+    schedule = plan_schedule(config, total_steps)
+    if schedule.cycles <= 1:
         return None
-    return config.warmup_steps + max((total_steps - config.warmup_steps) // config.lr_cycles, 1)
+    return schedule.warmup + schedule.cycle_steps

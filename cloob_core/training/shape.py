@@ -20,10 +20,10 @@ import logging
 import math
 from dataclasses import dataclass
 
-from cloob_core.config import ConfigError, TrainConfig
+from cloob_core.config import CPU_DATA_STREAMS, ConfigError, TrainConfig
 
 log = logging.getLogger(__name__)
-CPU_STREAMS, CPU_WORKERS = 8, 2
+CPU_WORKERS = 2
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ def run_shape(train: TrainConfig, *, device_type: str, ranks: int, cores_per_ran
     if train.data_streams != "auto":
         streams = train.data_streams
     else:
-        target = CPU_STREAMS if device_type == "cpu" else ranks * cores_per_rank
+        target = CPU_DATA_STREAMS if device_type == "cpu" else ranks * cores_per_rank
         streams = _valid_streams(train.batch_size, ranks, min(target, shards), shards)
     per_rank = streams // ranks
     if train.workers != "auto":
