@@ -44,3 +44,16 @@ def test_every_task_takes_its_images_as_data():
     for task in ("zeroshot", "linear-probe", "retrieval", "diagnostics"):
         args = build_parser().parse_args(["eval", task, "--data", "mnist"])
         assert (args.train_data if task == "linear-probe" else args.data) in ("mnist", ["mnist"])
+
+
+def test_every_command_that_reads_a_table_names_its_columns_with_the_same_flags():
+    from cloob_core.cli import build_parser
+
+    parser = build_parser()
+    for argv in (["data", "acquire", "--output", "o"], ["data", "shards", "--source", "s", "--output", "o"],
+                 ["data", "validate"]):
+        args = vars(parser.parse_args([*argv, "--url-col", "file", "--caption-col", "text"]))
+        assert (args["cfg.download__url_col"], args["cfg.download__caption_col"]) == ("file", "text"), argv
+    args = parser.parse_args(["data", "eval-set", "--source", "s", "--output", "o", "--url-col", "file",
+                              "--caption-col", "text"])
+    assert (args.image_col, args.caption_col) == ("file", "text")

@@ -17,6 +17,7 @@ from cloob_core.data.download import download
 from cloob_core.data.manifest import Partition
 
 FAST = [
+    "validation.min_success_ratio=0",  # these runs fail rows on purpose: they test what is recorded
     "download.allow_private_network=true",
     "download.connect_timeout=1",
     "download.read_timeout=1",
@@ -207,13 +208,25 @@ def test_partitions_are_disjoint_and_merge_to_the_whole(tmp_path, capsys):
         assert (tmp_path / "parts" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes()
 
 
-def test_private_addresses_are_refused_by_default(tmp_path):
+def test_private_addresses_are_refused_by_default(tmp_path, capsys):
     with ImageServer() as server:
         manifest = write_manifest(tmp_path / "m.csv", [(server.url("/img/1.jpg"), "on loopback")])
         config = load_config(overrides=[o for o in FAST if "allow_private" not in o])
         result = download(str(manifest), str(tmp_path / "out"), config, progress=False)
         assert server.hits == {}
-    assert result.summary.stats["failures_by_reason"] == {"blocked_address": 1}
+        assert result.summary.stats["failures_by_reason"] == {"blocked_address": 1}
+        # a run in which every URL was refused fails, naming the reason and the flag that allows them
+        args = ["data", "download", "--manifest", str(manifest), "--output", str(tmp_path / "cli"), "--no-progress",
+                "--image-size", "32"]
+        assert main(args) == 2
+        captured = capsys.readouterr()
+        line = captured.err.strip().splitlines()[-1]
+        assert "0 of 1 rows became samples (0%, below validation.min_success_ratio 0.5)" in line
+        assert "1 failed as blocked_address" in line and "--allow-private-network" in line
+        assert "--retry-failed" in line and "blocked_address" in captured.out  # the summary table too
+        # allowed, the retry of the failed rows builds the shard
+        assert main([*args, "--allow-private-network", "--retry-failed"]) == 0
+        assert "samples written 1 (100.0%)" in capsys.readouterr().out
 
 
 def test_cli_download_prints_the_summary_table(tmp_path, capsys):
@@ -235,7 +248,7 @@ def test_a_partition_pushes_its_outcome_to_the_pushgateway(tmp_path, pushgateway
         code = main(["data", "download", "--manifest", str(manifest), "--output", str(tmp_path / "out"),
                      "--allow-private-network", "--image-size", "32", "--processes", "1", "--no-progress",
                      "--set", f"download.pushgateway={address}", "--set", "preprocess.shard_size=2",
-                     "--partition", "0/1"])
+                     "--set", "validation.min_success_ratio=0.3", "--partition", "0/1"])
     assert code == 0
     ((path, body),) = received
     assert path == "/metrics/job/cloob-download/partition/0-1"

@@ -132,7 +132,8 @@ def test_manifest_of_paths_cannot_escape_its_folder(tmp_path):
     (tmp_path / "secret.jpg").write_bytes(photo_bytes(2))
     manifest = tmp_path / "m.csv"
     manifest.write_text("url,caption\nok.jpg,fine\n../secret.jpg,escape\n/etc/hostname,absolute\nmissing.jpg,x\n")
-    summary = build_shards(str(source), str(tmp_path / "out"), load_config(), manifest=str(manifest),
+    summary = build_shards(str(source), str(tmp_path / "out"),
+                           load_config(overrides=["validation.min_success_ratio=0"]), manifest=str(manifest),
                            progress=False)
     assert summary.stats["successes"] == 1
     assert summary.stats["failures_by_reason"] == {"blocked_path": 2, "missing_file": 1}
@@ -234,3 +235,25 @@ def test_too_few_shards_for_trainings_data_streams_are_named_with_the_size_that_
     assert main([*common, "--output", str(tmp_path / "enough"), "--shard-size", "125"]) == 0
     out = capsys.readouterr().out
     assert "shards 8" in out and "warning" not in out
+
+
+def test_data_shards_reads_a_manifests_own_column_names_as_acquire_does(tmp_path, capsys):
+    source = tmp_path / "images"
+    source.mkdir()
+    for i in range(3):
+        (source / f"{i}.jpg").write_bytes(photo_bytes(i))
+    manifest = tmp_path / "captions.csv"
+    manifest.write_text("file,text\n0.jpg,a red thing\n1.jpg,a blue thing\n2.jpg,a green thing\n")
+    assert main(["data", "shards", "--source", str(source), "--manifest", str(manifest), "--output",
+                 str(tmp_path / "out"), "--url-col", "file", "--caption-col", "text", "--no-progress"]) == 0
+    assert "samples written 3 (100.0%)" in capsys.readouterr().out
+
+
+def test_a_folder_of_images_without_captions_fails_naming_what_to_give(tmp_path, capsys):
+    source = tmp_path / "images"
+    source.mkdir()
+    for i in range(4):
+        (source / f"{i}.jpg").write_bytes(photo_bytes(i))
+    assert main(["data", "shards", "--source", str(source), "--output", str(tmp_path / "out"), "--no-progress"]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "0 of 4 rows became samples" in line and "4 failed as empty_caption" in line and "IMAGE.txt" in line

@@ -129,6 +129,12 @@ def test_several_captions_per_image_from_a_csv(trained, tmp_path):
     assert metrics["image_retrieval_recall@10"] == 1.0  # only 8 images: every correct image is within the top 10
     # 16 captions, two of them correct: the better one can be beaten by at most the other 14
     assert 1 <= metrics["text_retrieval_mean_rank"] <= 15
+    # the same table with its own column names, read with the flags every command that reads a table takes
+    (tmp_path / "own.csv").write_text((tmp_path / "captions.csv").read_text().replace("image,caption", "file,text", 1))
+    assert run("retrieval", "--model", str(trained), "--data", str(tmp_path / "own.csv"), "--output",
+               str(tmp_path / "own"), "--url-col", "file", "--caption-col", "text") == 0
+    own = json.loads((tmp_path / "own" / "own_zeroshot_retrieval.json").read_text())["metrics"]
+    assert own["images"] == 8 and own["captions"] == 16
 
 
 def test_open_clip_weights_and_the_clip_benchmark_loader(trained, tmp_path, capsys):

@@ -162,7 +162,7 @@ def _add_shards(stages: argparse._SubParsersAction) -> None:
     parser.add_argument("--split", choices=["train", "test", "all"], default="train",
                         help="packaged data set split (default: train)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    add_config_options(parser, "preprocess")
+    add_config_options(parser, "preprocess", manifest_columns=True)  # the --manifest's columns, as acquire reads
 
 
 def _add_eval_set(stages: argparse._SubParsersAction) -> None:
@@ -175,7 +175,9 @@ def _add_eval_set(stages: argparse._SubParsersAction) -> None:
     parser.add_argument("--classnames", metavar="JSON|NAME",
                         help="class names to display and prompt templates: a packaged set (cifar10, ...) or a JSON "
                         "file; default: the folder or label names, with 'a photo of a {c}.'")
-    parser.add_argument("--image-col", default="image", help="manifest column of image paths (default: image)")
+    parser.add_argument("--url-col", "--image-col", dest="image_col", default="image",
+                        help="manifest column of image paths, as --url-col names it for every command that reads a "
+                        "table (--image-col: the same; default: image)")
     parser.add_argument("--label-col", default="label", help="manifest column of class names (default: label)")
     parser.add_argument("--type", choices=("classification", "retrieval"), default="classification",
                         help="a set for zero-shot classification and probes, or for image-text retrieval "

@@ -32,6 +32,7 @@ def _task(args: argparse.Namespace) -> int:
     task = task_class(**{f.name: getattr(args, f.name) for f in dataclasses.fields(task_class)})
     output = Path(args.output)
     options = EvalOptions(classnames=args.classnames, label_key=args.label_key, progress=not args.no_progress,
+                          csv_columns=(args.url_col, args.caption_col),
                           cache=None if args.no_cache else Path(args.cache or output / FEATURE_CACHE))
     result = evaluate(task, ModelSource(args.model, args.architecture, args.weights, args.device), output, options)
     for line in result.lines:
@@ -158,6 +159,8 @@ def _add_task_options(parser: argparse.ArgumentParser) -> None:
                         help='a JSON file {"classnames": [...], "templates": ["a photo of a {c}.", ...]}, or a '
                         "packaged set of the paper's data sets (cifar10, imagenet, pets, ...)")
     parser.add_argument("--label-key", default="label", help="class field in shard json (default: label)")
+    parser.add_argument("--url-col", default="image", help="a captions .csv's column of image paths (default: image)")
+    parser.add_argument("--caption-col", default="caption", help="a captions .csv's caption column (default: caption)")
 
 
 def _add_zeroshot(tasks: argparse._SubParsersAction) -> None:

@@ -44,7 +44,7 @@ from cloob_core.data.plan import Plan, check_settings, plan_round, retry_plan_na
 from cloob_core.data.redact import Redactor
 from cloob_core.data.run_manifest import RunManifest
 from cloob_core.data.sources import HttpSource, Source, packaged_source
-from cloob_core.data.summary import OutputSummary, merge_stats, summarize
+from cloob_core.data.summary import OutputSummary, format_summary, merge_stats, summarize
 from cloob_core.data.worker import JobResult, ShardJob, init_worker, run_job
 from cloob_core.data.writer import (
     FAILURES_SUFFIX,
@@ -250,7 +250,43 @@ def download(
     summary = merge_stats(output) if partition.count == 1 else \
         summarize(output, read_records(output, owned.__contains__))
     push_download_summary(dl.pushgateway, summary.stats, f"{partition.index}-{partition.count}")
+    _check_success(summary, config.validation.min_success_ratio, output)
     return DownloadResult(output, summary, done, skipped, time.monotonic() - started, partition)
+
+
+class DownloadFailed(StageError):
+    """Fewer rows became samples than the data gate accepts: the run is told as failed, not as shards built."""
+
+
+# What to do about the reason most rows failed for (the others: failures.jsonl has each row's)
+_FIXES = {
+    "blocked_address": "the URLs point at private, loopback or link-local addresses, which are refused unless "
+                       "they are yours to fetch: --allow-private-network (download.allow_private_network)",
+    "empty_caption": "the images have no captions: give each a caption (IMAGE.txt beside it, or a --manifest with "
+                     "a caption column named by --caption-col)",
+    "missing_file": "the files are not where the manifest says: paths are relative to --source",
+    "blocked_path": "the paths leave the --source folder",
+    "dns_error": "the hosts' names do not resolve from here: check the network (a proxy, DNS)",
+    "connection_error": "the hosts cannot be reached from here: check the network",
+    "timeout": "the hosts answer too slowly: raise download.connect_timeout / download.read_timeout",
+    "deadline_exceeded": "the downloads take too long: raise download.url_deadline",
+}
+
+
+def _check_success(summary: OutputSummary, threshold: float, output: str) -> None:
+    """:class:`DownloadFailed` naming the dominant reason and its fix when the share of rows that became samples
+    is below ``validation.min_success_ratio``; the shards stay, and ``--retry-failed`` re-attempts the rows."""
+    stats = summary.stats
+    if not stats["rows"] or stats["success_ratio"] >= threshold:
+        return
+    reason, count = next(iter(stats["failures_by_reason"].items()), ("unknown", 0))
+    fix = _FIXES.get(reason, f"see {storage.join(output, 'failures.jsonl')}")
+    failure = DownloadFailed(
+        f"{stats['successes']} of {stats['rows']} rows became samples ({stats['success_ratio']:.0%}, below "
+        f"validation.min_success_ratio {threshold:g}); {count} failed as {reason}: {fix}; the shards are kept: "
+        "once it is fixed, run again with --retry-failed")
+    failure.details = format_summary(summary)
+    raise failure
 
 
 def _round_and_plan(manifest: RunManifest, output: str, records: list[ShardRecord], partition: Partition,

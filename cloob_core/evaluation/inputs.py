@@ -306,23 +306,31 @@ def wds_set(location: str, split: str) -> ImageSet:
                       templates=[t.replace("{c}", "{}") for t in templates] if templates else None)
 
 
-def caption_csv_set(path: Path) -> ImageSet:
-    """A CSV with ``image,caption`` rows (paths relative to the CSV); repeated images have several captions."""
+CSV_COLUMNS = ("image", "caption")  # a captions CSV's columns unless --url-col / --caption-col name others
+
+
+def caption_csv_set(path: Path, columns: tuple[str, str] = CSV_COLUMNS) -> ImageSet:
+    """A CSV of image paths (relative to the CSV) and captions in ``columns``; repeated images have several
+    captions."""
+    image, caption = columns
     by_image: dict[str, list[str]] = {}
     with open(path, newline="", encoding="utf-8") as handle:
         reader = csv.DictReader(handle)
-        if not {"image", "caption"} <= set(reader.fieldnames or ()):
-            raise ConfigError(f"{path} needs the columns image,caption; it has {reader.fieldnames}")
+        if not {image, caption} <= set(reader.fieldnames or ()):
+            raise ConfigError(f"{path} needs the columns {image},{caption} (name others with --url-col and "
+                              f"--caption-col); it has {reader.fieldnames}")
         for row in reader:
-            by_image.setdefault(row["image"], []).append(row["caption"])
+            by_image.setdefault(row[image], []).append(row[caption])
     files = list(by_image)
     root = path.parent
-    return ImageSet(name=path.stem, identity=f"captions:{path.resolve()}:{len(files)}",
+    named = "" if columns == CSV_COLUMNS else f":{image}:{caption}"  # other columns: other images, other features
+    return ImageSet(name=path.stem, identity=f"captions:{path.resolve()}{named}:{len(files)}",
                     opener=lambda i: Image.open(root / files[i]).convert("RGB"), size=len(files),
                     captions=[by_image[f] for f in files])
 
 
-def load_images(source: str, split: str = "test", label_key: str = "label", class_file: str | None = None) -> ImageSet:
+def load_images(source: str, split: str = "test", label_key: str = "label", class_file: str | None = None,
+                csv_columns: tuple[str, str] = CSV_COLUMNS) -> ImageSet:
     """A packaged set or ``sklearn-digits`` (split train/test), CLIP_benchmark's ``wds`` layout
     (``SPLIT/nshards.txt``; local or s3://), a folder (ImageFolder; ``SPLIT/`` inside it if present), shards (a
     folder with sizes.json, .tar, brace pattern, s3://), or a .csv of image paths and captions."""
@@ -331,7 +339,7 @@ def load_images(source: str, split: str = "test", label_key: str = "label", clas
     elif source == "sklearn-digits":
         images = sklearn_digits_set(split)
     elif source.endswith(".csv"):
-        images = caption_csv_set(Path(source))
+        images = caption_csv_set(Path(source), csv_columns)
     elif is_wds_set(source, split):
         images = wds_set(source, split)
     elif storage.is_s3(source) or source.endswith(".tar") or "{" in source or (Path(source) / "sizes.json").exists():

@@ -17,7 +17,8 @@ from cloob_core.config import SECRET_QUERY_PARAMS
 from cloob_core.data.redact import Redactor
 
 SECRETS = ("hunter2", "tok3n-value", "AKIAEXAMPLESIG", "s3cr3t-key", "letmein")
-FAST = ["--set", "download.allow_private_network=true", "--set", "download.retries=0", "--set",
+FAST = ["--set", "validation.min_success_ratio=0", "--set", "download.allow_private_network=true", "--set",
+        "download.retries=0", "--set",
         "download.processes=1", "--set", "download.threads=4", "--set", "preprocess.image_size=32", "--set",
         "preprocess.shard_size=3", "--set", "download.url_deadline=5", "--no-progress"]
 

@@ -55,7 +55,7 @@ def test_metadata_and_loopback_addresses_inside_ipv6_are_refused_before_connecti
     url = f"http://{host}/latest/meta-data/"
     done = cli(capsys, "data", "download", "--manifest", manifest(tmp_path / "m.csv", [url]), "--output",
                tmp_path / "out", *GUARDED)
-    assert done.code == 0, done.err
+    assert done.code == 2 and "1 failed as blocked_address" in done.error_line()  # nothing fetched: a failure
     assert failures(tmp_path / "out") == {url: "blocked_address"}
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from cloob_core.evaluation.features import Encoding
-from cloob_core.evaluation.inputs import EvalModel, ImageSet, load_images
+from cloob_core.evaluation.inputs import CSV_COLUMNS, EvalModel, ImageSet, load_images
 from cloob_core.evaluation.records import benchmark_record
 
 
@@ -24,9 +24,11 @@ class EvalOptions:
     batch_size: int = 256
     progress: bool = True
     shared_features: Path | None = None  # features computed ahead, only read
+    csv_columns: tuple[str, str] = CSV_COLUMNS  # a captions CSV's image and caption columns (--url-col, --caption-col)
 
     def images(self, source: str, split: str) -> ImageSet:
-        images = load_images(source, split=split, label_key=self.label_key, class_file=self.classnames)
+        images = load_images(source, split=split, label_key=self.label_key, class_file=self.classnames,
+                             csv_columns=self.csv_columns)
         if self.name is not None:
             images.name = self.name
         return images
