@@ -148,8 +148,8 @@ def _build(config: CloobConfig, steps: int, shards: int) -> _Setup:
         model.encoder.set_grad_checkpointing(True)
     optimizer = build_optimizer(model, config.optim)
     schedule = plan_schedule(config.optim, steps)
-    if schedule.adapted and env.is_main:
-        log.warning("%s", schedule.adapted)
+    if schedule.problem and env.is_main:
+        log.warning("%s", schedule.problem)
     if env.is_main:
         log.info("schedule: %s", schedule.describe(config.optim.lr))
     parts = Trainables(model=model, optimizer=optimizer, scheduler=build_scheduler(optimizer, schedule),

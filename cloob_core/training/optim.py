@@ -32,20 +32,17 @@ def build_optimizer(model: nn.Module, config: OptimConfig) -> torch.optim.AdamW:
         return torch.optim.AdamW(groups, foreach=True, **options)
 
 
-WARMUP_SHARE = 0.1  # the warm-up of a run too short for optim.warmup_steps: a tenth of it, as recipes warm up
-
-
 @dataclass(frozen=True)
 class Schedule:
     """The schedule a run of ``total`` steps gets from the configuration: ``warmup`` steps of linear warm-up, then
-    ``cycles`` cosine cycles of ``cycle_steps`` with hard restarts. ``adapted``: why it differs from the
-    configuration (a run too short for it), or None."""
+    ``cycles`` cosine cycles of ``cycle_steps`` with hard restarts. ``problem``: why it does not fit the run (a
+    warm-up as long as the run never reaches the configured rate), or None."""
 
     warmup: int
     cycles: int
     cycle_steps: int
     total: int
-    adapted: str | None = None
+    problem: str | None = None
 
     def describe(self, lr: float) -> str:
         cycles = "one cosine cycle" if self.cycles == 1 else f"{self.cycles} cosine cycles with hard restarts"
@@ -54,22 +51,18 @@ class Schedule:
 
 
 def plan_schedule(config: OptimConfig, total_steps: int) -> Schedule:
-    """The configured schedule fitted to a run of ``total_steps``. A warm-up as long as the run would never reach
-    ``optim.lr`` (237 pairs for 40 epochs at the defaults: 74 steps, all of them warm-up, peaking at a third of the
-    rate), so it becomes :data:`WARMUP_SHARE` of the run; cycles longer than the steps left become one step each.
-    Both are said in ``adapted``."""
-    warmup, notes = config.warmup_steps, []
-    if warmup and warmup >= total_steps:
-        warmup = int(total_steps * WARMUP_SHARE)
-        notes.append(f"optim.warmup_steps {config.warmup_steps} is not shorter than this run's {total_steps} steps, "
-                     f"so the learning rate would never reach optim.lr: warming up for {warmup} instead "
-                     f"({WARMUP_SHARE:.0%} of the run)")
+    """The configured schedule over a run of ``total_steps``. The warm-up does not depend on the run's length, so
+    a longer run, or a resumed one, repeats the same first steps; a warm-up as long as the run (237 pairs for 40
+    epochs at the defaults: 74 steps) never reaches ``optim.lr``, which ``problem`` says with the value that
+    fits."""
+    warmup, cycles = config.warmup_steps, config.lr_cycles
     decay = max(total_steps - warmup, 1)
-    cycles = min(config.lr_cycles, decay)
-    if cycles < config.lr_cycles:
-        notes.append(f"optim.lr_cycles {config.lr_cycles} is more than the {decay} step(s) after the warm-up: "
-                     f"{cycles} cycle(s) instead")
-    return Schedule(warmup, cycles, max(decay // cycles, 1), total_steps, "; ".join(notes) or None)
+    problem = None
+    if warmup and warmup >= total_steps:
+        problem = (f"optim.warmup_steps {warmup} is not shorter than this run's {total_steps} steps: the learning "
+                   f"rate never reaches optim.lr (it peaks at {total_steps / warmup:.0%} of it); set "
+                   f"optim.warmup_steps to about {total_steps // 10} (a tenth of the run), or train longer")
+    return Schedule(warmup, cycles, max(decay // cycles, 1), total_steps, problem)
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, schedule: Schedule) -> CosineLRScheduler:

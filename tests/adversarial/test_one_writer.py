@@ -117,8 +117,8 @@ def test_an_s3_download_partition_is_leased_and_a_dead_holder_is_taken_over(caps
     holder.wait(timeout=60)
     with caplog.at_level(logging.WARNING, logger="cloob_core.lease"):
         done = cli(capsys, "data", "download", "--manifest", manifest, "--output", output, "--no-progress",
-                   "--retries", "0", "--allow-private-network")
-    assert done.code == 0, done.err
+                   "--retries", "0", "--allow-private-network", "--set", "validation.min_success_ratio=0")
+    assert done.code == 0, done.err  # (its one URL goes nowhere: what is tested is the lease)
     assert "its process is no longer running" in caplog.text
     assert not [key for key in storage.tree_entries(output) if ".cloob-lease" in key[0]]
     bucket, prefix = storage.split_s3(output)
