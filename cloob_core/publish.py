@@ -113,23 +113,24 @@ def _members(folder: Path, outside: tuple[str, ...] = ()) -> list[str]:
     return sorted(found)
 
 
-def settle(folder: str | os.PathLike) -> None:
+def settle(folder: str | os.PathLike) -> Unit | None:
     """Before a stage writes ``folder``: complete a publication a killed run left half-done, and remove staging
-    folders of runs that died before publishing. The caller holds the folder's lease, so no other run is
-    staging there."""
+    folders of runs that died before publishing; the unit published there. The caller holds the folder's lease,
+    so no other run is staging there."""
     folder = str(folder)
-    unit_of(folder)
+    unit = unit_of(folder)
     if storage.is_s3(folder):
         bucket, key = storage.split_s3(folder.rstrip("/") + "/" + STAGING_PREFIX)
         pages = storage.s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key)
         for entry in (item for page in pages for item in page.get("Contents", [])):
             storage.delete(f"s3://{bucket}/{entry['Key']}")
-        return
+        return unit
     if Path(folder).is_dir():
         for entry in Path(folder).iterdir():
             if entry.name.startswith(STAGING_PREFIX):
                 shutil.rmtree(entry, ignore_errors=True)
         remove_temporaries(folder, lambda name: name in (UNIT_FILE, PENDING_FILE))
+    return unit
 
 
 @contextlib.contextmanager
@@ -150,8 +151,7 @@ def staged(folder: str | os.PathLike, *, keep: bool = False, outside: tuple[str,
     if keep and remote:
         raise ValueError("keep is for local folders")
     storage.ensure_folder(folder)
-    settle(folder)
-    previous = unit_of(folder)
+    previous = settle(folder)
     name = f"{STAGING_PREFIX}{uuid.uuid4().hex[:12]}"
     local = scratch.new_folder("cloob-publish") if remote else Path(folder, name)
     local.mkdir(exist_ok=True)

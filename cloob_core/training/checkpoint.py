@@ -25,7 +25,7 @@ import torch
 from cloob_core import storage
 from cloob_core.config import ConfigError
 from cloob_core.errors import StageError
-from cloob_core.io import UnreadableFile, read_torch, write_text, write_torch
+from cloob_core.io import UnreadableFile, read_torch, remove_temporaries, write_text, write_torch
 from cloob_core.training.streams import Position, carry_positions
 
 log = logging.getLogger(__name__)
@@ -133,8 +133,7 @@ def save(state: dict[str, Any], folder: Path, step: int, keep: int) -> Path:
     checkpoint without a checksum was not completely written, and one whose bytes differ is corrupt."""
     path = folder / checkpoint_name(step)
     checksum = folder / (path.name + CHECKSUM_SUFFIX)
-    for stale in folder.glob(".step-*.tmp"):  # temporaries of writes killed mid-way (the folder is this run's)
-        stale.unlink(missing_ok=True)
+    remove_temporaries(folder, lambda name: name.startswith("step-"))  # writes killed mid-way (this run's folder)
     write_torch(path, state, before_publish=lambda tmp: write_text(checksum, _sha256(tmp.read_bytes()) + "\n"))
     _retain(str(folder), keep)
     return path
