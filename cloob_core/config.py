@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -105,7 +106,12 @@ class PreprocessConfig(_Section):
         description="keep_ratio: shortest side to image_size; center_crop: then a centred square; border: longest "
         "side to image_size, padded to a square; no: keep the original size.",
     )
-    resize_only_if_bigger: bool = Field(False, description="Never upscale: resize only images larger than the target.")
+    resize_only_if_bigger: bool = Field(True, description="Never enlarge: resize only images larger than the target "
+                                        "(an enlarged image adds bytes, not detail; training resizes anyway). false: "
+                                        "enlarge smaller ones too, as img2dataset does by default.")
+    max_side: int | None = Field(1024, ge=8, description="Longest side stored: an image that resizing leaves longer "
+                                 "(a panorama under keep_ratio, a large image under no) is scaled down to it, keeping "
+                                 "its ratio; null: no bound. At least image_size.")
 
     @field_validator("resize_mode", mode="before")
     @classmethod
@@ -128,6 +134,13 @@ class PreprocessConfig(_Section):
                             "2,047 training pairs 8 shards, one per data stream; web-scale sets use img2dataset's "
                             "10000.")
     dedup_content: bool = Field(True, description="Keep identical image bytes (sha256) once; later copies are dropped.")
+
+    @model_validator(mode="after")
+    def _side_bound_holds_the_target(self) -> PreprocessConfig:
+        if self.max_side is not None and self.max_side < self.image_size:
+            raise ValueError(f"preprocess.max_side {self.max_side} is below preprocess.image_size {self.image_size}: "
+                             "the resized images could never reach the target; raise it or set it to null")
+        return self
 
 
 # Query parameters that carry credentials in the URLs of common stores and CDNs: bearer tokens, API keys, S3 / GCS /
@@ -243,6 +256,19 @@ class ValidationConfig(_Section):
                                "caption, JSON metadata), picked by a hash of their keys; 0 checks presence only.")
     max_undecodable_fraction: float = Field(0.0, ge=0.0, le=1.0, description="Fraction of a shard's decoded "
                                             "samples allowed to fail; a shard above it fails the gate, by name.")
+    caption_sample: int = Field(10_000, ge=0, description="Captions tokenised with model.architecture's "
+                                "tokenizer to measure how they fit its text context: by the manifest gate from its "
+                                "sample, by the shard gate from its decoded samples, by training from its shards "
+                                "before the first step. 0 measures nothing.")
+    warn_truncated_caption_fraction: float = Field(0.1, ge=0.0, le=1.0, description="Share of sampled "
+                                                   "captions longer than the model's text context above which "
+                                                   "the gate and training warn (their ends do not train).")
+    max_truncated_caption_fraction: float = Field(0.5, ge=0.0, le=1.0, description="Share of sampled captions "
+                                                  "longer than the model's text context above which the gate "
+                                                  "fails and training refuses to start.")
+    max_merged_caption_fraction: float = Field(0.05, ge=0.0, le=1.0, description="Share of distinct sampled "
+                                               "captions that cutting to the model's context makes identical "
+                                               "to another, above which the gate fails and training refuses.")
 
 
 class TrainConfig(_Section):
@@ -619,10 +645,44 @@ def _parse_override(text: str) -> tuple[list[str], Any]:
 Values = Mapping[str, Mapping[str, Any]]  # {section: {key: value}}, typed values (a command's flags)
 
 
-def load_config(path: str | Path | None = None, overrides: Sequence[str] = (), preset: str | None = None,
-                values: Values | None = None) -> CloobConfig:
-    """Defaults, then the YAML file at ``path`` (if given), then a named preset, then ``section.key=value``
-    overrides (text, as ``--set`` gives them), then ``values``; validated once, at the end."""
+@dataclass(frozen=True)
+class ConfigLayers:
+    """A configuration as its caller gave it, the layers kept apart: a params file's sections, a preset,
+    ``section.key=value`` overrides, typed flag values. :meth:`build` lays them over the defaults (or over a base,
+    such as a checkpoint's configuration); :meth:`keys` says which keys the caller set."""
+
+    data: Mapping[str, Any] = field(default_factory=dict)
+    overrides: tuple[str, ...] = ()
+    preset: str | None = None
+    values: Values | None = None
+
+    def build(self, base: Mapping[str, Any] | None = None) -> CloobConfig:
+        return config_from_mapping(_merged(base or {}, self.data), self.overrides, self.preset, self.values)
+
+    def keys(self) -> set[str]:
+        """The ``section.key`` names the layers set (a params file's every key included)."""
+        named = {f"{section}.{key}" for section, fields in self.data.items() if isinstance(fields, Mapping)
+                 for key in fields}
+        named |= set(PRESETS.get(self.preset, {})) if self.preset else set()
+        named |= {".".join(_parse_override(text)[0][:2]) for text in self.overrides}
+        named |= {f"{section}.{key}" for section, fields in (self.values or {}).items() for key in fields}
+        return named
+
+
+def _merged(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """``over`` laid on ``base`` section by section (a section ``over`` names replaces only the keys it gives)."""
+    merged = copy.deepcopy(dict(base))
+    for section, fields in over.items():
+        if isinstance(fields, Mapping) and isinstance(merged.get(section), Mapping):
+            merged[section] = {**merged[section], **copy.deepcopy(dict(fields))}
+        else:
+            merged[section] = copy.deepcopy(fields)
+    return merged
+
+
+def load_layers(path: str | Path | None = None, overrides: Sequence[str] = (), preset: str | None = None,
+                values: Values | None = None) -> ConfigLayers:
+    """The layers of :func:`load_config`, the YAML file at ``path`` read and parsed, nothing validated yet."""
     text = None
     if path is not None:
         try:
@@ -631,22 +691,34 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = (), p
             raise ConfigError(f"config file {path} does not exist") from None
         except UnicodeDecodeError:
             raise ConfigError(f"config file {path} is not UTF-8 text (is it a YAML file?)") from None
-    return config_from_text(text, overrides, preset, source=f"config file {path}", values=values)
+    if preset is not None and preset not in PRESETS:
+        raise ConfigError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
+    return ConfigLayers(_parsed(text, f"config file {path}"), tuple(overrides), preset, values)
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = (), preset: str | None = None,
+                values: Values | None = None) -> CloobConfig:
+    """Defaults, then the YAML file at ``path`` (if given), then a named preset, then ``section.key=value``
+    overrides (text, as ``--set`` gives them), then ``values``; validated once, at the end."""
+    return load_layers(path, overrides, preset, values).build()
 
 
 def config_from_text(text: str | None, overrides: Sequence[str] = (), preset: str | None = None,
                      source: str = "the parameters", values: Values | None = None) -> CloobConfig:
     """:func:`load_config` for a params.yaml given as text (a Kubeflow run parameter); ``None``: the defaults."""
-    data: dict[str, Any] = {}
-    if text is not None:
-        try:
-            loaded = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader
-        except yaml.YAMLError as err:
-            raise ConfigError(f"{source} is not valid YAML: {err}") from None
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"{source} must hold a mapping of sections, got {type(loaded).__name__}")
-        data = loaded or {}
-    return config_from_mapping(data, overrides, preset, values)
+    return config_from_mapping(_parsed(text, source), overrides, preset, values)
+
+
+def _parsed(text: str | None, source: str) -> dict[str, Any]:
+    if text is None:
+        return {}
+    try:
+        loaded = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{source} is not valid YAML: {err}") from None
+    if loaded is not None and not isinstance(loaded, dict):
+        raise ConfigError(f"{source} must hold a mapping of sections, got {type(loaded).__name__}")
+    return loaded or {}
 
 
 def config_from_mapping(data: Mapping[str, Any], overrides: Sequence[str] = (), preset: str | None = None,

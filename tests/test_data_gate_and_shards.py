@@ -68,7 +68,7 @@ def test_gate_passes_good_shards_and_fails_inconsistent_ones(mnist_shards, tmp_p
     (broken / ".cloob-unit.json").unlink()  # a sizes.json written by another tool: the gate checks what it says
     code = main(["data", "validate", "--shards", str(broken), "--min-image-side", "32"])
     text = capsys.readouterr().out
-    assert code == 1 and "data gate FAILED: 2 of 12 checks" in text
+    assert code == 1 and "data gate FAILED: 2 of 14 checks" in text
     assert "FAIL shards: expect_column_pair_values_to_be_equal [sizes_json = tar_samples]" in text
     assert "FAIL shards: expect_column_values_to_be_between [side_min]" in text
     # a tar cut short after the download (a copy gone wrong) is named, not a crash
@@ -243,7 +243,7 @@ def test_data_shards_reads_a_manifests_own_column_names_as_acquire_does(tmp_path
     for i in range(3):
         (source / f"{i}.jpg").write_bytes(photo_bytes(i))
     manifest = tmp_path / "captions.csv"
-    manifest.write_text("file,text\n0.jpg,a red thing\n1.jpg,a blue thing\n2.jpg,a green thing\n")
+    manifest.write_text("file,text\nimages/0.jpg,a red thing\nimages/1.jpg,a blue thing\nimages/2.jpg,a green thing\n")
     assert main(["data", "shards", "--source", str(source), "--manifest", str(manifest), "--output",
                  str(tmp_path / "out"), "--url-col", "file", "--caption-col", "text", "--no-progress"]) == 0
     assert "samples written 3 (100.0%)" in capsys.readouterr().out

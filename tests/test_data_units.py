@@ -12,7 +12,7 @@ import pytest
 from image_server import bomb_png, photo_bytes
 from PIL import Image
 
-from cloob_core.config import CloobConfig, load_config
+from cloob_core.config import CloobConfig, ConfigError, load_config
 from cloob_core.data.acquire import acquire_into
 from cloob_core.data.fetch import address_refusal, opted_out
 from cloob_core.data.imaging import caption_refusal, process_image
@@ -172,11 +172,24 @@ def test_resize_modes(mode, expected):
         assert pixels.getpixel((32, 0)) < 10 and pixels.getpixel((32, 63)) < 10
 
 
-def test_resize_only_if_bigger_never_upscales():
-    small = _config(image_size=1000, resize_only_if_bigger=True)
+def test_by_default_no_image_is_enlarged_and_no_side_passes_the_bound():
+    small = _config(image_size=1000, max_side=None)
     result = process_image(photo_bytes(1), small)
-    assert (result.width, result.height) == (213, 161)
-    assert process_image(photo_bytes(1), _config(image_size=1000)).height == 1000
+    assert (result.width, result.height) == (213, 161)  # the default: never enlarge
+    assert process_image(photo_bytes(1), _config(image_size=1000, resize_only_if_bigger=False, max_side=None)) \
+        .height == 1000
+    # A 128 x 1,728 strip: enlarged to 256 it would be 3,456 long; it is neither enlarged nor longer than the bound.
+    strip = io.BytesIO()
+    Image.new("RGB", (128, 1728), (10, 200, 40)).save(strip, format="PNG")
+    for settings, expected in (({}, (76, 1024)), ({"resize_only_if_bigger": False}, (76, 1024)),
+                               ({"max_side": None}, (128, 1728)), ({"max_side": 4096, "resize_only_if_bigger": False},
+                                                                  (256, 3456)), ({"resize_mode": "no"}, (76, 1024))):
+        result = process_image(strip.getvalue(), _config(image_size=256, **settings))
+        assert (result.width, result.height) == expected, settings
+    large = _config(image_size=64, resize_mode="no", max_side=100)
+    assert max(process_image(photo_bytes(1), large).width, process_image(photo_bytes(1), large).height) == 100
+    with pytest.raises(ConfigError, match="preprocess.max_side 100 is below preprocess.image_size 256"):
+        load_config(overrides=["preprocess.max_side=100"])
 
 
 def test_filters_and_guards():

@@ -1,7 +1,7 @@
-"""The learning-rate schedule and what the log says of it: the schedule that ran, always; and a warm-up as long as
-the run (237 pairs for 40 epochs at the defaults: 74 steps against 200 of warm-up), which never reaches the
-configured rate, named with the value that fits. The warm-up does not depend on the run's length, so a longer or
-resumed run repeats the same first steps."""
+"""The learning-rate schedule and what the log says of it: the schedule that ran, always; and a warm-up longer than
+half the run (237 pairs for 40 epochs at the defaults: 74 steps against 200 of warm-up), which would keep the rate
+under optim.lr, cut to half the run and said so. A run at least twice its warm-up runs the configured one, so such
+runs share their first steps whatever their length."""
 
 from __future__ import annotations
 
@@ -28,19 +28,23 @@ def test_a_schedule_that_fits_runs_as_configured():
     assert _rates(schedule, [200])[0] == pytest.approx(1e-3)
     assert "200 warm-up step(s) to lr 0.001, then 2 cosine cycles with hard restarts of 219" in \
         schedule.describe(1e-3)
+    assert plan_schedule(OptimConfig(), 400).problem is None  # exactly twice the warm-up
 
 
-def test_a_warm_up_as_long_as_the_run_is_named_with_the_value_that_fits():
-    schedule = plan_schedule(OptimConfig(), 74)
-    assert "optim.warmup_steps 200 is not shorter than this run's 74 steps" in schedule.problem
-    assert "peaks at 37% of it" in schedule.problem and "about 7" in schedule.problem
-    assert max(_rates(schedule, range(74))) < 0.37e-3  # what the problem says
-    fitted = plan_schedule(OptimConfig(warmup_steps=7), 74)
-    assert fitted.problem is None and _rates(fitted, [7])[0] == pytest.approx(1e-3)
+@pytest.mark.parametrize("steps", [74, 13, 399, 2])
+def test_a_warm_up_longer_than_half_the_run_is_cut_to_half_and_reaches_the_peak(steps):
+    schedule = plan_schedule(OptimConfig(), steps)
+    assert schedule.warmup == steps // 2
+    assert f"optim.warmup_steps 200 is more than half of this run's {steps} steps" in schedule.problem
+    rates = _rates(schedule, range(steps))
+    assert max(rates) == pytest.approx(1e-3)  # the configured rate is reached ...
+    assert rates.index(max(rates)) == steps // 2  # ... at the end of the warm-up
+    if steps >= 13:  # and then it decays, over the other half
+        assert rates[-1] < 0.5e-3
 
 
-def test_the_warm_up_is_the_same_whatever_the_runs_length():
-    short, long = plan_schedule(OptimConfig(), 300), plan_schedule(OptimConfig(), 3000)
+def test_runs_at_least_twice_the_warm_up_share_their_first_steps():
+    short, long = plan_schedule(OptimConfig(), 400), plan_schedule(OptimConfig(), 3000)
     assert _rates(short, range(200)) == _rates(long, range(200))
 
 
@@ -50,8 +54,8 @@ def test_training_logs_the_schedule_that_ran(mnist_train_shards, tmp_path, caplo
     from cloob_core.cli import main
 
     caplog.set_level(logging.INFO)
-    assert main(["train", "--shards", str(mnist_train_shards), "--output", str(tmp_path / "run"), "--steps", "3",
+    assert main(["train", "--shards", str(mnist_train_shards), "--output", str(tmp_path / "run"), "--steps", "4",
                  "--set", "train.batch_size=8", "--set", "train.data_streams=1", "--set", "train.workers=0"]) == 0
-    assert "optim.warmup_steps 200 is not shorter than this run's 3 steps" in caplog.text
-    assert "schedule: 200 warm-up step(s) to lr 0.001, then 2 cosine cycles with hard restarts of 1 step(s), 3 " \
+    assert "optim.warmup_steps 200 is more than half of this run's 4 steps: warming up for 2 instead" in caplog.text
+    assert "schedule: 2 warm-up step(s) to lr 0.001, then 2 cosine cycles with hard restarts of 1 step(s), 4 " \
         "steps in all" in caplog.text

@@ -4,6 +4,7 @@ S3 checkpoints, live Prometheus metrics."""
 from __future__ import annotations
 
 import json
+import shutil
 import math
 import os
 import signal
@@ -145,26 +146,39 @@ def test_checkpoints_go_to_s3_and_resume_from_there(shards, tmp_path, s3_bucket)
     settings = ["--batch-size", "64", "--checkpoint-every", "3", "--keep-checkpoints", "2", "--log-every", "3",
                 "--workers", "0", "--checkpoint-sync", mirror]
     assert main(["train", "--shards", str(shards), "--output", str(tmp_path / "a"), "--no-progress",
-                 "--no-tensorboard", "--steps", "6", *settings]) == 0
-    assert storage.list_names(mirror) == ["step-00000003.pt", "step-00000003.pt.sha256", "step-00000006.pt",
-                                          "step-00000006.pt.sha256"]  # kept the last 2, with their checksums
-    (tmp_path / "a" / "checkpoints" / "step-00000006.pt").unlink()  # the pod's disk is gone
-    (tmp_path / "a" / "checkpoints" / "step-00000003.pt").unlink()
-    assert main(["train", "--shards", str(shards), "--output", str(tmp_path / "a"), "--no-progress",
-                 "--no-tensorboard", "--steps", "9", "--resume", f"{mirror}/step-00000006.pt", *settings]) == 0
+                 "--no-tensorboard", "--steps", "9", *settings]) == 0
+    assert storage.list_names(mirror) == ["step-00000006.pt", "step-00000006.pt.sha256", "step-00000009.pt",
+                                          "step-00000009.pt.sha256"]  # kept the last 2, with their checksums
+    for path in (tmp_path / "a").iterdir():  # the pod's disk is gone
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    # From the mirror's step 6 alone, with the run's configuration from the checkpoint: steps 7 to 9 again.
+    assert main(["train", "--output", str(tmp_path / "a"), "--no-progress", "--resume",
+                 f"{mirror}/step-00000006.pt"]) == 0
     assert main(["train", "--shards", str(shards), "--output", str(tmp_path / "b"), "--no-progress",
                  "--no-tensorboard", "--steps", "9", *settings]) == 0
     assert_identical(exported_state(tmp_path / "a"), exported_state(tmp_path / "b"))
 
 
-def test_an_incompatible_checkpoint_is_refused(shards, tmp_path, capsys):
+def test_a_resume_takes_the_runs_configuration_from_its_checkpoint_and_refuses_a_change(shards, tmp_path, capsys):
     base = ["train", "--shards", str(shards), "--output", str(tmp_path), "--no-progress", "--no-tensorboard",
-            "--steps", "2", "--batch-size", "32", "--workers", "0"]
+            "--steps", "4", "--batch-size", "32", "--workers", "0", "--checkpoint-every", "2"]
     assert main(base) == 0
+    (tmp_path / "checkpoints" / "step-00000004.pt").unlink()  # as if stopped after step 2
     capsys.readouterr()
-    assert main([*base, "--steps", "4", "--resume", "latest", "--set", "model.architecture=cloob-tiny-vit"]) == 2
-    err = capsys.readouterr().err
-    assert "incompatible configuration" in err and "model.architecture: 'cloob-tiny' in the checkpoint" in err
+    for change, named in ((["--set", "model.architecture=cloob-tiny-vit"], "model.architecture 'cloob-tiny-vit'"),
+                          (["--steps", "8"], "train.steps 8"), (["--set", "optim.warmup_steps=7"],
+                                                                 "optim.warmup_steps 7")):
+        assert main(["train", "--output", str(tmp_path), "--resume", "latest", *change]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and named in err[0] and "would change that run" in err[0], err
+    # Keys of how it runs may change; no flag at all continues the run as it was configured.
+    assert main(["train", "--output", str(tmp_path), "--resume", "latest", "--workers", "1", "--log-every", "1"]) == 0
+    assert json.loads((tmp_path / "metrics.json").read_text())["steps"] == 4
+    # Through the stage function, a configuration of another run is refused too.
+    (tmp_path / "checkpoints" / "step-00000004.pt").unlink()
+    with pytest.raises(ConfigError, match="is of another run: train.batch_size: 32 in the checkpoint, 16 now"):
+        train(load_config(overrides=[f"train.shards={shards}", "train.steps=4", "train.batch_size=16",
+                                     "train.workers=0"]), tmp_path, resume="latest", progress=False)
 
 
 def test_prometheus_metrics_rise_during_a_run(shards, tmp_path):
@@ -266,12 +280,11 @@ def test_a_restricted_negative_run_resumes_exactly_with_its_schedule_and_queue(s
                 "--set", "objective.anneal_steps=4", "--set", "objective.queue_size=64"]
     whole = subprocess.run(cli(shards, tmp_path / "whole", "--steps", "6", *settings), capture_output=True, text=True)
     assert whole.returncode == 0, whole.stderr[-3000:]
-    first = subprocess.run(cli(shards, tmp_path / "parts", "--steps", "3", *settings), capture_output=True, text=True)
-    assert first.returncode == 0, first.stderr[-3000:]
-    state = torch.load(tmp_path / "parts" / "checkpoints" / "step-00000003.pt", weights_only=True)
+    halfway = tmp_path / "whole" / "checkpoints" / "step-00000003.pt"
+    state = torch.load(halfway, weights_only=True)
     assert state["objective"]["step"] == 3 and state["objective"]["queue"]["image"].shape[0] == 64
-    second = subprocess.run(cli(shards, tmp_path / "parts", "--steps", "6", "--resume", "latest", *settings),
-                            capture_output=True, text=True)
+    second = subprocess.run([sys.executable, "-m", "cloob_core.cli", "train", "--output", str(tmp_path / "parts"),
+                             "--resume", str(halfway)], capture_output=True, text=True)  # its configuration
     assert second.returncode == 0, second.stderr[-3000:]
     assert_identical(exported_state(tmp_path / "parts"), exported_state(tmp_path / "whole"))
 
@@ -350,7 +363,7 @@ def test_resuming_on_another_number_of_streams_starts_each_stream_on_a_new_pass(
 
     base = [f"train.shards={shards}", "train.batch_size=16", "train.workers=0", "train.tensorboard=false",
             "train.checkpoint_every=3", "train.steps=6", "model.architecture=cloob-tiny-vit"]
-    first = load_config(overrides=[*base, "train.data_streams=2", "train.steps=3"])
+    first = load_config(overrides=[*base, "train.data_streams=2"])  # its checkpoint of step 3 is the one resumed
     train(first, tmp_path / "two", progress=False)
     saved = torch.load(tmp_path / "two" / "checkpoints" / "step-00000003.pt", weights_only=True)
     assert saved["positions"] == {"0": [0, 24], "1": [0, 24]}  # 3 steps of 8 samples a stream, in pass 0

@@ -8,7 +8,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from cloob_core.config import CloobConfig, load_config
+from cloob_core.config import CloobConfig, ConfigLayers, load_layers
 from cloob_core.flags import add_model_flags, flag_values
 
 
@@ -43,9 +43,14 @@ def _add_section_flags(parser: argparse.ArgumentParser, section: str, skip: tupl
 
 def config_of(args: argparse.Namespace, preset: str | None = None) -> CloobConfig:
     """Defaults < --params < --preset < --set < the section flags, validated once."""
+    return layers_of(args, preset).build()
+
+
+def layers_of(args: argparse.Namespace, preset: str | None = None) -> ConfigLayers:
+    """The configuration the command line gives, its layers apart (a resumed run lays them over its checkpoint's)."""
     flags: dict[str, dict[str, Any]] = {section: flag_values(args, f"cfg.{section}")
                                         for section in CloobConfig.model_fields}
-    return load_config(args.params, args.overrides, preset=preset, values=flags)
+    return load_layers(args.params, args.overrides, preset=preset, values=flags)
 
 
 def add_output_and_device(parser: argparse.ArgumentParser, output: str) -> None:

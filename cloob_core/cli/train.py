@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from cloob_core.cli.options import add_command, add_config_options, config_of
+from cloob_core.cli.options import add_command, add_config_options, layers_of
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -14,9 +14,10 @@ def _train(args: argparse.Namespace) -> int:
     (open_clip_config.json, open_clip_model.safetensors, model_info.json: open_clip loads it as local-dir:OUTPUT/model),
     checkpoints/, metrics.json, loss_history.csv, training_curves.png and tensorboard/."""
     from cloob_core.training.loop import train
+    from cloob_core.training.resumption import resumed_config
 
-    result = train(config_of(args, preset=args.preset), args.output, resume=args.resume,
-                   progress=not args.no_progress, publish=args.publish)
+    config = resumed_config(layers_of(args, preset=args.preset), args.output, args.resume)
+    result = train(config, args.output, resume=args.resume, progress=not args.no_progress, publish=args.publish)
     if not result.is_main:
         return 0
     metrics = result.metrics
@@ -35,9 +36,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                          "pretrain with CLOOB (or another objective) on WebDataset shards; single process, torchrun or "
                          "SLURM")
     parser.add_argument("--output", default="runs/train", help="output folder (default: runs/train)")
-    parser.add_argument("--resume", metavar="latest|PATH",
-                        help="continue from a checkpoint: 'latest' (OUTPUT/checkpoints, then train.checkpoint_sync) "
-                        "or a path / s3:// URL")
+    parser.add_argument("--resume", metavar="latest|auto|PATH",
+                        help="continue from a checkpoint, with the run's configuration taken from it (a flag that "
+                        "would change the run is refused): 'latest' (OUTPUT/checkpoints, then train.checkpoint_sync) "
+                        "or a path / s3:// URL; 'auto': the latest when it is of this configuration, data and code, "
+                        "else start afresh (how DVC re-runs an interrupted stage)")
     parser.add_argument("--preset", choices=["cc3m", "yfcc"],
                         help="the paper's recipe for CC3M (batch 512, lr 1e-3, warmup 20k, beta 8, 31 epochs in 4 "
                         "cycles) or YFCC (1024, 5e-4, 10k, 14.3, 28 epochs), RN50; applied over --params, under --set")

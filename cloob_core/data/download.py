@@ -40,7 +40,15 @@ from cloob_core.config import CloobConfig
 from cloob_core.data.acquire import opened
 from cloob_core.data.fetch import FetchPolicy
 from cloob_core.data.manifest import ManifestError, Partition, row_key
-from cloob_core.data.plan import Plan, check_settings, plan_round, retry_plan_name, retry_round, settings_of
+from cloob_core.data.plan import (
+    Plan,
+    check_settings,
+    fetch_digest,
+    plan_round,
+    retry_plan_name,
+    retry_round,
+    settings_of,
+)
 from cloob_core.data.redact import Redactor
 from cloob_core.data.run_manifest import RunManifest
 from cloob_core.data.sources import HttpSource, Source, packaged_source
@@ -163,8 +171,8 @@ class _Finaliser:
     """Publishes shards in plan order, dropping content seen in any earlier shard; each under the partition's
     lease (``owner``), checked before the shard's files appear and before its completion mark."""
 
-    def __init__(self, output: str, owner: str, dedup_content: bool, seen: dict[bytes, str]):
-        self.output, self.owner, self.dedup_content, self.seen = output, owner, dedup_content, seen
+    def __init__(self, output: str, owner: str, dedup_content: bool, seen: dict[bytes, str], fetch: str):
+        self.output, self.owner, self.dedup_content, self.seen, self.fetch = output, owner, dedup_content, seen, fetch
 
     def publish(self, result: JobResult) -> ShardRecord:
         job = result.job
@@ -194,7 +202,7 @@ class _Finaliser:
             failures_by_reason=dict(sorted(reasons.items())), tar=tar_name,
             samples=[[o.key, o.sha256] for o in kept],
             image_sides={"min": min(sides), "max": max(sides)} if sides else {},
-            tar_bytes=staging.stat().st_size if kept else 0,
+            tar_bytes=staging.stat().st_size if kept else 0, fetch=self.fetch,
         )
         lease.check_held(self.output, self.owner)
         storage.write_bytes(storage.join(self.output, job.name + FAILURES_SUFFIX), jsonl_bytes(failures))
@@ -240,8 +248,9 @@ def download(
         check_settings(output, settings_of(manifest, config))
         records = read_records(output, owned.__contains__)
         round_, plan = _round_and_plan(manifest, output, records, partition, owned, retry_failed,
-                                       config.preprocess.shard_size)
-        skipped = sum(1 for r in records if r.round == round_)
+                                       config.preprocess.shard_size, fetch_digest(config))
+        planned = {name for name, _, _ in plan}
+        skipped = sum(1 for r in records if r.round == round_ and r.name not in planned)
         if skipped:
             log.info("resuming: %d shard(s) already complete are skipped", skipped)
         run = _Run(manifest, output, config, source, owner, progress)
@@ -264,7 +273,8 @@ _FIXES = {
                        "they are yours to fetch: --allow-private-network (download.allow_private_network)",
     "empty_caption": "the images have no captions: give each a caption (IMAGE.txt beside it, or a --manifest with "
                      "a caption column named by --caption-col)",
-    "missing_file": "the files are not where the manifest says: paths are relative to --source",
+    "missing_file": "the files are not where the manifest says: relative paths are read from the manifest's own "
+                    "folder (failures.jsonl names each row's file)",
     "blocked_path": "the paths leave the --source folder",
     "dns_error": "the hosts' names do not resolve from here: check the network (a proxy, DNS)",
     "connection_error": "the hosts cannot be reached from here: check the network",
@@ -290,11 +300,11 @@ def _check_success(summary: OutputSummary, threshold: float, output: str) -> Non
 
 
 def _round_and_plan(manifest: RunManifest, output: str, records: list[ShardRecord], partition: Partition,
-                    owned: range, retry_failed: bool, shard_size: int) -> tuple[int, Plan]:
+                    owned: range, retry_failed: bool, shard_size: int, fetch: str) -> tuple[int, Plan]:
     """The first pass, or with ``retry_failed`` the retry round to run (recorded, so a killed round resumes)."""
     if not retry_failed:
-        return 0, plan_round(manifest, output, records, owned, 0, shard_size)
-    missing = plan_round(manifest, output, records, owned, 0, shard_size)
+        return 0, plan_round(manifest, output, records, owned, 0, shard_size, fetch)
+    missing = plan_round(manifest, output, records, owned, 0, shard_size, fetch)
     if missing:
         raise ManifestError(f"{len(missing)} shard(s) of the first pass are not complete yet; re-run without "
                             "--retry-failed to finish them, then retry")
@@ -328,7 +338,7 @@ def _build_planned(run: _Run, records: list[ShardRecord], round_: int, plan: Pla
     dl, pre = run.config.download, run.config.preprocess
     staging_dir = Path(output) if not storage.is_s3(output) else scratch.new_folder("cloob-staging")
     seen = {_digest_key(sha): key for r in records for key, sha in r.samples} if pre.dedup_content else {}
-    finaliser = _Finaliser(output, owner, pre.dedup_content, seen)
+    finaliser = _Finaliser(output, owner, pre.dedup_content, seen, fetch_digest(run.config))
 
     def staging(name: str) -> str:
         return str(staging_dir / f".{name}.tar.{owner}.{os.getpid()}.tmp")

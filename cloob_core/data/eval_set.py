@@ -30,7 +30,7 @@ from typing import Literal
 
 from cloob_core import lease, publish, storage
 from cloob_core.config import PACKAGED_SETS, ConfigError
-from cloob_core.data.manifest import read_manifest
+from cloob_core.data.manifest import read_manifest, table_file, table_folder
 from cloob_core.data.packaged import SPLITS, PackagedSplit, load_packaged
 from cloob_core.data.sources import IMAGE_SUFFIXES
 from cloob_core.data.wds_layout import CLASSNAMES_FILE, DATASET_TYPE_FILE, SHARD_COUNT_FILE, TEMPLATES_FILE
@@ -193,15 +193,14 @@ def _manifest_splits(location: str, image_col: str, text_col: str, split_col: st
                      split: str) -> dict[str, list[tuple[_Image, str]]]:
     """``{split: [(image, text)]}`` in row order: the text is a class name or a caption."""
     frame = read_manifest(location, image_col, text_col)
-    base = Path(location).parent.resolve()
+    base = table_folder(location)
     splits: dict[str, list[tuple[_Image, str]]] = {}
-    for row in frame.itertuples(index=False):
+    for number, row in enumerate(frame.itertuples(index=False), start=1):
         record = row._asdict()
-        relative, text = record[image_col], record[text_col].strip()
-        path = (base / relative).resolve()
-        if not relative or not text or not path.is_relative_to(base):
-            raise ConfigError(f"manifest {location}: row {relative!r} needs an image inside {base} and a "
-                              f"{text_col}")
+        path = table_file(location, record[image_col], image_col, number, inside=base)
+        text = str(record[text_col] or "").strip()
+        if not text:
+            raise ConfigError(f"{location}, row {number}, column {text_col!r}: empty")
         name = str(record.get(split_col) or split)
         splits.setdefault(name, []).append((_file(path), text))
     if not splits:

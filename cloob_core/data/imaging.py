@@ -32,14 +32,17 @@ def _drop(reason: str, detail: str, width: int = 0, height: int = 0) -> Processe
 
 
 def target_size(width: int, height: int, config: PreprocessConfig) -> tuple[int, int]:
-    """Size after resizing, before a crop or border: the side that must reach ``image_size`` does."""
-    size = config.image_size
-    if config.resize_mode == "no":
+    """Size after resizing, before a crop or border: the side that must reach ``image_size`` does (not by
+    enlarging, under ``resize_only_if_bigger``), and no side is longer than ``max_side``."""
+    scale = 1.0
+    if config.resize_mode != "no":
+        reference = max(width, height) if config.resize_mode == "border" else min(width, height)
+        if not (config.resize_only_if_bigger and reference <= config.image_size):
+            scale = config.image_size / reference
+    if config.max_side is not None and max(width, height) * scale > config.max_side:
+        scale = config.max_side / max(width, height)
+    if scale == 1.0:
         return width, height
-    reference = max(width, height) if config.resize_mode == "border" else min(width, height)
-    if config.resize_only_if_bigger and reference <= size:
-        return width, height
-    scale = size / reference
     return max(1, round(width * scale)), max(1, round(height * scale))
 
 

@@ -13,6 +13,7 @@ import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cloob_core import storage
@@ -255,3 +256,28 @@ def jsonable(value: Any) -> Any:
     except TypeError:
         return str(value)
     return value
+
+
+# One rule for a table that names local files (`data shards --manifest`, `data eval-set`, an `eval` captions CSV): a
+# relative path is read from the table's own folder (as Hugging Face's ImageFolder reads its metadata.csv), an
+# absolute one as it is.
+def table_folder(table: str | Path) -> Path:
+    """The folder a table's relative paths are read from: the table's own (a folder of parts: that folder)."""
+    table = Path(table).resolve()
+    return table if table.is_dir() else table.parent
+
+
+def table_file(table: str | Path, value: str, column: str, row: int, inside: Path | None = None) -> Path:
+    """The file that row ``row`` (1-based) of ``table`` names in ``column``, by the one rule; a one-line
+    :class:`ManifestError` naming the table, row and column when it is empty, not a file, or outside ``inside``."""
+    where = f"{table}, row {row}, column {column!r}"
+    if not str(value or "").strip():
+        raise ManifestError(f"{where}: no path")
+    base = table_folder(table)
+    path = (base / str(value)).resolve()
+    if inside is not None and not path.is_relative_to(inside.resolve()):
+        raise ManifestError(f"{where}: {value!r} is outside {inside.resolve()}")
+    if not path.is_file():
+        raise ManifestError(f"{where}: {value!r} is not a file ({path}); relative paths in a table are read from "
+                            f"the table's own folder, {base}")
+    return path

@@ -21,11 +21,23 @@ from cloob_core.io import json_bytes
 Plan = list[tuple[str, int, Sequence[int]]]  # (shard name, base shard, manifest rows) still to build
 
 
+# The download settings that decide whether a URL can be fetched at all, and not what a shard holds once fetched.
+FETCH_KEYS = ("connect_timeout", "read_timeout", "url_deadline", "retries", "backoff", "max_redirects", "max_bytes",
+              "respect_opt_out", "allow_private_network")
+
+
+def fetch_digest(config: CloobConfig) -> str:
+    """A digest of the fetch settings (``FETCH_KEYS``), recorded in each shard's record."""
+    settings = {key: getattr(config.download, key) for key in FETCH_KEYS}
+    return hashlib.sha256(json_bytes(settings)).hexdigest()[:16]
+
+
 def plan_round(manifest: RunManifest, output: str, records: list[ShardRecord], owned: range, round_: int,
-               shard_size: int) -> Plan:
+               shard_size: int, fetch: str = "") -> Plan:
     """(name, base shard, rows) for each of the ``owned`` shards still to do in this round; from the manifest's
-    index alone."""
-    done = {r.name for r in records}
+    index alone. A shard of the first pass with no sample, built under other fetch settings (``fetch``: their
+    digest), is done again: the settings may be what failed every row (a refused private address, a timeout)."""
+    done = {r.name for r in records if round_ or r.successes or r.fetch == fetch}
     plan: Plan = []
     if round_ == 0:
         for shard in manifest.shards(shard_size):

@@ -5,6 +5,8 @@ webdataset through fsspec (s3fs), and the handler that skips what cannot be read
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import re
 import sys
@@ -103,3 +105,18 @@ def missing_shards(location: str | list[str]) -> str | None:
     if isinstance(missing, int) and missing > 0:
         return f"{missing} of {stats.get('expected_shards')} shards are missing"
     return None
+
+
+def shards_fingerprint(urls: list[str]) -> str:
+    """What tells one training data set from another, cheaply: each shard's name and byte size, from one listing
+    per folder. Shards rebuilt with other settings (size, resizing, captions) differ in size; the location does not
+    count, so the same shards moved to S3 keep their fingerprint. (A content digest would read every shard.)"""
+    folders: dict[str, list[str]] = {}
+    for url in urls:
+        folder, _, name = url.rpartition("/")
+        folders.setdefault(folder or ".", []).append(name)
+    listed = []
+    for folder, names in folders.items():
+        sizes = {path: size for path, size, _ in storage.tree_entries(folder) if "/" not in path}
+        listed += [(name, sizes.get(name)) for name in names]
+    return hashlib.sha256(json.dumps(listed).encode()).hexdigest()[:16]

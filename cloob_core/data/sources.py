@@ -1,6 +1,7 @@
 """Where a manifest row's bytes come from: http(s) URLs, files under a local folder, or a packaged set. Each is a
 :class:`Source` the download engine plugs in (``open(threads)`` in each worker process, then ``fetch(url)`` per
 row), so local and packaged images go through the very checks, resizing, dedup and records that downloaded ones do.
+Relative paths of a manifest are read from the manifest's own folder (:func:`~cloob_core.data.manifest.table_file`).
 """
 
 from __future__ import annotations
@@ -43,17 +44,20 @@ class HttpSource:
 
 @dataclass(frozen=True)
 class FolderSource:
-    """Rows name files relative to ``root``; nothing outside ``root`` is ever read."""
+    """Rows name files under ``root``; relative paths are read from ``base`` (a manifest's own folder, by the one
+    rule; the folder itself for the sidecar captions). Nothing outside ``root`` is ever read."""
 
     root: str
     max_bytes: int
+    base: str | None = None
 
     def open(self, threads: int) -> FolderSource:
         return self
 
     def fetch(self, relative: str) -> FetchResult:
         root = Path(self.root).resolve()
-        path = (root / relative).resolve()
+        base = Path(self.base).resolve() if self.base else root
+        path = (base / relative).resolve()
         if not path.is_relative_to(root):
             return FetchResult(None, "blocked_path", f"{relative!r} points outside {root}")
         try:
@@ -62,7 +66,7 @@ class FolderSource:
                 return FetchResult(None, "too_large", f"{size} bytes > {self.max_bytes}")
             return FetchResult(path.read_bytes(), final_url=str(path))
         except FileNotFoundError:
-            return FetchResult(None, "missing_file", f"{path} does not exist")
+            return FetchResult(None, "missing_file", f"{path} does not exist ({relative!r} read from {base})")
         except OSError as err:
             return FetchResult(None, "read_error", str(err))
 

@@ -11,6 +11,9 @@ Suites, thresholds from the ``validation`` config section:
   and ``sizes.json`` claim, each with jpg, txt and json; a sample of them decodes (the image in full, the caption
   as UTF-8, the metadata as a JSON object), so random bytes under the right names do not pass; stored image
   sides within bounds; overall success ratio above the threshold.
+- captions: how the captions of the manifest's sample, or of the shards' decoded samples, fit the text context
+  of ``model.architecture``'s tokenizer (:mod:`cloob_core.data.caption_fit`): the share cut short and the share of
+  distinct captions that cutting makes identical, each against its threshold. This sample decides.
 A failed expectation is reported with how many rows broke it and a few examples, cut short.
 """
 
@@ -30,7 +33,7 @@ import pandas as pd
 
 from cloob_core import lease, storage
 from cloob_core.config import CloobConfig, ConfigError
-from cloob_core.data import engine
+from cloob_core.data import caption_fit, engine
 from cloob_core.data.acquire import opened
 from cloob_core.data.packaged import URL_PATTERN as PACKAGED_URL
 from cloob_core.data.redact import Redactor
@@ -57,6 +60,7 @@ class Check:
     examples: list[Any]
     kwargs: dict[str, Any]
     decides: bool = True
+    advice: str | None = None  # what to change, when a failing check's numbers do not say it
 
     def line(self) -> str:
         mark = ("PASS" if self.success else "FAIL") if self.decides else ("pass" if self.success else "fail")
@@ -71,6 +75,7 @@ class Check:
             text += f" — observed {_short(self.observed)}"
         if self.examples and not self.unexpected:
             text += f", {shown}"
+        text += f": {self.advice}" if self.advice and not self.success else ""
         return text + ("" if self.decides else " (a sample: informs, does not decide)")
 
 
@@ -253,16 +258,16 @@ def _undecodable(members: dict[str, bytes | None]) -> str | None:
     return None if isinstance(meta, dict) else "json (not an object)"
 
 
-def shard_table(folder: str, config: CloobConfig) -> tuple[pd.DataFrame, pd.DataFrame]:
+def shard_table(folder: str, config: CloobConfig) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
     """Per-shard facts (record vs tar vs sizes.json, sampled decoding) and the whole-output totals, as frames to
-    validate."""
+    validate, and the captions of the decoded samples."""
     val = config.validation
     records = read_records(folder)
     try:
         sizes = parse_json(summary_file(folder, "sizes.json"), storage.join(folder, "sizes.json"))
     except FileNotFoundError:
         sizes = {}
-    rows = []
+    rows, captions = [], []
     for record in records:
         samples = incomplete = unreadable = 0
         problems: list[str] = []
@@ -275,6 +280,8 @@ def shard_table(folder: str, config: CloobConfig) -> tuple[pd.DataFrame, pd.Data
                     if set(members) >= _SAMPLE_PARTS and members["txt"] is not None:  # picked and complete
                         problem = _undecodable(members)
                         problems.append(f"{key}: {problem}" if problem else "")
+                        if not problem:
+                            captions.append(members["txt"].decode("utf-8"))
             except (tarfile.TarError, OSError, EOFError) as err:  # missing, truncated or not a tar
                 log.warning("shard %s cannot be read: %s", record.tar, err)
                 unreadable = 1
@@ -296,7 +303,7 @@ def shard_table(folder: str, config: CloobConfig) -> tuple[pd.DataFrame, pd.Data
     }])
     columns = ["shard", "successes", "tar_samples", "sizes_json", "incomplete_samples", "unreadable_tar",
                "undecodable", "side_min", "side_max"]
-    return pd.DataFrame(rows, columns=columns), totals
+    return pd.DataFrame(rows, columns=columns), totals, captions
 
 
 def shard_expectations(gxe: Any, config: CloobConfig) -> tuple[list[Any], list[Any]]:
@@ -318,6 +325,28 @@ def shard_expectations(gxe: Any, config: CloobConfig) -> tuple[list[Any], list[A
         gxe.ExpectColumnValuesToBeBetween(column="missing_shards", max_value=0),
     ]
     return per_shard, totals
+
+
+def _check_captions(context: Any, gx: Any, gxe: Any, suite: str, captions: list[str], config: CloobConfig,
+                    redactor: Redactor, report: GateReport) -> None:
+    """The captions' fit to the model's text context as a suite of one row; its failing line says what to change."""
+    val = config.validation
+    if not val.caption_sample or not captions:
+        return
+    fit = caption_fit.measure(captions[: val.caption_sample], config.model.architecture)
+    caption_fit.judge(fit, config)
+    found = caption_fit.problems(fit, config)
+    frame = pd.DataFrame([fit.as_dict()])
+    checks, raw = _validate(context, gx, suite, frame, [
+        gxe.ExpectColumnValuesToBeBetween(column="truncated_fraction", max_value=val.max_truncated_caption_fraction),
+        gxe.ExpectColumnValuesToBeBetween(column="merged_fraction", max_value=val.max_merged_caption_fraction),
+    ], redactor)
+    for check in checks:
+        check.unexpected, check.examples = None, []  # the one row is the sample's figure, not a row of the data
+        check.observed = f"{frame.at[0, check.column]:.1%} of {fit.sampled} sampled, {fit.context}-token context"
+        check.advice = found.get(check.column)
+    report.checks += checks
+    report.raw[suite] = raw
 
 
 class GateFailed(StageError):
@@ -364,8 +393,10 @@ def run_gate(config: CloobConfig, *, manifest: str | None = None, shards: str | 
             check.decides = facts.sample_is_everything
         report.checks += checks
         report.raw["manifest_rows"] = raw
+        _check_captions(context, gx, gxe, "manifest_captions", facts.sample[run_manifest.caption_col].dropna()
+                        .astype(str).tolist(), config, redactor, report)
     if shards:
-        per_shard, totals = shard_table(shards, config)
+        per_shard, totals, captions = shard_table(shards, config)
         shard_checks, total_checks = shard_expectations(gxe, config)
         checks, raw = _validate(context, gx, "shards", per_shard, shard_checks, redactor)
         report.checks += checks
@@ -373,6 +404,7 @@ def run_gate(config: CloobConfig, *, manifest: str | None = None, shards: str | 
         checks, raw = _validate(context, gx, "shard_totals", totals, total_checks, redactor)
         report.checks += checks
         report.raw["shard_totals"] = raw
+        _check_captions(context, gx, gxe, "shard_captions", captions, config, redactor, report)
     if report_dir:
         storage.write_bytes(storage.join(report_dir, "gx_results.json"),
                             json_bytes(report.raw, default=str))

@@ -121,6 +121,7 @@ class ShardRecord:
     samples: list[list[str]] = field(default_factory=list)  # [key, sha256 of the original bytes]
     image_sides: dict[str, int] = field(default_factory=dict)  # min/max of stored width and height
     tar_bytes: int = 0
+    fetch: str = ""  # the digest of the fetch settings it was built with (plan.fetch_digest)
 
     @property
     def failures(self) -> int:
@@ -131,7 +132,7 @@ class ShardRecord:
             "name": self.name, "shard": self.shard, "round": self.round, "rows": self.rows,
             "successes": self.successes, "failures": self.failures, "failures_by_reason": self.failures_by_reason,
             "tar": self.tar, "tar_bytes": self.tar_bytes,
-            "image_sides": self.image_sides, "samples": self.samples,
+            "image_sides": self.image_sides, "samples": self.samples, "fetch": self.fetch,
         }
 
     @classmethod
@@ -139,7 +140,8 @@ class ShardRecord:
         return cls(name=data["name"], shard=data["shard"], round=data["round"], rows=data["rows"],
                    successes=data["successes"], failures_by_reason=dict(data["failures_by_reason"]),
                    tar=data["tar"], samples=data.get("samples", []),
-                   image_sides=data.get("image_sides", {}), tar_bytes=data.get("tar_bytes", 0))
+                   image_sides=data.get("image_sides", {}), tar_bytes=data.get("tar_bytes", 0),
+                   fetch=data.get("fetch", ""))
 
 
 def read_records(folder: str, owned: Callable[[int], bool] | None = None) -> list[ShardRecord]:

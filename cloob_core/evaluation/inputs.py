@@ -22,6 +22,7 @@ from torch import Tensor
 
 from cloob_core import publish, storage
 from cloob_core.config import PACKAGED_SETS, PACKAGED_SOURCES, ConfigError
+from cloob_core.data.manifest import table_file
 from cloob_core.evaluation.class_sets import packaged_class_set, packaged_class_sets
 from cloob_core.io import file_digest
 from cloob_core.model.dual_encoder import register_project_configs, without_random_init_warning
@@ -310,22 +311,21 @@ CSV_COLUMNS = ("image", "caption")  # a captions CSV's columns unless --url-col 
 
 
 def caption_csv_set(path: Path, columns: tuple[str, str] = CSV_COLUMNS) -> ImageSet:
-    """A CSV of image paths (relative to the CSV) and captions in ``columns``; repeated images have several
-    captions."""
+    """A CSV of image paths and captions in ``columns`` (relative paths read from the CSV's folder, the one rule
+    of :func:`cloob_core.data.sources.table_file`); repeated images have several captions."""
     image, caption = columns
-    by_image: dict[str, list[str]] = {}
+    by_image: dict[Path, list[str]] = {}
     with open(path, newline="", encoding="utf-8") as handle:
         reader = csv.DictReader(handle)
         if not {image, caption} <= set(reader.fieldnames or ()):
             raise ConfigError(f"{path} needs the columns {image},{caption} (name others with --url-col and "
                               f"--caption-col); it has {reader.fieldnames}")
-        for row in reader:
-            by_image.setdefault(row[image], []).append(row[caption])
+        for number, row in enumerate(reader, start=1):
+            by_image.setdefault(table_file(path, row[image], image, number), []).append(row[caption])
     files = list(by_image)
-    root = path.parent
     named = "" if columns == CSV_COLUMNS else f":{image}:{caption}"  # other columns: other images, other features
     return ImageSet(name=path.stem, identity=f"captions:{path.resolve()}{named}:{len(files)}",
-                    opener=lambda i: Image.open(root / files[i]).convert("RGB"), size=len(files),
+                    opener=lambda i: Image.open(files[i]).convert("RGB"), size=len(files),
                     captions=[by_image[f] for f in files])
 
 

@@ -9,6 +9,7 @@ an optional ``s3://`` mirror receives each checkpoint as a completed upload, in 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import logging
@@ -31,10 +32,18 @@ from cloob_core.training.streams import Position, carry_positions
 log = logging.getLogger(__name__)
 _NAME = re.compile(r"^step-(\d{8})\.pt$")
 
-# Settings a resumed run must share with its checkpoint: they fix parameter shapes or the data order. Not
-# train.data_streams: a run may continue on another number of streams, and so of ranks (streams.carry_positions).
-MUST_MATCH = ("model.architecture", "train.objective", "train.batch_size", "train.seed", "train.shuffle_buffer",
-              "train.augment")
+# The sections whose keys define a run: what is trained, by which objective and schedule, on what, for how long.
+# A resumed run shares every one of their keys with its checkpoint but these, which say how and where it runs, not
+# what it computes: train.data_streams among them, as a run may continue on another number of streams, and so of
+# ranks (streams.carry_positions); train.shards, as the data may move (the data's fingerprint must not change).
+RUN_SECTIONS = ("model", "objective", "optim", "train")
+MAY_CHANGE_ON_RESUME = frozenset({
+    "train.shards", "train.allow_incomplete_shards", "train.data_streams", "train.workers", "train.prefetch",
+    "train.threads", "train.data_timeout_s", "train.sample_cache_mb", "train.precision", "train.accum_freq",
+    "train.local_loss", "train.grad_checkpointing", "train.grad_compression", "train.compile",
+    "train.sync_batchnorm", "train.device", "train.checkpoint_every", "train.keep_checkpoints",
+    "train.checkpoint_sync", "train.log_every", "train.tensorboard", "train.metrics_port", "train.metrics_host",
+    "train.pushgateway"})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,7 +65,8 @@ class TrainingState:
     positions: dict[int, Position] = field(default_factory=dict)
     history: list[tuple[int, float, float]] = field(default_factory=list)  # (step, loss, learning rate)
 
-    def checkpoint(self, parts: Trainables, config: dict[str, Any], world_size: int) -> dict[str, Any]:
+    def checkpoint(self, parts: Trainables, config: dict[str, Any], world_size: int,
+                   identity: dict[str, str]) -> dict[str, Any]:
         return {
             "step": self.step,
             "model": parts.model.state_dict(),
@@ -67,14 +77,16 @@ class TrainingState:
             "positions": {str(v): list(p) for v, p in sorted(self.positions.items())},
             "rng": rng_state(),
             "config": config,
+            "identity": identity,  # the data's and the code's fingerprints (run_identity)
             "world_size": world_size,
             "history": [list(row) for row in self.history],
         }
 
     @classmethod
-    def restore(cls, saved: dict[str, Any], parts: Trainables, config: dict[str, Any], where: str) -> TrainingState:
-        """Put a checkpoint back into ``parts`` and the RNGs; refused when its configuration is incompatible."""
-        check_compatible(saved["config"], config, where)
+    def restore(cls, saved: dict[str, Any], parts: Trainables, config: dict[str, Any], identity: dict[str, str],
+                where: str) -> TrainingState:
+        """Put a checkpoint back into ``parts`` and the RNGs; refused when it is of another run."""
+        check_compatible(saved, config, identity, where)
         parts.model.load_state_dict(saved["model"])
         parts.optimizer.load_state_dict(saved["optimizer"])
         parts.scheduler.load_state_dict(saved["scheduler"])
@@ -250,13 +262,50 @@ def load(location: str) -> dict[str, Any]:
         raise CheckpointError(str(err)) from None
 
 
-def check_compatible(saved: dict[str, Any], current: dict[str, Any], where: str) -> None:
-    def get(config: dict[str, Any], dotted: str) -> Any:
-        section, key = dotted.split(".")
-        return config.get(section, {}).get(key)
+@functools.lru_cache(maxsize=1)
+def code_fingerprint() -> str:
+    """The version of the code that computes a run (the training loop, the objectives, the model, the
+    configuration): a digest of its sources, so that a run re-done after a code change is not taken for the same
+    run by ``--resume auto``."""
+    package = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for path in sorted([package / "config.py", *(file for folder in ("training", "objectives", "model")
+                                                 for file in (package / folder).rglob("*")
+                                                 if file.suffix in (".py", ".json"))]):
+        digest.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
 
-    differences = [f"{key}: {get(saved, key)!r} in the checkpoint, {get(current, key)!r} now"
-                   for key in MUST_MATCH if get(saved, key) != get(current, key)]
+
+def setting(config: dict[str, Any], dotted: str) -> Any:
+    section, key = dotted.split(".", 1)
+    return config.get(section, {}).get(key)
+
+
+def run_keys(config: dict[str, Any]) -> list[str]:
+    """The ``section.key`` names that define a run, in a configuration's ``model_dump()``."""
+    return [f"{section}.{key}" for section in RUN_SECTIONS for key in config.get(section, {})
+            if f"{section}.{key}" not in MAY_CHANGE_ON_RESUME]
+
+
+def run_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """``key: checkpoint's value → current value`` for each key defining the run that differs."""
+    return [f"{key}: {setting(saved, key)!r} in the checkpoint, {setting(current, key)!r} now"
+            for key in run_keys(current) if setting(saved, key) != setting(current, key)]
+
+
+def identity_differences(saved: dict[str, Any], identity: dict[str, str]) -> list[str]:
+    """What of the data and code fingerprints differs (a checkpoint from before fingerprints differs in nothing)."""
+    recorded = saved.get("identity") or {}
+    return [what for what in ("data", "code") if what in recorded and recorded[what] != identity.get(what)]
+
+
+def check_compatible(saved: dict[str, Any], current: dict[str, Any], identity: dict[str, str], where: str) -> None:
+    """A checkpoint continues only its own run: the same keys defining it, and the same data."""
+    differences = run_differences(saved["config"], current)
+    if "data" in identity_differences(saved, identity):
+        differences.append(f"train.shards: {setting(current, 'train.shards')!r} holds other data than the run's "
+                           "(another shard list, or shards of other sizes)")
     if differences:
-        raise ConfigError(f"checkpoint {where} comes from an incompatible configuration:\n  "
-                          + "\n  ".join(differences) + "\nStart a new output folder, or resume with its settings.")
+        raise ConfigError(f"checkpoint {where} is of another run: " + "; ".join(differences)
+                          + ". Resume with its settings (`cloob train --output … --resume …` takes them from the "
+                          "checkpoint), or start a new --output")

@@ -25,7 +25,8 @@ import torch.distributed as dist
 
 from cloob_core import lease, storage
 from cloob_core.config import CloobConfig, ConfigError, TrainConfig, config_from_mapping
-from cloob_core.data.shard_files import missing_shards, shard_list
+from cloob_core.data import caption_fit
+from cloob_core.data.shard_files import missing_shards, shard_list, shards_fingerprint
 from cloob_core.errors import StageError
 from cloob_core.io import write_json, write_text
 from cloob_core.model.dual_encoder import build_model, build_tokenizer
@@ -39,6 +40,7 @@ from cloob_core.training.env import DistEnv, across_ranks, choose_device, detect
 from cloob_core.training.images import Normalize, TrainImages
 from cloob_core.training.monitor import Monitor, Snapshot
 from cloob_core.training.optim import build_optimizer, build_scheduler, plan_schedule
+from cloob_core.training.resumption import auto_resume, resolve_resume
 from cloob_core.training.shape import run_shape
 from cloob_core.training.step import (
     StepParts,
@@ -94,24 +96,6 @@ def plan_steps(config: CloobConfig, total_samples: int | None) -> int:
     return steps
 
 
-def resolve_resume(resume: str | None, output: Path, mirror: str | None) -> str | None:
-    """``latest``: the newest checkpoint in OUTPUT/checkpoints, else in the S3 mirror; or an explicit path."""
-    if resume is None:
-        earlier = checkpoint.latest(str(output / "checkpoints"))
-        if earlier is not None:  # its retention would mix the two runs, and `--resume latest` pick the wrong one
-            raise ConfigError(f"{output}/checkpoints holds checkpoints of an earlier run (newest {earlier}); pass "
-                              "--resume latest to continue it, or choose another --output")
-        return None
-    if resume != "latest":
-        return resume
-    found = checkpoint.latest(str(output / "checkpoints"))
-    if found is None and mirror:
-        found = checkpoint.latest(mirror)
-    if found is None:
-        log.info("--resume latest: no checkpoint yet, starting from step 0")
-    return found
-
-
 @dataclass(frozen=True, kw_only=True)
 class _Setup:
     """One rank's training objects, built once."""
@@ -126,9 +110,10 @@ class _Setup:
     images: TrainImages
     normalize: Normalize
     tokenizer: Any
+    identity: dict[str, str]  # the data's and the code's fingerprints, saved in each checkpoint
 
 
-def _build(config: CloobConfig, steps: int, shards: int) -> _Setup:
+def _build(config: CloobConfig, steps: int, shards: int, identity: dict[str, str]) -> _Setup:
     env = detect()
     device = choose_device(config.train.device, env)
     shape = run_shape(config.train, device_type=device.type, ranks=env.world_size, cores_per_rank=core_share(),
@@ -166,14 +151,15 @@ def _build(config: CloobConfig, steps: int, shards: int) -> _Setup:
         else None
     return _Setup(config=config, env=env, mirror=mirror, device=device, steps=steps, parts=parts, step_parts=step_parts,
                   images=TrainImages(model.image_size, augment=cfg.augment),
-                  normalize=Normalize.of(model.encoder.visual), tokenizer=build_tokenizer(config.model.architecture))
+                  normalize=Normalize.of(model.encoder.visual), tokenizer=build_tokenizer(config.model.architecture),
+                  identity=identity)
 
 
-def _resume(config: CloobConfig, output: Path, resume: str | None, parts: Trainables, steps: int) -> TrainingState:
-    source = resolve_resume(resume, output, config.train.checkpoint_sync)
+def _resume(config: CloobConfig, output: Path, source: str | None, parts: Trainables, steps: int,
+            identity: dict[str, str]) -> TrainingState:
     if source is None:
         return TrainingState()
-    state = TrainingState.restore(checkpoint.load(source), parts, config.model_dump(), source)
+    state = TrainingState.restore(checkpoint.load(source), parts, config.model_dump(), identity, source)
     log.info("resuming from %s at step %d of %d", source, state.step, steps)
     return state
 
@@ -277,7 +263,7 @@ def _save_checkpoint(config: CloobConfig, setup: _Setup, output: Path, state: Tr
         positions = {v: p for part in gathered for v, p in part.items()}
     if setup.env.is_main:
         whole = TrainingState(step=state.step, positions=positions, history=state.history)
-        path = checkpoint.save(whole.checkpoint(setup.parts, config.model_dump(), setup.env.world_size),
+        path = checkpoint.save(whole.checkpoint(setup.parts, config.model_dump(), setup.env.world_size, setup.identity),
                                output / "checkpoints", state.step, config.train.keep_checkpoints)
         log.info("checkpoint %s", path)
         if setup.mirror is not None:
@@ -290,7 +276,8 @@ def _run_steps(config: CloobConfig, setup: _Setup, batches: Iterator[Batch], sta
                monitor: Monitor, output: Path, stop: _StopSignal) -> float:
     """Train from ``state.step`` to the end, checkpointing on the way; the last logged loss."""
     cfg, parts, device = config.train, setup.parts, setup.device
-    window, last_loss = _Window(device), float("nan")
+    window = _Window(device)
+    last_loss = state.history[-1][1] if state.history else float("nan")  # a run resumed at its end trains no step
     parts.model.train()
     for step in range(state.step, setup.steps):
         if stop.signal is not None:
@@ -361,12 +348,13 @@ def _stop(config: CloobConfig, setup: _Setup, output: Path, state: TrainingState
         _save_checkpoint(config, setup, output, state)
         kept = checkpoint.latest(str(output / "checkpoints"))
     raise TrainingInterrupted(f"received {received} at step {state.step}: the last checkpoint is {kept or 'none'}; "
-                              "re-run with --resume latest to continue")
+                              "re-run with --resume latest to continue (a DVC stage: dvc repro continues it)")
 
 
 def train(config: CloobConfig, output: str | Path, *, resume: str | None = None, progress: bool = True,
           publish: str | None = None) -> TrainResult:
-    """Train to ``config.train``'s length; ``resume``: 'latest' or a checkpoint. With ``publish`` (a folder or
+    """Train to ``config.train``'s length; ``resume``: 'latest', 'auto' or a checkpoint
+    (:mod:`cloob_core.training.resumption`). With ``publish`` (a folder or
     s3:// prefix), rank 0 copies the outputs but checkpoints/ there: how the pods of a multi-node job hand their
     result back. Rank 0, the one that writes ``output``, holds its lease (:mod:`cloob_core.lease`)."""
     with lease.writing(output) if detect().is_main else contextlib.nullcontext():
@@ -382,9 +370,15 @@ def _train(config: CloobConfig, output: Path, resume: str | None, progress: bool
         raise ConfigError(f"train.shards {cfg.shards} is incomplete: {missing} (partitions still downloading, or a "
                           "download to resume); finish it and run `cloob data merge-stats`, or set "
                           "train.allow_incomplete_shards: true to train on what is there")
-    setup = _build(config, plan_steps(config, total_samples), len(urls))
+    fit = None  # every rank measures the same captions: a refusal comes before any collective, on all of them
+    if config.validation.caption_sample:
+        fit = caption_fit.check(caption_fit.shard_captions(urls, config.validation.caption_sample), config)
+    identity = {"data": shards_fingerprint(urls), "code": checkpoint.code_fingerprint()}
+    source = auto_resume(config, output, identity, detect().is_main) if resume == "auto" else \
+        resolve_resume(resume, output, cfg.checkpoint_sync)  # decided before any collective, alike on every rank
+    setup = _build(config, plan_steps(config, total_samples), len(urls), identity)
     config, cfg, env = setup.config, setup.config.train, setup.env
-    state = _resume(config, output, resume, setup.parts, setup.steps)
+    state = _resume(config, output, source, setup.parts, setup.steps, identity)
     start_step = state.step
     batches = _batches(config, setup, urls, state)
     monitor = Monitor(enabled=env.is_main, total_steps=setup.steps, start_step=start_step, output=output,
@@ -418,6 +412,8 @@ def _train(config: CloobConfig, output: Path, resume: str | None, progress: bool
         "train_seconds": round(seconds, 2),
         "samples_per_second": round((setup.steps - start_step) * cfg.batch_size / max(seconds, 1e-9), 2),
         "precision": setup.step_parts.precision,
+        **({"caption_truncated_fraction": round(fit.truncated_fraction, 6),
+            "caption_merged_fraction": round(fit.merged_fraction, 6)} if fit else {}),
     }
     if env.distributed:  # the ranks part here: none waits in a collective while rank 0 writes and uploads
         dist.barrier()

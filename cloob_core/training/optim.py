@@ -35,8 +35,8 @@ def build_optimizer(model: nn.Module, config: OptimConfig) -> torch.optim.AdamW:
 @dataclass(frozen=True)
 class Schedule:
     """The schedule a run of ``total`` steps gets from the configuration: ``warmup`` steps of linear warm-up, then
-    ``cycles`` cosine cycles of ``cycle_steps`` with hard restarts. ``problem``: why it does not fit the run (a
-    warm-up as long as the run never reaches the configured rate), or None."""
+    ``cycles`` cosine cycles of ``cycle_steps`` with hard restarts. ``problem``: how it differs from the configured
+    one (a warm-up cut to half the run), or None."""
 
     warmup: int
     cycles: int
@@ -51,17 +51,20 @@ class Schedule:
 
 
 def plan_schedule(config: OptimConfig, total_steps: int) -> Schedule:
-    """The configured schedule over a run of ``total_steps``. The warm-up does not depend on the run's length, so
-    a longer run, or a resumed one, repeats the same first steps; a warm-up as long as the run (237 pairs for 40
-    epochs at the defaults: 74 steps) never reaches ``optim.lr``, which ``problem`` says with the value that
-    fits."""
+    """The configured schedule over a run of ``total_steps``, with a warm-up of at most half the run. A longer
+    warm-up (237 pairs for 40 epochs at the defaults: 74 steps against 200) would leave the rate below
+    ``optim.lr`` for the whole run, or nearly; it is cut to half the run, and ``problem`` says so. A run at least
+    twice its warm-up runs it as configured, so runs of any such length share their first steps. The length of a
+    run cannot change when it resumes (``checkpoint.run_keys``), so its schedule is the same after a resume."""
     warmup, cycles = config.warmup_steps, config.lr_cycles
-    decay = max(total_steps - warmup, 1)
     problem = None
-    if warmup and warmup >= total_steps:
-        problem = (f"optim.warmup_steps {warmup} is not shorter than this run's {total_steps} steps: the learning "
-                   f"rate never reaches optim.lr (it peaks at {total_steps / warmup:.0%} of it); set "
-                   f"optim.warmup_steps to about {total_steps // 10} (a tenth of the run), or train longer")
+    if warmup > total_steps // 2:
+        problem = (f"optim.warmup_steps {warmup} is more than half of this run's {total_steps} steps: warming up for "
+                   f"{total_steps // 2} instead, so that the rate reaches optim.lr and decays over the other half "
+                   f"(set optim.warmup_steps to about {max(total_steps // 10, 1)}, a tenth of the run, to keep more "
+                   "of it at the peak)")
+        warmup = total_steps // 2
+    decay = max(total_steps - warmup, 1)
     return Schedule(warmup, cycles, max(decay // cycles, 1), total_steps, problem)
 
 

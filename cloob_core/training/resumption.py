@@ -1,0 +1,90 @@
+"""Which checkpoint a run continues from, and with which configuration.
+
+Every checkpoint holds its run's configuration and the fingerprints of its data and code (``identity``).
+
+- ``--resume latest`` or a path continues that run: its configuration comes from the checkpoint
+  (:func:`resumed_config`), so ``cloob train --output X --resume latest`` needs no other flag. The caller's keys are
+  laid over it; one that defines the run (what is trained, how, on what, for how long:
+  ``checkpoint.run_keys``) and differs from the checkpoint is refused by name. The keys of how and where it runs
+  (workers, logging, checkpoint cadence, device, the shards' location) may change.
+- ``--resume auto`` is for a caller that re-runs the same command after an interruption: DVC (whose stage keeps
+  ``checkpoints/`` with ``persist``), a scheduler, a restarted pod. The caller's configuration is the run's. The
+  newest checkpoint in OUTPUT/checkpoints (then ``train.checkpoint_sync``) is continued when it is of this run:
+  the same keys defining it, the same data and the same code. Otherwise the run starts afresh, and the checkpoints
+  of the other run are removed from OUTPUT/checkpoints (their retention would mix the two runs).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from cloob_core import storage
+from cloob_core.config import CloobConfig, ConfigError, ConfigLayers
+from cloob_core.training import checkpoint
+
+log = logging.getLogger(__name__)
+RESUME_CHOICES = "latest, auto or a checkpoint's path"
+
+
+def resolve_resume(resume: str | None, output: Path, mirror: str | None) -> str | None:
+    """``latest``: the newest checkpoint in OUTPUT/checkpoints, else in the S3 mirror; or an explicit path. No
+    ``resume`` and checkpoints in OUTPUT is refused: their retention would mix two runs."""
+    if resume is None:
+        earlier = checkpoint.latest(str(output / "checkpoints"))
+        if earlier is not None:
+            raise ConfigError(f"{output}/checkpoints holds checkpoints of an earlier run (newest {earlier}); pass "
+                              "--resume latest to continue it, or choose another --output")
+        return None
+    if resume not in ("latest", "auto"):
+        return resume
+    found = checkpoint.latest(str(output / "checkpoints"))
+    if found is None and mirror:
+        found = checkpoint.latest(mirror)
+    if found is None:
+        log.info("--resume %s: no checkpoint yet, starting from step 0", resume)
+    return found
+
+
+def resumed_config(layers: ConfigLayers, output: str | Path, resume: str | None) -> CloobConfig:
+    """The run's configuration: with ``--resume latest`` or a path, the checkpoint's with the caller's keys laid
+    over it, and a key defining the run that differs from the checkpoint refused by name; otherwise the caller's."""
+    requested = layers.build()
+    if resume in (None, "auto"):
+        return requested
+    source = resolve_resume(resume, Path(output), requested.train.checkpoint_sync)
+    if source is None:
+        return requested
+    saved = checkpoint.load(source)["config"]
+    config = layers.build(base=saved)
+    current = config.model_dump()
+    conflicts = [f"{key} {checkpoint.setting(current, key)!r} (the run has {checkpoint.setting(saved, key)!r})"
+                 for key in sorted(layers.keys()) if key in checkpoint.run_keys(current)
+                 and checkpoint.setting(current, key) != checkpoint.setting(saved, key)]
+    if conflicts:
+        raise ConfigError(f"--resume {resume} continues the run of {source}, whose configuration it takes; these "
+                          f"settings would change that run: {'; '.join(conflicts)}. Leave them out, or start a new "
+                          "--output")
+    log.info("resuming with the configuration of %s", source)
+    return config
+
+
+def auto_resume(config: CloobConfig, output: Path, identity: dict[str, str], is_main: bool) -> str | None:
+    """``--resume auto``: the checkpoint to continue from when it is of this run, else None (and, on the main
+    rank, the other run's checkpoints removed from OUTPUT/checkpoints)."""
+    found = resolve_resume("auto", output, config.train.checkpoint_sync)
+    if found is None:
+        return None
+    saved = checkpoint.load(found)
+    why = checkpoint.run_differences(saved["config"], config.model_dump())
+    why += [f"its {what} changed" for what in checkpoint.identity_differences(saved, identity)]
+    if not why:
+        log.info("--resume auto: %s is of this run; continuing it", found)
+        return found
+    log.warning("--resume auto: %s is of another run (%s); starting afresh", found, "; ".join(why))
+    if is_main:
+        folder = output / "checkpoints"
+        for name in storage.list_names(folder):
+            if name.startswith("step-"):
+                storage.delete(storage.join(folder, name))
+    return None
