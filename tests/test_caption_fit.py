@@ -34,7 +34,7 @@ def test_a_caption_is_cut_exactly_when_its_tokens_pass_the_context():
 
 def test_distinct_captions_made_identical_by_the_cut_are_counted():
     products = [f"{BOILERPLATE}item {i}" for i in range(40)]
-    fit = measure(products + ["a red bicycle."], "cloob-tiny")
+    fit = measure([*products, "a red bicycle."], "cloob-tiny")
     assert fit.distinct == 41 and fit.merged == 40 and fit.merged_fraction == pytest.approx(40 / 41)
     assert fit.merged_examples and all(example.startswith("Acme") for example in fit.merged_examples)
     # The same words with the product first stay apart: only what the cut makes identical counts.
@@ -49,7 +49,7 @@ def test_thresholds_refuse_in_one_line_naming_the_setting(caplog):
         check(products, config)
     assert "validation.max_merged_caption_fraction 0.05" in str(err.value) and "\n" not in str(err.value)
     long = [f"thing {i} " + "very " * 20 for i in range(10)] + ["a cat."] * 10  # cut, but apart
-    with pytest.raises(CaptionsDoNotFit, match="validation.max_truncated_caption_fraction 0.4"):
+    with pytest.raises(CaptionsDoNotFit, match=r"validation\.max_truncated_caption_fraction 0\.4"):
         check(long, load_config(overrides=["validation.max_truncated_caption_fraction=0.4"]))
     caplog.set_level("WARNING")
     check(long, load_config())  # 50%: not above the default 0.5, but above the warning's 0.1

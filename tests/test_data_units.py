@@ -188,7 +188,7 @@ def test_by_default_no_image_is_enlarged_and_no_side_passes_the_bound():
         assert (result.width, result.height) == expected, settings
     large = _config(image_size=64, resize_mode="no", max_side=100)
     assert max(process_image(photo_bytes(1), large).width, process_image(photo_bytes(1), large).height) == 100
-    with pytest.raises(ConfigError, match="preprocess.max_side 100 is below preprocess.image_size 256"):
+    with pytest.raises(ConfigError, match=r"preprocess\.max_side 100 is below preprocess\.image_size 256"):
         load_config(overrides=["preprocess.max_side=100"])
 
 

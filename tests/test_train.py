@@ -4,9 +4,9 @@ S3 checkpoints, live Prometheus metrics."""
 from __future__ import annotations
 
 import json
-import shutil
 import math
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -176,7 +176,7 @@ def test_a_resume_takes_the_runs_configuration_from_its_checkpoint_and_refuses_a
     assert json.loads((tmp_path / "metrics.json").read_text())["steps"] == 4
     # Through the stage function, a configuration of another run is refused too.
     (tmp_path / "checkpoints" / "step-00000004.pt").unlink()
-    with pytest.raises(ConfigError, match="is of another run: train.batch_size: 32 in the checkpoint, 16 now"):
+    with pytest.raises(ConfigError, match=r"is of another run: train\.batch_size: 32 in the checkpoint, 16 now"):
         train(load_config(overrides=[f"train.shards={shards}", "train.steps=4", "train.batch_size=16",
                                      "train.workers=0"]), tmp_path, resume="latest", progress=False)
 
