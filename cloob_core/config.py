@@ -118,7 +118,9 @@ class PreprocessConfig(_Section):
     def _yaml_no(cls, value: Any) -> Any:
         return "no" if value is False else value  # YAML 1.1 reads an unquoted `no` as false
     jpeg_quality: int = Field(95, ge=1, le=100, description="JPEG quality of the re-encoded image.")
-    min_image_side: int = Field(0, ge=0, description="Drop images whose original shorter side is below this.")
+    min_image_side: int = Field(8, ge=0, description="Drop images whose original shorter side is below this (as "
+                                "too_small): the gate's validation.min_image_side, so that an image too small to "
+                                "enlarge is dropped by name rather than failing the shard gate.")
     max_aspect_ratio: float | None = Field(
         None, ge=1.0, description="Drop images whose original long/short side ratio exceeds this (null: no limit)."
     )

@@ -5,32 +5,78 @@ runs (scheduled retraining / re-evaluation)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import math
+import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from cloob_core.errors import StageError, fail, user_facing
 from cloob_core.flags import add_model_flags, flag_values
 from cloob_core.io import atomic_write
-from cloob_core.ops.cluster import ClusterSettings
+from cloob_core.ops.cluster import ClusterSettings, check_cron
 from pipelines.client import DEFAULT_TIMEOUT_S
 
 
 def _compile(args: argparse.Namespace) -> int:
     from kfp import compiler
 
-    from pipelines.pretrain import build, build_evaluation
+    with _images_under(args.registry):
+        from pipelines.pretrain import build, build_evaluation
 
-    settings = ClusterSettings.from_flags(flag_values(args, "cluster")).for_cluster()
-    pipeline = build_evaluation(settings) if args.pipeline == "evaluate" else build(settings)
-    with tempfile.TemporaryDirectory() as tmp:  # the compiler picks the format from the file name's suffix
-        compiled = Path(tmp) / "pipeline.yaml"
-        compiler.Compiler().compile(pipeline, str(compiled))
-        atomic_write(args.output, lambda out: shutil.copyfile(compiled, out))
+        settings = ClusterSettings.from_flags(flag_values(args, "cluster")).for_cluster()
+        pipeline = build_evaluation(settings) if args.pipeline == "evaluate" else build(settings)
+        with tempfile.TemporaryDirectory() as tmp:  # the compiler picks the format from the file name's suffix
+            compiled = Path(tmp) / "pipeline.yaml"
+            compiler.Compiler().compile(pipeline, str(compiled))
+            atomic_write(args.output, lambda out: shutil.copyfile(compiled, out))
     print(f"wrote {args.output}")
+    _warn_unregistered(str(args.output))
     return 0
+
+
+@contextlib.contextmanager
+def _images_under(registry: str | None) -> Iterator[None]:
+    """The components built with their images named under ``registry`` (they read the names when imported, so
+    they are imported again), and as they were afterwards."""
+    if not registry:
+        yield
+        return
+    from components.image_names import image_names
+
+    names = image_names(registry)
+    before = {name: os.environ.get(name) for name in names}
+
+    def reimport() -> None:
+        for module in ("components.images", "components.steps", "pipelines.pretrain"):
+            if module in sys.modules:
+                importlib.reload(sys.modules[module])
+
+    os.environ.update(names)
+    reimport()
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        reimport()
+
+
+def _warn_unregistered(package: str) -> None:
+    from pipelines.client import unregistered_images
+
+    images = unregistered_images(package)
+    if images:
+        print(f"warning: {package}'s image(s) {', '.join(images)} name no registry: a cluster's nodes pull them from "
+              "Docker Hub unless they were loaded onto them; compile with --registry REGISTRY (or set "
+              "CLOOB_IMAGE_CPU / CLOOB_IMAGE_CUDA)", file=sys.stderr)
 
 
 DEFAULT_PACKAGE = Path("pipelines/compiled/pretrain_evaluate.yaml")
@@ -51,13 +97,17 @@ def _package(path: Path) -> str:
 
 
 def _parameters(args: argparse.Namespace) -> dict[str, str]:
+    """The run's parameters for a cluster: checked against the package they go with, before anything is sent."""
     from pipelines import client
 
+    package = _package(args.package)
     shards_uri = args.shards_uri
     if args.dvc_path:
         shards_uri = client.dvc_data_url(args.dvc_path, repo=args.dvc_repo, rev=args.dvc_rev, remote=args.dvc_remote)
         print(f"importing {args.dvc_path}@{args.dvc_rev or 'workspace'}: {shards_uri}")
-    return client.run_parameters(args.params, args.set, shards_uri)
+    parameters = client.run_parameters(args.params, args.set, shards_uri, package=package)
+    _warn_unregistered(package)
+    return parameters
 
 
 def _submit(args: argparse.Namespace) -> int:
@@ -76,6 +126,7 @@ def _schedule(args: argparse.Namespace) -> int:
     from pipelines import client
 
     if args.action == "create":
+        check_cron(args.cron)
         parameters, package = _parameters(args), _package(args.package)
     api = client.connect(args.host, args.namespace, args.timeout)
     if args.action == "create":
@@ -153,6 +204,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="pretrain: data -> training -> evaluation -> promotion (default); evaluate: re-evaluate "
                       "the production model")
     comp.add_argument("--output", type=Path, default=DEFAULT_PACKAGE)
+    comp.add_argument("--registry", metavar="REGISTRY", help="name the steps' images under this registry (e.g. "
+                      "ghcr.io/acme: ghcr.io/acme/cloob-pipelines:VERSION-cpu), where infra/images/build.sh pushed "
+                      "them; default: CLOOB_IMAGE_CPU / CLOOB_IMAGE_CUDA, else no registry (a warning)")
     add_model_flags(comp, ClusterSettings, "cluster", "cluster settings (cloob_core.ops.cluster.ClusterSettings)",
                     skip=("image",))
     comp.set_defaults(func=_compile)

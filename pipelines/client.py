@@ -18,8 +18,19 @@ from typing import Any
 
 from cloob_core.config import load_config
 from cloob_core.errors import StageError
+from cloob_core.ops.cluster import check_reachable
+from pipelines.copied_inputs import read_spec
 
 DEFAULT_TIMEOUT_S = 60.0
+ACQUIRING_PIPELINE = "cloob-pretrain-evaluate"  # the one that reads acquire.source (not --data import, not evaluate)
+
+
+def unregistered_images(package: str) -> list[str]:
+    """The images of a compiled pipeline that name no registry (``name:tag``): a node pulls them from Docker Hub,
+    where they are not, unless they were loaded onto it."""
+    executors = read_spec(package).get("deploymentSpec", {}).get("executors", {})
+    images = sorted({executor["container"]["image"] for executor in executors.values() if "container" in executor})
+    return [image for image in images if "/" not in image]
 
 
 class EndpointError(StageError):
@@ -27,10 +38,14 @@ class EndpointError(StageError):
 
 
 def run_parameters(params_file: str | None, overrides: Sequence[str] = (),
-                   shards_uri: str | None = None) -> dict[str, str]:
+                   shards_uri: str | None = None, package: str | None = None) -> dict[str, str]:
     """``{"params": <the configuration as JSON>}`` after the same validation every `cloob` command applies;
-    plus ``shards_uri`` for the pipeline compiled with ``--data import``."""
+    plus ``shards_uri`` for the pipeline compiled with ``--data import``. With the compiled ``package`` it is
+    going to (a cluster's run), the locations that pipeline reads must be ones a pod can read."""
     config = load_config(params_file, list(overrides))
+    if package is not None:
+        name = read_spec(package)["pipelineInfo"]["name"]
+        check_reachable(config, acquires=name == ACQUIRING_PIPELINE)
     parameters = {"params": json.dumps(config.model_dump())}
     if shards_uri:
         parameters["shards_uri"] = shards_uri

@@ -193,14 +193,32 @@ def test_retry_failed_reattempts_only_failed_rows(tmp_path):
     assert [f["reason"] for f in failures] == ["http_404"]
 
 
+def _acquired(manifest, output, *settings: str) -> str:
+    """The manifest as `cloob data acquire` writes it: what partitions read."""
+    assert main(["data", "acquire", "--source", str(manifest), "--output", str(output),
+                 *(flag for setting in settings for flag in ("--set", setting))]) == 0
+    return str(output)
+
+
+def test_a_raw_manifest_is_refused_for_partitions_with_the_acquire_to_run(tmp_path, capsys):
+    manifest = write_manifest(tmp_path / "m.csv", [("http://images.example/0.jpg", "a photo")])
+    assert main(["data", "download", "--manifest", str(manifest), "--output", str(tmp_path / "out"),
+                 "--partition", "3/1000"]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "each of the 1000 partitions would read and acquire the whole of it" in line
+    assert f"cloob data acquire --source {manifest} --output DIR" in line
+    assert not (tmp_path / "out").exists()
+
+
 def test_partitions_are_disjoint_and_merge_to_the_whole(tmp_path, capsys):
     with ImageServer() as server:
         rows = [(server.url(f"/img/{i}.jpg"), f"photo {i}") for i in range(12)]
         manifest = write_manifest(tmp_path / "m.csv", rows)
         config = load_config(overrides=[*FAST, "preprocess.shard_size=3"])
         whole = download(str(manifest), str(tmp_path / "whole"), config, progress=False)
+        acquired = _acquired(manifest, tmp_path / "acquired", "preprocess.shard_size=3")
         for index in range(2):
-            download(str(manifest), str(tmp_path / "parts"), config, partition=Partition(index, 2), progress=False)
+            download(acquired, str(tmp_path / "parts"), config, partition=Partition(index, 2), progress=False)
     assert not (tmp_path / "parts" / "sizes.json").exists()  # partitions never race on the merged files
     assert main(["data", "merge-stats", "--output", str(tmp_path / "parts")]) == 0
     assert json.loads((tmp_path / "parts" / "sizes.json").read_text()) == whole.summary.sizes
@@ -308,13 +326,13 @@ def test_an_unexpected_error_costs_one_row_not_the_shard(tmp_path, monkeypatch):
 def test_the_gate_stops_an_incomplete_partitioned_download(tmp_path, capsys):
     with ImageServer() as server:
         rows = [(server.url(f"/img/{i}.jpg"), f"photo {i}") for i in range(8)]
-        manifest = write_manifest(tmp_path / "m.csv", rows)
+        manifest = _acquired(write_manifest(tmp_path / "m.csv", rows), tmp_path / "acquired", "preprocess.shard_size=2")
         config = load_config(overrides=[*FAST, "preprocess.shard_size=2"])
-        download(str(manifest), str(tmp_path / "parts"), config, partition=Partition(0, 2), progress=False)
+        download(manifest, str(tmp_path / "parts"), config, partition=Partition(0, 2), progress=False)
         assert main(["data", "merge-stats", "--output", str(tmp_path / "parts")]) == 0
         assert "INCOMPLETE: 2 of 4 shards are missing" in capsys.readouterr().out
         assert main(["data", "validate", "--shards", str(tmp_path / "parts")]) == 1
         assert "FAIL shard_totals: expect_column_values_to_be_between [missing_shards]" in capsys.readouterr().out
-        download(str(manifest), str(tmp_path / "parts"), config, partition=Partition(1, 2), progress=False)
+        download(manifest, str(tmp_path / "parts"), config, partition=Partition(1, 2), progress=False)
         assert main(["data", "merge-stats", "--output", str(tmp_path / "parts")]) == 0
         assert main(["data", "validate", "--shards", str(tmp_path / "parts")]) == 0

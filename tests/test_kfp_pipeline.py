@@ -234,6 +234,9 @@ def test_the_evaluation_pipeline_reads_production_and_records_its_metrics(tmp_pa
         over_sets["inputs"]["artifacts"]
 
 
+ON_S3 = ["--set", "promote.store=s3://cloob/registry"]  # a store a pod can reach
+
+
 @pytest.fixture(scope="module")
 def package(tmp_path_factory) -> Path:
     from pipelines.__main__ import main
@@ -251,7 +254,7 @@ def test_submit_sends_the_compiled_pipeline_and_the_validated_configuration(pack
     with KfpApiServer() as api:
         assert main(["submit", "--host", api.url, "--package", str(package), "--experiment", "cloob-ci",
                      "--run-name", "retrain-1", "--params", str(REPO / "params.yaml"), "--set",
-                     "train.objective=clip", "--no-cache"]) == 0
+                     "train.objective=clip", "--no-cache", *ON_S3]) == 0
         (run,) = api.calls("POST", "/apis/v2beta1/runs")
         (created,) = api.calls("POST", "/apis/v2beta1/experiments")
     body = run["body"]
@@ -263,6 +266,45 @@ def test_submit_sends_the_compiled_pipeline_and_the_validated_configuration(pack
     assert sent["train"]["objective"] == "clip" and sent["model"]["architecture"] == "cloob-tiny"
     assert all(not task.get("cachingOptions", {}).get("enableCache") for task in spec["root"]["dag"]["tasks"].values())
     assert "submitted run run-" in capsys.readouterr().out
+
+
+def test_what_a_cluster_cannot_use_is_refused_or_named_before_anything_is_sent(package, tmp_path, capsys):
+    """Local paths no pod can read, a crontab's five fields, images without a registry: each one line, and
+    nothing reaches the endpoint but what passed."""
+    from kfp_api_server import KfpApiServer
+
+    from pipelines.__main__ import main
+
+    base = ["--package", str(package), "--params", str(REPO / "params.yaml")]
+    with KfpApiServer() as api:
+        submit = ["submit", "--host", api.url, "--run-name", "x", *base]
+        assert main(submit) == 2  # the repository's params.yaml keeps its model store in a local folder
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == ["pipelines: a pod cannot read this machine's files: promote.store 'models/registry'; put them "
+                       "on S3 (s3://…) and name them there (--set KEY=s3://…)"], err
+        local = ["--set", "acquire.source=/home/me/products.csv", "--set",
+                 "eval.datasets.mine={source: data/photos, tasks: [zeroshot], classnames: my-classes.json}"]
+        assert main([*submit, *ON_S3, *local]) == 2
+        line = capsys.readouterr().err.strip()
+        for named in ("acquire.source '/home/me/products.csv'", "eval.datasets.mine.source 'data/photos'",
+                      "eval.datasets.mine.classnames 'my-classes.json'"):
+            assert named in line
+        assert "promote.store" not in line and "\n" not in line
+        schedule = ["schedule", "create", "--host", api.url, "--name", "nightly", *base, *ON_S3]
+        assert main([*schedule, "--cron", "0 3 * * *"]) == 2
+        assert "'0 3 * * *' has 5 fields; KFP's cron has six, seconds first: '0 0 3 * * *'" in capsys.readouterr().err
+        assert main([*schedule, "--cron", "0 0 3 * * * *"]) == 2
+        assert "not a six-field cron expression" in capsys.readouterr().err
+        assert not api.calls("POST", "/apis/v2beta1/runs") and not api.calls("POST", "/apis/v2beta1/recurringruns")
+        assert main([*submit, *ON_S3]) == 0  # S3 everywhere: sent, with a warning on the images
+        assert "name no registry" in capsys.readouterr().err
+    registered = tmp_path / "registered.yaml"
+    assert main(["compile", "--output", str(registered), "--registry", "registry.example:5000/ml"]) == 0
+    assert "warning" not in capsys.readouterr().err
+    executors = next(yaml.safe_load_all(registered.read_text()))["deploymentSpec"]["executors"]
+    images = {executor["container"]["image"] for executor in executors.values()}
+    assert images == {"registry.example:5000/ml/cloob-pipelines:0.1.0-cpu",
+                      "registry.example:5000/ml/cloob-pipelines:0.1.0-cuda"}
 
 
 def test_a_bad_configuration_is_refused_before_anything_is_sent(package, capsys):
@@ -285,7 +327,7 @@ def test_recurring_runs_are_created_listed_and_deleted(package, capsys):
     with KfpApiServer() as api:
         endpoint = ["--host", api.url, "--experiment", "nightly"]
         assert main(["schedule", "create", *endpoint, "--package", str(package), "--params", str(REPO / "params.yaml"),
-                     "--name", "nightly-retrain", "--cron", "0 0 3 * * *"]) == 0
+                     "--name", "nightly-retrain", "--cron", "0 0 3 * * *", *ON_S3]) == 0
         (created,) = api.calls("POST", "/apis/v2beta1/recurringruns")
         body = created["body"]
         assert body["display_name"] == "nightly-retrain" and body["mode"] == "ENABLE"
@@ -414,7 +456,7 @@ def test_a_dvc_tracked_folder_is_submitted_for_import_by_its_s3_uri(tmp_path, s3
     assert main(["compile", "--data", "import", "--output", str(package)]) == 0
     with KfpApiServer() as api:
         common = ["submit", "--host", api.url, "--package", str(package), "--run-name", "from-dvc", "--params",
-                  str(REPO / "params.yaml"), "--dvc-path", "data/shards", "--dvc-repo", str(repo)]
+                  str(REPO / "params.yaml"), "--dvc-path", "data/shards", "--dvc-repo", str(repo), *ON_S3]
         assert main([*common, "--dvc-remote", "tree", "--dvc-rev", "v1"]) == 0
         (run,) = api.calls("POST", "/apis/v2beta1/runs")
         assert run["body"]["runtime_config"]["parameters"]["shards_uri"] == f"s3://{s3_bucket}/layout/data/shards"

@@ -236,6 +236,12 @@ def download(
     started = time.monotonic()
     partition = partition or Partition()
     dl = config.download
+    if partition.count > 1 and isinstance(manifest, str) and not RunManifest.is_one(manifest):
+        raise ManifestError(
+            f"--partition {partition.index}/{partition.count} of {manifest}, a manifest `cloob data acquire` did not "
+            f"write: each of the {partition.count} partitions would read and acquire the whole of it to build its "
+            f"share; acquire it once (`cloob data acquire --source {manifest} --output DIR`, with its --url-col / "
+            "--caption-col) and give the partitions --manifest DIR")
     storage.ensure_folder(output)
     owner = f"p{partition.index}of{partition.count}"  # the partition's lease, and its staging names' mark
     with lease.writing(output, owner, f"partition {partition.index}/{partition.count} of {output}"), \

@@ -64,6 +64,7 @@ class TrainingState:
     step: int = 0
     positions: dict[int, Position] = field(default_factory=dict)
     history: list[tuple[int, float, float]] = field(default_factory=list)  # (step, loss, learning rate)
+    open_window: tuple[float, int] = (0.0, 0)  # the loss summed since the last logged step, and its steps
 
     def checkpoint(self, parts: Trainables, config: dict[str, Any], world_size: int,
                    identity: dict[str, str]) -> dict[str, Any]:
@@ -80,6 +81,7 @@ class TrainingState:
             "identity": identity,  # the data's and the code's fingerprints (run_identity)
             "world_size": world_size,
             "history": [list(row) for row in self.history],
+            "window": list(self.open_window),  # so that a run resumed mid-window logs what an uninterrupted one does
         }
 
     @classmethod
@@ -97,7 +99,8 @@ class TrainingState:
         saved_streams = saved["config"]["train"]["data_streams"]
         return cls(step=int(saved["step"]),
                    positions=carry_positions(positions, saved_streams, config["train"]["data_streams"], where),
-                   history=[tuple(row) for row in saved["history"]])
+                   history=[tuple(row) for row in saved["history"]],
+                   open_window=tuple(saved.get("window", (0.0, 0))))
 
 
 def checkpoint_name(step: int) -> str:

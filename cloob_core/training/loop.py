@@ -262,7 +262,8 @@ def _save_checkpoint(config: CloobConfig, setup: _Setup, output: Path, state: Tr
         dist.all_gather_object(gathered, {v: positions[v] for v in owned if v in positions})
         positions = {v: p for part in gathered for v, p in part.items()}
     if setup.env.is_main:
-        whole = TrainingState(step=state.step, positions=positions, history=state.history)
+        whole = TrainingState(step=state.step, positions=positions, history=state.history,
+                              open_window=state.open_window)
         path = checkpoint.save(whole.checkpoint(setup.parts, config.model_dump(), setup.env.world_size, setup.identity),
                                output / "checkpoints", state.step, config.train.keep_checkpoints)
         log.info("checkpoint %s", path)
@@ -277,10 +278,13 @@ def _run_steps(config: CloobConfig, setup: _Setup, batches: Iterator[Batch], sta
     """Train from ``state.step`` to the end, checkpointing on the way; the last logged loss."""
     cfg, parts, device = config.train, setup.parts, setup.device
     window = _Window(device)
+    window.loss += state.open_window[0]  # a window the checkpoint cut: float32 values, so the sum goes on exactly
+    window.steps = state.open_window[1]
     last_loss = state.history[-1][1] if state.history else float("nan")  # a run resumed at its end trains no step
     parts.model.train()
     for step in range(state.step, setup.steps):
         if stop.signal is not None:
+            state.open_window = _open(window)
             _stop(config, setup, output, state, stop.signal)
         fetch_start = time.perf_counter()
         batch = next(batches)
@@ -314,9 +318,15 @@ def _run_steps(config: CloobConfig, setup: _Setup, batches: Iterator[Batch], sta
             monitor.update(snapshot, window.steps, window.steps * cfg.batch_size, window.errors)
             window = _Window(device)
         if state.step % cfg.checkpoint_every == 0 or state.step == setup.steps:
+            state.open_window = _open(window)
             _save_checkpoint(config, setup, output, state)
             monitor.checkpointed()
     return last_loss
+
+
+def _open(window: _Window) -> tuple[float, int]:
+    """The window's loss sum and steps, as a checkpoint keeps them (a host sync only when it has steps)."""
+    return (float(window.loss), window.steps) if window.steps else (0.0, 0)
 
 
 class _StopSignal:

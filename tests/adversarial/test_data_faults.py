@@ -74,7 +74,10 @@ def test_a_download_deletes_neither_a_users_files_nor_another_partitions_staging
     their_record.write_bytes(b"{}")
     with ImageServer() as server:
         urls = [server.url(f"/img/{i}.jpg") for i in range(8)]
-        done = cli(capsys, "data", "download", "--manifest", manifest(tmp_path / "m.csv", urls), "--output", out,
+        acquired = tmp_path / "acquired"  # what partitions read
+        assert cli(capsys, "data", "acquire", "--source", manifest(tmp_path / "m.csv", urls), "--output", acquired,
+                   "--set", "preprocess.shard_size=2").code == 0
+        done = cli(capsys, "data", "download", "--manifest", acquired, "--output", out,
                    "--partition", "0/2", "--shard-size", "2", *FAST)  # shards 0 and 1 of 4
     assert done.code == 0, done.err
     assert mine.read_text() == "the user's own notes" and theirs.read_bytes() == b"half a tar"
@@ -104,7 +107,10 @@ def test_a_second_run_of_the_same_partition_is_refused_and_touches_nothing(capsy
 def test_two_partitions_write_into_one_folder_at_the_same_time(tmp_path):
     out = tmp_path / "out"
     with ImageServer(delay=0.05) as server:
-        path = manifest(tmp_path / "m.csv", [server.url(f"/img/{i}.jpg") for i in range(24)])
+        path = tmp_path / "acquired"
+        raw = manifest(tmp_path / "m.csv", [server.url(f"/img/{i}.jpg") for i in range(24)])
+        assert subprocess.run([sys.executable, "-m", "cloob_core.cli", "data", "acquire", "--source", str(raw),
+                               "--output", str(path)]).returncode == 0  # what partitions read
         runs = [subprocess.Popen([sys.executable, "-m", "cloob_core.cli", "data", "download", "--manifest",
                                   str(path), "--output", str(out), "--partition", f"{i}/2", *FAST],
                                  stderr=subprocess.PIPE, text=True)

@@ -49,7 +49,7 @@ class FailingApi(JsonApiServer):
         return 500, {"error": "database is locked", "code": 13}
 
 
-SUBMIT = ["--run-name", "nightly", "--params", str(REPO / "params.yaml")]
+SUBMIT = ["--run-name", "nightly", "--params", str(REPO / "params.yaml"), "--set", "promote.store=s3://cloob/registry"]
 
 
 def test_submit_to_an_endpoint_that_never_answers_ends_at_the_deadline(capsys, package, silent_endpoint):
