@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import tempfile
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -382,3 +384,37 @@ def test_path_starts_interpolate_between_fits_and_extrapolate_beyond_them():
     assert torch.equal(path_start(fits, 0).weight, torch.full((2, 3), -1.0))
     assert path_start(fits, 20) is fits[20]
     assert path_start({4: fits[10]}, 30) is fits[10] and path_start({}, 3) is None
+
+
+def test_a_few_shot_probe_with_a_validation_split_fits_k_images_per_class_only(monkeypatch):
+    """CLIP_benchmark #125: refitting on train + validation gives a "k-shot" probe more than k images per class.
+    The validation split picks lambda; the final fit sees the k-shot training images alone."""
+    from types import SimpleNamespace
+
+    generator = torch.Generator().manual_seed(0)
+    features = {name: torch.randn(rows, 8, generator=generator) for name, rows in
+                (("train", 60), ("val", 30), ("test", 20))}
+    sets = {name: SimpleNamespace(name=name, labels=[i % 3 for i in range(len(x))]) for name, x in features.items()}
+    monkeypatch.setattr(linear_probe, "image_features", lambda model, images, encoding: features[images.name])
+    fitted_rows = []
+    real_fit = linear_probe.fit_logistic
+
+    def fit(x, *args, **kwargs):
+        fitted_rows.append(len(x))
+        return real_fit(x, *args, **kwargs)
+
+    class Fitted(Exception):
+        pass
+
+    def probe(*args, **kwargs):  # the real probe, then stop before the records (which need a real model)
+        linear_probe_fit(*args, **kwargs)
+        raise Fitted
+
+    linear_probe_fit = linear_probe.linear_probe
+    monkeypatch.setattr(linear_probe, "fit_logistic", fit)
+    monkeypatch.setattr(linear_probe, "linear_probe", probe)
+    for few_shot, rows in ((2, 6), (None, 90)):  # 2 per class, validation apart; a full probe refits on both
+        with pytest.raises(Fitted):
+            linear_probe.linear_probe_task(None, sets["train"], sets["test"], Path(tempfile.mkdtemp()), None,
+                                           validation=sets["val"], few_shot=few_shot, seed=0)
+        assert fitted_rows[-1] == rows, (few_shot, fitted_rows)

@@ -164,9 +164,12 @@ def few_shot_indices(labels: Tensor, k: int, generator: torch.Generator) -> Tens
 
 
 def linear_probe(train_x: Tensor, train_y: Tensor, num_classes: int, *, val_x: Tensor | None = None,
-                 val_y: Tensor | None = None, seed: int = 0, max_iter: int = 1000) -> tuple[ProbeFit, SearchResult]:
-    """Search lambda on the validation split (or a random half of train), refit on train (+ val), return the
-    final fit; the test split is never seen here (score it with :func:`accuracy`).
+                 val_y: Tensor | None = None, seed: int = 0, max_iter: int = 1000,
+                 refit_with_validation: bool = True) -> tuple[ProbeFit, SearchResult]:
+    """Search lambda on the validation split (or a random half of train), refit on train (+ val, unless
+    ``refit_with_validation`` is off: a few-shot probe must see k images per class, not k plus the validation
+    split, CLIP_benchmark #125), return the final fit; the test split is never seen here (score it with
+    :func:`accuracy`).
 
     Every fit is bounded (``max_iter`` L-BFGS iterations of at most 21 loss evaluations, at most 16 fits), however
     degenerate the data. With one training image per class and no validation split, no half of train holds a
@@ -195,7 +198,8 @@ def linear_probe(train_x: Tensor, train_y: Tensor, num_classes: int, *, val_x: T
         final_x, final_y = train_x, train_y
     else:
         search = search_lambda(train_x, train_y, val_x, val_y, num_classes, max_iter)
-        final_x, final_y = torch.cat([train_x, val_x]), torch.cat([train_y, val_y])
+        final_x, final_y = (torch.cat([train_x, val_x]), torch.cat([train_y, val_y])) if refit_with_validation \
+            else (train_x, train_y)
     # The penalty is lam/(2n) per row: on n' rows, lam weighs as much as lam * n/n' did on the search's n, so the
     # search's path there is the nearer start.
     shift = math.log(len(final_y) / search.rows) / math.log(LAMBDA_GRID[1] / LAMBDA_GRID[0])
@@ -257,7 +261,8 @@ def linear_probe_task(model: EvalModel, train: ImageSet, test: ImageSet, output:
     val_x = val_y = None
     if validation is not None:
         val_x, val_y = image_features(model, validation, encoding), torch.tensor(validation.labels)
-    fit, search = linear_probe(train_x, train_y, num_classes, val_x=val_x, val_y=val_y, seed=seed)
+    fit, search = linear_probe(train_x, train_y, num_classes, val_x=val_x, val_y=val_y, seed=seed,
+                               refit_with_validation=not few_shot)
     scores = fit.predict_scores(test_x)
     metrics = {f"lp_{key}" if key.startswith("acc") or key == "mean_per_class_recall" else key: value
                for key, value in classification_metrics(scores, test_y, num_classes).items()}
