@@ -48,4 +48,4 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                         help="after training, rank 0 copies OUTPUT (all but checkpoints/) to this local folder or "
                         "s3:// prefix: how pods of a multi-node job hand their result back")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    add_config_options(parser, "train")
+    add_config_options(parser, "train", "model")

@@ -90,9 +90,9 @@ def problems(fit: CaptionFit, config: CloobConfig) -> dict[str, str]:
         shown = "; ".join(map(_shown, fit.merged_examples))
         found["merged_fraction"] = (
             f"cutting captions to {fit.architecture}'s {fit.context} tokens makes {fit.merged_fraction:.1%} of the "
-            f"{fit.distinct:,} distinct ones sampled identical to another (e.g. {shown}), above "
+            f"{fit.distinct:,} distinct ones sampled identical to another, above "
             f"validation.max_merged_caption_fraction {val.max_merged_caption_fraction:g}: pick a model.architecture "
-            "with a longer text context or shorten the captions' shared text")
+            f"with a longer text context or shorten the captions' shared text (e.g. {shown})")
     if fit.truncated_fraction > val.max_truncated_caption_fraction:
         found["truncated_fraction"] = (
             f"{fit.truncated_fraction:.1%} of {fit.sampled:,} sampled captions are longer than {fit.architecture}'s "
@@ -104,7 +104,7 @@ def problems(fit: CaptionFit, config: CloobConfig) -> dict[str, str]:
 
 def _shown(caption: str) -> str:
     """A caption as an example: its end too, where captions that differ only there are told apart."""
-    return repr(caption if len(caption) <= 100 else f"{caption[:40]}…{caption[-50:]}")
+    return repr(caption if len(caption) <= 60 else f"{caption[:20]}…{caption[-35:]}")
 
 
 def judge(fit: CaptionFit, config: CloobConfig) -> str | None:
@@ -133,8 +133,8 @@ def check(captions: Sequence[str], config: CloobConfig) -> CaptionFit:
 def shard_captions(urls: Sequence[str], limit: int, spread: int = 8) -> list[str]:
     """Up to ``limit`` captions (``.txt`` members) from up to ``spread`` shards evenly spaced over ``urls``, an
     equal share from each: what training measures before its first step. Only the captions are read."""
-    picked = [urls[round(i * (len(urls) - 1) / max(spread - 1, 1))] for i in range(min(spread, len(urls)))]
-    picked = list(dict.fromkeys(picked))
+    count = min(spread, len(urls))
+    picked = list(dict.fromkeys(urls[round(i * (len(urls) - 1) / max(count - 1, 1))] for i in range(count)))
     captions: list[str] = []
     for number, url in enumerate(picked):
         share = (limit - len(captions)) // (len(picked) - number)

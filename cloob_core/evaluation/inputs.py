@@ -360,4 +360,15 @@ def load_images(source: str, split: str = "test", label_key: str = "label", clas
         images.classnames = names
     if templates is not None:
         images.templates = templates
+    if images.classnames is not None and images.templates is None:  # an ImageFolder, shards with classes: no dead end
+        images.templates = default_templates()
+        log.warning("%s came with no prompt templates: zero-shot uses CLIP's 7 general ones ('%s', ...); give "
+                    "--classnames FILE with a 'templates' list for your own", images.name, images.templates[0])
     return images
+
+
+def default_templates() -> list[str]:
+    """open_clip's SIMPLE_IMAGENET_TEMPLATES, the CLIP paper's ensemble of 7 general prompts, as format strings."""
+    from open_clip.zero_shot_metadata import SIMPLE_IMAGENET_TEMPLATES
+
+    return [template("{}") for template in SIMPLE_IMAGENET_TEMPLATES]

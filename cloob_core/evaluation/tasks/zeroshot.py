@@ -110,6 +110,7 @@ def zeroshot(model: EvalModel, images: ImageSet, output: Path, encoding: Encodin
     metrics = classification_metrics(features @ classes.T, torch.tensor(images.labels), len(images.classnames))
     metrics["embeddings"] = "hopfield" if hopfield_beta is not None else "raw"
     metrics["classnames"] = list(images.classnames)  # the order of per_class_accuracy and the confusion matrix
+    metrics["templates"] = list(images.templates)
     output.mkdir(parents=True, exist_ok=True)
     task = "zeroshot_classification"
     plots = [
