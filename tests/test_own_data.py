@@ -219,3 +219,41 @@ def test_a_cluster_run_with_this_machines_paths_is_refused_before_it_is_sent(own
         assert not api.calls("POST", "/apis/v2beta1/runs")
     line = _lines(capsys.readouterr())[-1]
     assert f"acquire.source '{own / 'products' / 'captions.csv'}'" in line
+
+
+def test_the_walk_through_in_docs_data_md_runs_as_written(tmp_path):
+    """docs/data.md's "Your own data" commands, each run as written in a folder holding my-data (240 of the
+    package's pictures, captions.csv with columns file,text) and my-testset (an ImageFolder of 3 classes)."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "data.md").read_text()
+    section = text[text.index("## Your own data"):]
+    block = section[section.index("```bash\n") + len("```bash\n"):section.index("```\n", section.index("```bash"))]
+    commands = [re.sub(r"\s+# .*$", "", line).strip() for line in block.replace("\\\n", " ").splitlines()
+                if not line.startswith("#")]
+    commands = [command for command in commands if command]
+    assert [c.split()[:3] for c in commands][:3] == [["cloob", "data", "shards"], ["cloob", "data", "validate"],
+                                                     ["cloob", "train", "--shards"]]
+    photos = tmp_path / "my-data" / "photos"
+    photos.mkdir(parents=True)
+    packaged = load_packaged("captioned", "train")
+    with (tmp_path / "my-data" / "captions.csv").open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["file", "text"])
+        for i in range(240):
+            suffix = (Image.open(io.BytesIO(packaged.images[i])).format or "png").lower()
+            (photos / f"{i:04d}.{suffix}").write_bytes(packaged.images[i])
+            writer.writerow([f"photos/{i:04d}.{suffix}", packaged.captions[i]])
+    image_folder(tmp_path / "my-testset", CLASSES, {"train": 6, "test": 4})
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    for command in commands:
+        done = subprocess.run(command, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, f"{command}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+        if command.startswith("cloob data shards"):
+            assert "warning" not in done.stdout and "shards 8" in done.stdout, done.stdout
+        if command.startswith("cloob train --shards"):
+            assert "warming up for 4 instead" in done.stderr and "schedule: 4 warm-up step(s)" in done.stderr
+    assert json.loads((tmp_path / "my-run" / "metrics.json").read_text())["resumed_from_step"] == 9

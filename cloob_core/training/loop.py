@@ -390,7 +390,8 @@ def _train(config: CloobConfig, output: Path, resume: str | None, progress: bool
     config, cfg, env = setup.config, setup.config.train, setup.env
     state = _resume(config, output, source, setup.parts, setup.steps, identity)
     start_step = state.step
-    batches = _batches(config, setup, urls, state)
+    # A run resumed at its end trains no step: no data-loader workers (held by their gate, they would wait forever)
+    batches = _batches(config, setup, urls, state) if state.step < setup.steps else (batch for batch in ())
     monitor = Monitor(enabled=env.is_main, total_steps=setup.steps, start_step=start_step, output=output,
                       progress=progress, tensorboard=cfg.tensorboard, metrics_port=cfg.metrics_port,
                       metrics_host=cfg.metrics_host, pushgateway=cfg.pushgateway).start()
