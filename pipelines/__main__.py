@@ -154,8 +154,11 @@ def _run_local(args: argparse.Namespace) -> int:
     pipeline = build_evaluation(settings) if args.pipeline == "evaluate" else build(settings)
     parameters = client.run_parameters(args.params, args.set)
     container = local_run.StepContainer.sharing(settings.shards_store) if args.runner == "docker" else None
-    run = local_run.run_pipeline(pipeline, parameters, root, args.runner, container)
-    print(f"run {run.name} finished ({args.runner}); its outputs: {run}")
+    log = root / "run-local.log"
+    with contextlib.nullcontext() if args.show_logs else local_run.output_to(log):
+        run = local_run.run_pipeline(pipeline, parameters, root, args.runner, container)
+    print(f"run {run.name} finished ({args.runner}); its outputs: {run}"
+          + ("" if args.show_logs else f"; the steps' output: {log}"))
     if args.pipeline == "pretrain":
         suite = local_run.final_metrics(run).get("suite", {})
         for name, value in sorted(suite.items()):
@@ -223,6 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
     here.add_argument("--root", type=Path, default=Path("local_outputs"),
                       help="pipeline root (default local_outputs); the shards are built in ROOT/shards unless "
                       "--shards-store names another folder")
+    here.add_argument("--show-logs", action="store_true", help="print kfp.local's output (each step's executor "
+                      "input and logs) here rather than into ROOT/run-local.log")
     here.add_argument("--params", default="params.yaml", help="configuration of the run (default params.yaml)")
     here.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                       help="override one value (repeatable)")

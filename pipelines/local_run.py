@@ -140,6 +140,32 @@ def run_pipeline(pipeline: Any, parameters: dict[str, str], root: Path, runner: 
     return runs[0]
 
 
+@contextmanager
+def output_to(log: Path) -> Iterator[None]:
+    """Everything this process and the steps it starts write to stdout and stderr goes to ``log`` instead (kfp.local
+    echoes each executor's input JSON and logs: thousands of lines); a failure names the log."""
+    import sys
+
+    log.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(log, "ab") as sink:
+        os.dup2(sink.fileno(), 1)
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        except LocalRunError as err:
+            raise LocalRunError(f"{err}; the steps' output is in {log}") from None
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+
+
 def _run(pipeline: Any, parameters: dict[str, str]) -> None:
     try:
         pipeline(**parameters)
