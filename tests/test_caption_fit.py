@@ -103,3 +103,23 @@ def test_training_refuses_before_its_first_step(tmp_path, capsys):
                  "--set", "validation.max_truncated_caption_fraction=1"]) == 0
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["caption_truncated_fraction"] == 1.0 and metrics["caption_merged_fraction"] == 1.0
+
+
+def test_two_ranks_refuse_together_on_rank_zeros_measure(tmp_path):
+    """Rank 0 alone reads the captions (once per job, not once per rank); its verdict reaches every rank, so none
+    waits in a collective for a rank that stopped."""
+    import os
+    import subprocess
+    import sys
+
+    for shard in range(2):
+        _shard(tmp_path / f"{shard:05d}.tar", [f"{BOILERPLATE}item {shard}-{i}" for i in range(20)])
+    (tmp_path / "sizes.json").write_text(json.dumps({"00000.tar": 20, "00001.tar": 20}))
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "-m", "cloob_core.cli", "train", "--shards", str(tmp_path), "--output",
+                           str(tmp_path / "run"), "--steps", "2", "--batch-size", "8", "--data-streams", "2",
+                           "--workers", "0", "--no-progress", "--no-tensorboard"], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode != 0
+    refusals = [line for line in done.stderr.splitlines() if "validation.max_merged_caption_fraction" in line]
+    assert len(refusals) == 2, done.stderr[-3000:]  # one line from each rank

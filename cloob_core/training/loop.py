@@ -12,6 +12,7 @@ import math
 import os
 import random
 import signal
+import tarfile
 import threading
 import time
 from collections.abc import Generator, Iterator
@@ -153,6 +154,26 @@ def _build(config: CloobConfig, steps: int, shards: int, identity: dict[str, str
                   images=TrainImages(model.image_size, augment=cfg.augment),
                   normalize=Normalize.of(model.encoder.visual), tokenizer=build_tokenizer(config.model.architecture),
                   identity=identity)
+
+
+def _caption_fit(config: CloobConfig, urls: list[str], env: DistEnv) -> caption_fit.CaptionFit | None:
+    """How the shards' captions fit the model's context, measured by rank 0 alone (a sample read from up to 8
+    shards: once per job, not once per rank) and its verdict sent to every rank, so all refuse together."""
+    if not config.validation.caption_sample:
+        return None
+    outcome: list[caption_fit.CaptionFit | str | None] = [None]
+    if env.is_main:
+        try:
+            outcome = [caption_fit.check(caption_fit.shard_captions(urls, config.validation.caption_sample), config)]
+        except caption_fit.CaptionsDoNotFit as err:
+            outcome = [str(err)]
+        except (OSError, tarfile.TarError) as err:  # the ranks waiting below must hear of it too
+            outcome = [f"the captions of {urls[0]}… could not be read to check them: {err}"]
+    if env.distributed:
+        dist.broadcast_object_list(outcome, src=0)
+    if isinstance(outcome[0], str):
+        raise caption_fit.CaptionsDoNotFit(outcome[0])
+    return outcome[0]
 
 
 def _resume(config: CloobConfig, output: Path, source: str | None, parts: Trainables, steps: int,
@@ -380,14 +401,12 @@ def _train(config: CloobConfig, output: Path, resume: str | None, progress: bool
         raise ConfigError(f"train.shards {cfg.shards} is incomplete: {missing} (partitions still downloading, or a "
                           "download to resume); finish it and run `cloob data merge-stats`, or set "
                           "train.allow_incomplete_shards: true to train on what is there")
-    fit = None  # every rank measures the same captions: a refusal comes before any collective, on all of them
-    if config.validation.caption_sample:
-        fit = caption_fit.check(caption_fit.shard_captions(urls, config.validation.caption_sample), config)
     identity = {"data": shards_fingerprint(urls), "code": checkpoint.code_fingerprint()}
     source = auto_resume(config, output, identity, detect().is_main) if resume == "auto" else \
         resolve_resume(resume, output, cfg.checkpoint_sync)  # decided before any collective, alike on every rank
     setup = _build(config, plan_steps(config, total_samples), len(urls), identity)
     config, cfg, env = setup.config, setup.config.train, setup.env
+    fit = _caption_fit(config, urls, env)
     state = _resume(config, output, source, setup.parts, setup.steps, identity)
     start_step = state.step
     # A run resumed at its end trains no step: no data-loader workers (held by their gate, they would wait forever)
