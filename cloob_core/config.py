@@ -332,6 +332,17 @@ class TrainConfig(_Section):
         "one without), fp32 on the CPU (where bf16 runs too, but slower).")
     grad_clip_norm: float | None = Field(None, gt=0, description="Clip the global gradient norm to this (null: off).")
     grad_checkpointing: bool = Field(False, description="Recompute activations in backward (saves memory).")
+    lock_image: bool = Field(False, description="Train without the image tower: its parameters get no gradient and "
+                             "are left out of the optimiser (LiT; open_clip's --lock-image).")
+    lock_image_unlocked_groups: int = Field(0, ge=0, description="With lock_image, the image tower's last N groups "
+                                            "of layers stay trainable (a ViT's: the stem, each block, the last "
+                                            "block with its norm, the projection); a ResNet tower locks whole.")
+    lock_image_freeze_bn_stats: bool = Field(False, description="With lock_image, its BatchNorm layers keep their "
+                                             "running statistics (frozen) too, as open_clip's flag of that name.")
+    lock_text: bool = Field(False, description="Train without the text tower (open_clip's --lock-text): its "
+                            "parameters, LayerNorm included, get no gradient and leave the optimiser.")
+    lock_text_unlocked_layers: int = Field(0, ge=0, description="With lock_text, its last N transformer blocks (and "
+                                           "the final norm and projection) stay trainable.")
     grad_compression: Literal["none", "bf16"] = Field(
         "none", description="bf16: DDP all-reduces the gradients in bfloat16, half the bytes between nodes (for "
         "several nodes without a fast interconnect; the averaged gradient is rounded to bf16).")

@@ -17,7 +17,7 @@ import open_clip
 import torch
 from torch import Tensor, nn
 
-from cloob_core.config import ModelConfig
+from cloob_core.config import ConfigError, ModelConfig, TrainConfig
 
 # Architectures the paper trains (RN50, RN101, RN50x4 on CC3M/YFCC; ViT-B-32 as in open_clip) and the
 # project's own tiny configuration that trains on two CPU cores in minutes.
@@ -108,6 +108,22 @@ class CLOOBModel(nn.Module):
 
 def build_model(config: ModelConfig) -> CLOOBModel:
     return CLOOBModel(config)
+
+
+def lock_towers(model: CLOOBModel, train: TrainConfig) -> None:
+    """Lock the towers ``train.lock_*`` name, through open_clip's own ``lock_image_tower`` / ``lock_text_tower``
+    (LiT): their parameters stop requiring gradients, so the optimiser (which takes only those that do) and DDP
+    leave them out; normalisation is frozen as open_clip freezes it."""
+    if train.lock_image:
+        try:
+            model.encoder.lock_image_tower(unlocked_groups=train.lock_image_unlocked_groups,
+                                           freeze_bn_stats=train.lock_image_freeze_bn_stats)
+        except AssertionError as err:  # open_clip's ModifiedResNet: "partial locking not currently supported"
+            raise ConfigError(f"train.lock_image_unlocked_groups {train.lock_image_unlocked_groups}: the image tower "
+                              f"of {model.config.architecture} locks only whole ({err}); set it to 0, or pick a ViT "
+                              "architecture") from None
+    if train.lock_text:
+        model.encoder.lock_text_tower(unlocked_layers=train.lock_text_unlocked_layers)
 
 
 def image_stats(visual: nn.Module) -> tuple[tuple[float, ...], tuple[float, ...]]:

@@ -30,7 +30,7 @@ from cloob_core.data import caption_fit
 from cloob_core.data.shard_files import missing_shards, shard_list, shards_fingerprint
 from cloob_core.errors import StageError
 from cloob_core.io import write_json, write_text
-from cloob_core.model.dual_encoder import build_model, build_tokenizer
+from cloob_core.model.dual_encoder import build_model, build_tokenizer, lock_towers
 from cloob_core.model.export import export_model
 from cloob_core.objectives.registry import objective_from_config
 from cloob_core.plots import training_curves_png
@@ -130,6 +130,7 @@ def _build(config: CloobConfig, steps: int, shards: int, identity: dict[str, str
     np.random.seed(cfg.seed)  # stores them: seeded, two runs write the same checkpoint bytes
     torch.manual_seed(cfg.seed)
     model = build_model(config.model).to(device, memory_format=torch.channels_last)  # CPU too: +18% (performance.md)
+    lock_towers(model, cfg)  # before the optimiser: a locked tower's parameters are not among its groups
     if cfg.grad_checkpointing:
         model.encoder.set_grad_checkpointing(True)
     optimizer = build_optimizer(model, config.optim)
