@@ -310,7 +310,7 @@ def _round_and_plan(manifest: RunManifest, output: str, records: list[ShardRecor
     """The first pass, or with ``retry_failed`` the retry round to run (recorded, so a killed round resumes)."""
     if not retry_failed:
         return 0, plan_round(manifest, output, records, owned, 0, shard_size, fetch)
-    missing = plan_round(manifest, output, records, owned, 0, shard_size, fetch)
+    missing = plan_round(manifest, output, records, owned, 0, shard_size)  # a retry re-attempts the failed rows
     if missing:
         raise ManifestError(f"{len(missing)} shard(s) of the first pass are not complete yet; re-run without "
                             "--retry-failed to finish them, then retry")

@@ -33,11 +33,12 @@ def fetch_digest(config: CloobConfig) -> str:
 
 
 def plan_round(manifest: RunManifest, output: str, records: list[ShardRecord], owned: range, round_: int,
-               shard_size: int, fetch: str = "") -> Plan:
+               shard_size: int, fetch: str | None = None) -> Plan:
     """(name, base shard, rows) for each of the ``owned`` shards still to do in this round; from the manifest's
-    index alone. A shard of the first pass with no sample, built under other fetch settings (``fetch``: their
-    digest), is done again: the settings may be what failed every row (a refused private address, a timeout)."""
-    done = {r.name for r in records if round_ or r.successes or r.fetch == fetch}
+    index alone. With ``fetch`` (the digest of this run's fetch settings), a shard of the first pass with no
+    sample, built under other fetch settings, is done again: they may be what failed every row (a refused private
+    address, a timeout)."""
+    done = {r.name for r in records if fetch is None or round_ or r.successes or r.fetch == fetch}
     plan: Plan = []
     if round_ == 0:
         for shard in manifest.shards(shard_size):
