@@ -332,6 +332,12 @@ class TrainConfig(_Section):
         "one without), fp32 on the CPU (where bf16 runs too, but slower).")
     grad_clip_norm: float | None = Field(None, gt=0, description="Clip the global gradient norm to this (null: off).")
     grad_checkpointing: bool = Field(False, description="Recompute activations in backward (saves memory).")
+    init_from: str | None = Field(None, description="Start from these weights, not random ones: a model folder "
+                                  "(our export or an open_clip local-dir: one; local or s3://), local-dir:PATH, "
+                                  "hf-hub:ORG/NAME (from the Hugging Face cache, offline), an open_clip checkpoint "
+                                  "file (.pt, .bin, .safetensors), or production (promote.store's current model). "
+                                  "Weights only: the optimiser, schedule and data order are the run's; a resumed "
+                                  "run continues from its checkpoint instead.")
     lock_image: bool = Field(False, description="Train without the image tower: its parameters get no gradient and "
                              "are left out of the optimiser (LiT; open_clip's --lock-image).")
     lock_image_unlocked_groups: int = Field(0, ge=0, description="With lock_image, the image tower's last N groups "

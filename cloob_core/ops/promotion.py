@@ -18,7 +18,6 @@ candidate's evaluation did not produce is an error, raised before anything is pr
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import uuid
@@ -35,9 +34,10 @@ from cloob_core.evaluation.records import INDEX_FILE, parse_metrics, read_metric
 from cloob_core.evaluation.suite_report import SUITE_FILE
 from cloob_core.io import file_digest, json_bytes, write_json
 from cloob_core.model.files import INFO_FILE, STATE_FILE
+from cloob_core.model.store import POINTER, production_folder
+from cloob_core.model.store import read_pointer as _read_pointer
 
 log = logging.getLogger(__name__)
-POINTER = "production.json"
 
 
 class PromotionError(StageError):
@@ -157,23 +157,9 @@ def read_production(store: str) -> dict[str, Any] | None:
 
 def fetch_production(store: str, output_dir: str | Path) -> dict[str, Any]:
     """The production model of ``store`` into ``output_dir`` (the folder `cloob train` exports); its pointer."""
-    pointer = read_production(store)
-    if pointer is None:
-        raise PromotionError(f"{store} has no production model yet: run the training pipeline first")
-    storage.download_tree(pointer["model"], output_dir)
+    folder, pointer = production_folder(store)
+    storage.download_tree(folder, output_dir)
     return pointer
-
-
-def _read_pointer(store: str) -> tuple[dict[str, Any] | None, str | None]:
-    """The production pointer and its version (for the conditional write that replaces it)."""
-    location = storage.join(store, POINTER)
-    raw, version = conditional_write.read_versioned(location)
-    if raw is None:
-        return None, None
-    try:
-        return json.loads(raw), version
-    except ValueError as err:
-        raise PromotionError(f"{location} is not valid JSON ({err}); restore it from {store}/history") from None
 
 
 # Concurrent gates each retry against the production they lost to; more rounds than this means something keeps

@@ -32,6 +32,7 @@ from cloob_core.errors import StageError
 from cloob_core.io import write_json, write_text
 from cloob_core.model.dual_encoder import build_model, build_tokenizer, lock_towers
 from cloob_core.model.export import export_model
+from cloob_core.model.starting_weights import load_starting_weights
 from cloob_core.objectives.registry import objective_from_config
 from cloob_core.plots import training_curves_png
 from cloob_core.threads import core_share, plan_threads
@@ -114,7 +115,7 @@ class _Setup:
     identity: dict[str, str]  # the data's and the code's fingerprints, saved in each checkpoint
 
 
-def _build(config: CloobConfig, steps: int, shards: int, identity: dict[str, str]) -> _Setup:
+def _build(config: CloobConfig, steps: int, shards: int, identity: dict[str, str], fresh: bool) -> _Setup:
     env = detect()
     device = choose_device(config.train.device, env)
     shape = run_shape(config.train, device_type=device.type, ranks=env.world_size, cores_per_rank=core_share(),
@@ -130,6 +131,11 @@ def _build(config: CloobConfig, steps: int, shards: int, identity: dict[str, str
     np.random.seed(cfg.seed)  # stores them: seeded, two runs write the same checkpoint bytes
     torch.manual_seed(cfg.seed)
     model = build_model(config.model).to(device, memory_format=torch.channels_last)  # CPU too: +18% (performance.md)
+    if fresh and cfg.init_from:  # a resumed run's weights come from its checkpoint
+        digest = load_starting_weights(model, cfg.init_from, config.promote.store)
+        identity["init_from"] = f"{cfg.init_from} (sha256 {digest})"
+        if env.is_main:
+            log.info("starting from the weights of %s (sha256 %s)", cfg.init_from, digest[:16])
     lock_towers(model, cfg)  # before the optimiser: a locked tower's parameters are not among its groups
     if cfg.grad_checkpointing:
         model.encoder.set_grad_checkpointing(True)
@@ -181,7 +187,10 @@ def _resume(config: CloobConfig, output: Path, source: str | None, parts: Traina
             identity: dict[str, str]) -> TrainingState:
     if source is None:
         return TrainingState()
-    state = TrainingState.restore(checkpoint.load(source), parts, config.model_dump(), identity, source)
+    saved = checkpoint.load(source)
+    state = TrainingState.restore(saved, parts, config.model_dump(), identity, source)
+    if "init_from" in (saved.get("identity") or {}):  # where the run's weights started, for its model_info
+        identity["init_from"] = saved["identity"]["init_from"]
     log.info("resuming from %s at step %d of %d", source, state.step, steps)
     return state
 
@@ -405,7 +414,7 @@ def _train(config: CloobConfig, output: Path, resume: str | None, progress: bool
     identity = {"data": shards_fingerprint(urls), "code": checkpoint.code_fingerprint()}
     source = auto_resume(config, output, identity, detect().is_main) if resume == "auto" else \
         resolve_resume(resume, output, cfg.checkpoint_sync)  # decided before any collective, alike on every rank
-    setup = _build(config, plan_steps(config, total_samples), len(urls), identity)
+    setup = _build(config, plan_steps(config, total_samples), len(urls), identity, fresh=source is None)
     config, cfg, env = setup.config, setup.config.train, setup.env
     fit = _caption_fit(config, urls, env)
     state = _resume(config, output, source, setup.parts, setup.steps, identity)
@@ -443,6 +452,7 @@ def _train(config: CloobConfig, output: Path, resume: str | None, progress: bool
         "train_seconds": round(seconds, 2),
         "samples_per_second": round((setup.steps - start_step) * cfg.batch_size / max(seconds, 1e-9), 2),
         "precision": setup.step_parts.precision,
+        **({"init_from": setup.identity["init_from"]} if "init_from" in setup.identity else {}),
         **({"caption_truncated_fraction": round(fit.truncated_fraction, 6),
             "caption_merged_fraction": round(fit.merged_fraction, 6)} if fit else {}),
     }
@@ -461,7 +471,8 @@ def _train(config: CloobConfig, output: Path, resume: str | None, progress: bool
 
 def _write_outputs(output: Path, model, config: CloobConfig, metrics: dict, history: list) -> None:
     export_model(model, output / "model", {"objective": config.train.objective, "beta": config.objective.beta,
-                                           "steps": metrics["steps"]})
+                                           "steps": metrics["steps"],
+                                           **({"init_from": metrics["init_from"]} if "init_from" in metrics else {})})
     write_json(output / "metrics.json", metrics)
     write_text(output / "loss_history.csv",
                "step,loss,lr\n" + "".join(f"{s},{loss!r},{lr!r}\n" for s, loss, lr in history))

@@ -1,0 +1,131 @@
+"""A run's starting weights (``train.init_from``): where they come from, read without unpickling, checked against
+the run's architecture, loaded into its model.
+
+``init_from`` is one of:
+- a model folder: our export, or any folder open_clip's ``local-dir:`` loads (``open_clip_config.json`` beside
+  ``open_clip_model.safetensors`` or ``open_clip_pytorch_model.bin``), local or ``s3://``; ``local-dir:PATH`` too;
+- ``hf-hub:ORG/NAME``: such a folder in the Hugging Face cache, resolved offline (no network is reached);
+- a weights file: an open_clip checkpoint (``.pt``, ``.bin``: a state dict, bare or under ``state_dict``, with
+  DDP's ``module.`` prefixes or without) or ``.safetensors``;
+- ``production``: the promotion store's current model (``promote.store``).
+
+Weights are read as safetensors or with ``torch.load(weights_only=True)``. A folder's ``model_cfg`` that differs
+from the run's architecture is refused naming the differing keys, and weights whose names or shapes do not fit are
+refused naming them. The temperature is the run's own (``model.inv_tau``): a CLIP checkpoint's learned
+``logit_scale`` would otherwise become a CLOOB run's fixed one. Only the weights start the run: the optimiser's
+state, the schedule and the data order are the run's.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import open_clip
+import torch
+
+from cloob_core import storage
+from cloob_core.config import ConfigError
+from cloob_core.io import file_digest
+from cloob_core.model.dual_encoder import CLOOBModel
+from cloob_core.model.export import LOCAL_DIR, load_weights, read_state_dict
+from cloob_core.model.files import CONFIG_FILE, EARLIER_STATE_FILE, STATE_FILE
+from cloob_core.model.store import production_folder
+
+HF_HUB = "hf-hub:"
+PRODUCTION = "production"
+_WEIGHTS_FILES = (STATE_FILE, "open_clip_pytorch_model.bin", EARLIER_STATE_FILE)  # in a folder, the first found
+
+
+def load_starting_weights(model: CLOOBModel, init_from: str, store: str) -> str:
+    """Load ``init_from``'s weights into ``model`` (see the module); the weights file's SHA-256, as recorded."""
+    with tempfile.TemporaryDirectory(prefix="cloob-init-") as scratch:
+        weights, source_cfg = _locate(init_from, store, Path(scratch))
+        architecture = model.config.architecture
+        if source_cfg is not None:
+            differing = _differences(source_cfg, open_clip.get_model_config(architecture) or {})
+            if differing:
+                raise ConfigError(f"train.init_from {init_from} is another architecture than model.architecture "
+                                  f"{architecture}: {'; '.join(differing[:6])}")
+        digest = file_digest(weights)
+        state = read_state_dict(weights)
+    configured = model.encoder.logit_scale.detach().clone()
+    load_weights(model.encoder, state, f"train.init_from {init_from}")
+    with torch.no_grad():
+        model.encoder.logit_scale.copy_(configured)
+    return digest
+
+
+def _locate(init_from: str, store: str, scratch: Path) -> tuple[Path, dict[str, Any] | None]:
+    """The weights file and, for a folder, its ``model_cfg``."""
+    if init_from == PRODUCTION:
+        location, _ = production_folder(store)
+    elif init_from.startswith(HF_HUB):
+        return _from_hf_cache(init_from.removeprefix(HF_HUB))
+    else:
+        location = init_from.removeprefix(LOCAL_DIR)
+    if storage.is_s3(location):
+        if storage.file_version(location) is not None:  # a weights file
+            local = scratch / Path(location).name
+            local.write_bytes(storage.read_bytes(location))
+            return local, None
+        storage.download_tree(location, scratch / "folder")  # nothing there: one line naming it
+        return _in_folder(scratch / "folder", init_from)
+    path = Path(location)
+    if path.is_dir():
+        return _in_folder(path, init_from)
+    if path.is_file():
+        return path, None
+    raise FileNotFoundError(f"train.init_from {init_from}: {location} is neither a model folder nor a weights file")
+
+
+def _in_folder(folder: Path, init_from: str) -> tuple[Path, dict[str, Any] | None]:
+    weights = next((folder / name for name in _WEIGHTS_FILES if (folder / name).is_file()), None)
+    if weights is None:
+        raise FileNotFoundError(f"train.init_from {init_from}: {folder} holds none of {', '.join(_WEIGHTS_FILES)}")
+    config = folder / CONFIG_FILE
+    return weights, _model_cfg(config) if config.is_file() else None
+
+
+def _from_hf_cache(repo: str) -> tuple[Path, dict[str, Any] | None]:
+    """A Hugging Face Hub model folder from the local cache only: a run never reaches the network."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    def cached(name: str) -> Path | None:
+        try:
+            return Path(hf_hub_download(repo, name, local_files_only=True))
+        except (LocalEntryNotFoundError, FileNotFoundError, OSError):
+            return None
+
+    weights = next(filter(None, map(cached, _WEIGHTS_FILES[:2])), None)
+    if weights is None:
+        raise FileNotFoundError(f"train.init_from {HF_HUB}{repo}: not in the Hugging Face cache (looked for "
+                                f"{', '.join(_WEIGHTS_FILES[:2])}); runs read it offline: download it once where the "
+                                f"network is (`huggingface-cli download {repo}`, into HF_HOME)")
+    config = cached(CONFIG_FILE)
+    return weights, _model_cfg(config) if config else None
+
+
+def _model_cfg(path: Path) -> dict[str, Any]:
+    try:
+        model_cfg = json.loads(path.read_text(encoding="utf-8")).get("model_cfg")
+    except (ValueError, AttributeError) as err:
+        raise ConfigError(f"train.init_from: {path} is not an open_clip config ({err})") from None
+    if not isinstance(model_cfg, dict):
+        raise ConfigError(f"train.init_from: {path} has no model_cfg")
+    return model_cfg
+
+
+def _differences(source: dict[str, Any], target: dict[str, Any], prefix: str = "") -> list[str]:
+    """``key: source value ≠ run value`` for each differing leaf of two open_clip model configs."""
+    found = []
+    for key in sorted(set(source) | set(target)):
+        a, b = source.get(key), target.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            found += _differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            found.append(f"{prefix}{key}: {a!r} in the weights' config, {b!r} in the run's")
+    return found
