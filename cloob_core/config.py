@@ -273,6 +273,14 @@ class ValidationConfig(_Section):
                                                "to another, above which the gate fails and training refuses.")
 
 
+class ShardSource(_Section):
+    """One source of a mixed run (``train.sources``): its shards and its weight."""
+
+    shards: str = Field(description="A shard location as train.shards takes it.")
+    weight: float = Field(1.0, gt=0.0, allow_inf_nan=False, description="Its share of every batch, relative to "
+                          "the other sources' weights (positive and finite).")
+
+
 class TrainConfig(_Section):
     """``cloob train``: the loop around the objective. Optimiser and schedule live in ``optim``."""
 
@@ -286,6 +294,11 @@ class TrainConfig(_Section):
                             "otherwise): distinct ones while the sample has enough, then repeats.")
     shards: str = Field("data/shards", description="Training shards: a folder with sizes.json (local or "
                         "s3://), a brace pattern or a .tar; from `cloob data download|shards`.")
+    sources: list[ShardSource] = Field(default_factory=list, description="Several shard locations mixed by weight "
+                                       "(in place of train.shards when given): each batch takes from each source "
+                                       "its weight's share of the samples, as whole data streams (data_streams "
+                                       "apportioned to the weights; the log and metrics.json give the realised "
+                                       "shares).")
     allow_incomplete_shards: bool = Field(False, description="Train on a shard folder whose stats.json counts "
                                           "missing shards (partitions still downloading); refused otherwise.")
     batch_size: int = Field(128, ge=2, description="Global contrastive batch over all ranks (paper: 512 on CC3M, "

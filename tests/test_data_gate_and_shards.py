@@ -157,7 +157,7 @@ def test_the_training_reader_skips_corrupt_samples_and_tars_with_a_count(mnist_s
             tar.addfile(member, io.BytesIO(data))
     truncated = tmp_path / "truncated.tar"
     truncated.write_bytes(good.read_bytes()[: 20 * 1024 + 100])
-    stream = StreamChunks([str(corrupt), str(truncated)], StreamSettings(streams=1, chunk_size=1, seed=0,
+    stream = StreamChunks([[str(corrupt), str(truncated)]], StreamSettings(streams=1, chunk_size=1, seed=0,
                                                                           shuffle_buffer=0),
                           StreamStart([0]), TrainImages(28, augment=False), lambda texts: torch.zeros(len(texts), 4))
     with caplog.at_level(logging.WARNING, logger="cloob_core.data.shard_files"):
@@ -194,7 +194,7 @@ def test_the_sample_cache_changes_nothing_in_the_stream_and_serves_later_passes_
 
     def stream(cache_bytes: int) -> StreamChunks:
         settings = StreamSettings(streams=1, chunk_size=8, seed=3, shuffle_buffer=50, cache_bytes=cache_bytes)
-        return StreamChunks([str(corrupt), str(good), str(truncated)], settings, StreamStart([0]), TrainImages(16),
+        return StreamChunks([[str(corrupt), str(good), str(truncated)]], settings, StreamStart([0]), TrainImages(16),
                             lambda texts: torch.tensor([[len(t), sum(t.encode())] for t in texts]))
 
     expected = list(itertools.takewhile(lambda chunk: chunk.position[0] < 3, itertools.chain.from_iterable(stream(0))))

@@ -292,11 +292,18 @@ def test_a_restricted_negative_run_resumes_exactly_with_its_schedule_and_queue(s
 def test_a_poly_view_run_draws_image_and_text_views(shards, tmp_path, capsys):
     from cloob_core.data.shard_files import shard_list
     from cloob_core.training.images import TrainImages
-    from cloob_core.training.streams import StreamChunks, StreamSettings, StreamStart, draw_captions, sample_captions
+    from cloob_core.training.streams import (
+        StreamChunks,
+        StreamSettings,
+        StreamStart,
+        draw_captions,
+        sample_captions,
+        stream_shards,
+    )
 
     urls, _ = shard_list(str(shards))
     settings = StreamSettings(streams=4, chunk_size=4, seed=0, shuffle_buffer=10, image_views=3, text_views=2)
-    chunks = StreamChunks(urls, settings, StreamStart([0]), TrainImages(8), lambda texts: texts)
+    chunks = StreamChunks(stream_shards(urls, 4), settings, StreamStart([0]), TrainImages(8), lambda texts: texts)
     [chunk] = next(iter(chunks))  # one item per step: the chunks of the worker's streams
     assert chunk.images.shape == (12, 3, 8, 8) and len(chunk.tokens) == 8  # sample-major: 4 samples x views
     for i in range(4):  # a sample's two text views are two phrasings of its digit

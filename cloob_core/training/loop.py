@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from cloob_core import lease, storage
-from cloob_core.config import CloobConfig, ConfigError, TrainConfig, config_from_mapping
+from cloob_core.config import CloobConfig, ConfigError, ShardSource, TrainConfig, config_from_mapping
 from cloob_core.data import caption_fit
 from cloob_core.data.shard_files import missing_shards, shard_list, shards_fingerprint
 from cloob_core.errors import StageError
@@ -55,11 +55,14 @@ from cloob_core.training.streams import (
     Assembler,
     Batch,
     Chunk,
+    Mix,
     StreamChunks,
     StreamSettings,
     StreamStart,
     UnreadableData,
+    mixed_streams,
     rank_streams,
+    stream_shards,
 )
 from cloob_core.training.worker_gate import PrefetchTuner, WorkerGate
 
@@ -163,6 +166,41 @@ def _build(config: CloobConfig, steps: int, shards: int, identity: dict[str, str
                   identity=identity)
 
 
+def _training_data(cfg: TrainConfig) -> tuple[list[tuple[str, list[str], float]], int | None]:
+    """(location, shard URLs, weight) of each source (``train.sources``, or ``train.shards`` alone), each checked
+    for shards and completeness, and the samples of them all (None when a source has no sizes.json)."""
+    given = cfg.sources or [ShardSource(shards=cfg.shards)]
+    found, total = [], 0
+    for index, source in enumerate(given):
+        where = f"train.sources[{index}] {source.shards}" if cfg.sources else f"train.shards {source.shards}"
+        try:
+            urls, samples = shard_list(source.shards)
+        except FileNotFoundError as err:
+            if not cfg.sources:
+                raise
+            raise ConfigError(f"{where}: {err}") from None
+        if samples == 0:
+            raise ConfigError(f"{where} holds no samples")
+        if not cfg.allow_incomplete_shards and (missing := missing_shards(source.shards)):
+            raise ConfigError(f"{where} is incomplete: {missing} (partitions still downloading, or a download to "
+                              "resume); finish it and run `cloob data merge-stats`, or set "
+                              "train.allow_incomplete_shards: true to train on what is there")
+        found.append((source.shards, urls, source.weight))
+        total = None if samples is None or total is None else total + samples
+    return found, total
+
+
+def _log_shares(mix: Mix, sources: list[tuple[str, list[str], float]], streams: int) -> None:
+    """The realised share of each source, and a warning where whole streams cannot come near the weights."""
+    weights = sum(weight for _, _, weight in sources)
+    log.info("train.sources: %s of every batch (of %d data streams)", ", ".join(
+        f"{name} {share:.1%}" for name, share in mix.shares.items()), streams)
+    worst = max(abs(mix.shares[name] - weight / weights) for name, _, weight in sources)
+    if worst > 0.02:
+        log.warning("train.sources: whole data streams give shares up to %.1f points from the weights; more "
+                    "train.data_streams come nearer", 100 * worst)
+
+
 def _caption_fit(config: CloobConfig, urls: list[str], env: DistEnv) -> caption_fit.CaptionFit | None:
     """How the shards' captions fit the model's context, measured by rank 0 alone (a sample read from up to 8
     shards: once per job, not once per rank) and its verdict sent to every rank, so all refuse together."""
@@ -195,11 +233,12 @@ def _resume(config: CloobConfig, output: Path, source: str | None, parts: Traina
     return state
 
 
-def _batches(config: CloobConfig, setup: _Setup, urls: list[str], state: TrainingState) -> Generator[Batch, None, None]:
+def _batches(config: CloobConfig, setup: _Setup, per_stream: list[list[str]],
+             state: TrainingState) -> Generator[Batch, None, None]:
     cfg = config.train
     owned = rank_streams(cfg.data_streams, setup.env.rank, setup.env.world_size)
     gate = _gate(cfg, setup.device)
-    dataset = StreamChunks(urls, StreamSettings.from_config(cfg), StreamStart(owned, state.step, state.positions),
+    dataset = StreamChunks(per_stream, StreamSettings.from_config(cfg), StreamStart(owned, state.step, state.positions),
                            setup.images, setup.tokenizer, gate)
     loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=cfg.workers,
                                          prefetch_factor=4 if cfg.workers else None,
@@ -406,21 +445,21 @@ def _train(config: CloobConfig, output: Path, resume: str | None, progress: bool
     cfg = config.train
     cfg.check_shape(detect().world_size)  # before the model is built and the process group starts
     storage.ensure_folder(output)
-    urls, total_samples = shard_list(cfg.shards)
-    if not cfg.allow_incomplete_shards and (missing := missing_shards(cfg.shards)):
-        raise ConfigError(f"train.shards {cfg.shards} is incomplete: {missing} (partitions still downloading, or a "
-                          "download to resume); finish it and run `cloob data merge-stats`, or set "
-                          "train.allow_incomplete_shards: true to train on what is there")
+    sources, total_samples = _training_data(cfg)
+    urls = [url for _, source_urls, _ in sources for url in source_urls]
     identity = {"data": shards_fingerprint(urls), "code": checkpoint.code_fingerprint()}
     source = auto_resume(config, output, identity, detect().is_main) if resume == "auto" else \
         resolve_resume(resume, output, cfg.checkpoint_sync)  # decided before any collective, alike on every rank
     setup = _build(config, plan_steps(config, total_samples), len(urls), identity, fresh=source is None)
     config, cfg, env = setup.config, setup.config.train, setup.env
+    mix = mixed_streams(sources, cfg.data_streams) if cfg.sources else Mix(stream_shards(urls, cfg.data_streams), {})
+    if mix.shares and env.is_main:
+        _log_shares(mix, sources, cfg.data_streams)
     fit = _caption_fit(config, urls, env)
     state = _resume(config, output, source, setup.parts, setup.steps, identity)
     start_step = state.step
     # A run resumed at its end trains no step: no data-loader workers (held by their gate, they would wait forever)
-    batches = _batches(config, setup, urls, state) if state.step < setup.steps else (batch for batch in ())
+    batches = _batches(config, setup, mix.per_stream, state) if state.step < setup.steps else (b for b in ())
     monitor = Monitor(enabled=env.is_main, total_steps=setup.steps, start_step=start_step, output=output,
                       progress=progress, tensorboard=cfg.tensorboard, metrics_port=cfg.metrics_port,
                       metrics_host=cfg.metrics_host, pushgateway=cfg.pushgateway).start()
@@ -453,6 +492,9 @@ def _train(config: CloobConfig, output: Path, resume: str | None, progress: bool
         "samples_per_second": round((setup.steps - start_step) * cfg.batch_size / max(seconds, 1e-9), 2),
         "precision": setup.step_parts.precision,
         **({"init_from": setup.identity["init_from"]} if "init_from" in setup.identity else {}),
+        **({"source_shares": mix.shares,
+            "source_samples": {name: round(share * setup.steps * cfg.batch_size) for name, share in mix.shares.items()}}
+           if mix.shares else {}),
         **({"caption_truncated_fraction": round(fit.truncated_fraction, 6),
             "caption_merged_fraction": round(fit.merged_fraction, 6)} if fit else {}),
     }

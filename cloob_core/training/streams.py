@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -69,6 +70,38 @@ def stream_shards(urls: list[str], streams: int) -> list[list[str]]:
             f"(preprocess.shard_size) or lower train.data_streams"
         )
     return [urls[v::streams] for v in range(streams)]
+
+
+@dataclass(frozen=True)
+class Mix:
+    """The data streams of a run of several sources: each stream reads one source's shards, and a source has data
+    streams in proportion to its weight, so each batch takes that share of its samples from it. ``shares``: each
+    source's realised share of every batch (its streams over all streams)."""
+
+    per_stream: list[list[str]]
+    shares: dict[str, float]
+
+
+def mixed_streams(sources: list[tuple[str, list[str], float]], streams: int) -> Mix:
+    """``streams`` data streams over ``sources`` (name, shard URLs, weight): the largest-remainder apportionment
+    of the streams to the weights, at least one each; each source's shards split over its own streams."""
+    if len(sources) > streams:
+        raise ValueError(f"{len(sources)} train.sources need at least as many data streams, not {streams}: raise "
+                         "train.data_streams")
+    total = sum(weight for _, _, weight in sources)
+    exact = [weight / total * streams for _, _, weight in sources]
+    counts = [max(1, math.floor(e)) for e in exact]
+    while sum(counts) < streams:  # the largest remainders get the streams left
+        counts[max(range(len(counts)), key=lambda i: exact[i] - counts[i])] += 1
+    while sum(counts) > streams:  # a source raised to one stream takes it from the most over-served
+        counts[max((i for i in range(len(counts)) if counts[i] > 1), key=lambda i: counts[i] - exact[i])] -= 1
+    per_stream: list[list[str]] = []
+    for (name, urls, _), given in zip(sources, counts, strict=True):
+        try:
+            per_stream += stream_shards(urls, given)
+        except ValueError as err:
+            raise ValueError(f"train.sources {name}: {err}") from None
+    return Mix(per_stream, {name: given / streams for (name, _, _), given in zip(sources, counts, strict=True)})
 
 
 def rank_streams(streams: int, rank: int, world_size: int) -> list[int]:
@@ -165,10 +198,10 @@ class StreamChunks(torch.utils.data.IterableDataset):
     """Per step, one chunk of ``settings.chunk_size`` decoded samples from each stream this rank owns (split over
     the data-loader workers)."""
 
-    def __init__(self, urls: list[str], settings: StreamSettings, start: StreamStart, images: TrainImages,
-                 tokenizer: Callable, gate: WorkerGate | None = None):
+    def __init__(self, per_stream: list[list[str]], settings: StreamSettings, start: StreamStart,
+                 images: TrainImages, tokenizer: Callable, gate: WorkerGate | None = None):
         super().__init__()
-        self.per_stream = stream_shards(urls, settings.streams)
+        self.per_stream = per_stream  # each stream's shards (stream_shards, or mixed_streams for several sources)
         self.settings, self.start = settings, start
         self.images, self.tokenizer, self.gate = images, tokenizer, gate
         self.cache = SampleCache(settings.cache_bytes)  # each data-loader worker fills its own copy
