@@ -72,6 +72,9 @@ class ObjectiveConfig(_Section):
                                             "by the raw embeddings.")
     leave_one_out: bool = Field(False, description="Poly-view objectives (but suffstats): InfoLOOB's denominator "
                                 "(positive left out, scaled by tau). Their MI bounds then no longer hold.")
+    siglip_bias_init: float = Field(-10.0, allow_inf_nan=False, description="siglip: the starting value of its "
+                                    "learnable logit bias b (paper: -10, with a learnable inverse temperature "
+                                    "starting at 10: model.inv_tau 10, model.learn_inv_tau true).")
 
     @model_validator(mode="after")
     def _band(self) -> ObjectiveConfig:

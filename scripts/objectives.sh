@@ -18,6 +18,8 @@ experiment() {  # NAME SETTING...
 }
 
 experiment clip train.objective=clip
+experiment infoloob train.objective=infoloob
+experiment siglip train.objective=siglip model.inv_tau=10 model.learn_inv_tau=true
 experiment ring train.objective=cloob_ring objective.p_in=0.02 objective.p_out=0.5 objective.anneal_steps=60
 experiment pvc train.objective=pvc_geometric train.image_views=2 train.text_views=2
 

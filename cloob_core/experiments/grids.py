@@ -26,6 +26,12 @@ GRIDS: dict[str, Grid] = {grid.name: grid for grid in (
          "without and with Hopfield retrieval",
          {name: (f"train.objective={name}",) for name in ("clip", "infoloob", "infonce_hopfield", "cloob")},
          quick=QUICK),
+    Grid("objectives", "the objective families side by side: CLOOB, InfoLOOB, CLIP's InfoNCE and SigLIP's sigmoid "
+         "loss (SigLIP as its paper trains it: a learnt 1/tau from 10 and a learnt bias from -10)",
+         {"cloob": ("train.objective=cloob",), "infoloob": ("train.objective=infoloob",),
+          "clip": ("train.objective=clip",),
+          "siglip": ("train.objective=siglip", "model.inv_tau=10", "model.learn_inv_tau=true")},
+         quick=QUICK),
     Grid("sweep", "the recipe sweep behind the pipeline's defaults: around them, the learning rate and warm-up, "
          "fixed or learnt 1/tau, beta, the length and the restarts, for CLOOB and CLIP",
          {f"{objective}-{name}": (f"train.objective={objective}", *SWEEP_CENTRE, *overrides)

@@ -296,6 +296,18 @@ def restricted_infonce_loss(
                   + restricted_terms(text_features, image_features, inv_tau, band)[0].mean())
 
 
+def siglip_loss(image_features: Tensor, text_features: Tensor, inv_tau: float | Tensor, logit_bias: float | Tensor,
+                anchors: Anchors = EVERY_ROW) -> Tensor:
+    """SigLIP's sigmoid loss (Zhai et al. 2023, Eq. 1): ``-1/|B| sum_i sum_j log sigmoid(z_ij (t x_i.y_j + b))``,
+    ``z_ij = 1`` for a pair (i = j) and -1 otherwise, ``t = inv_tau``, ``b`` the learnable bias. Every pair is a
+    binary term of its own, so the image rows of ``anchors`` against every text are a rank's whole share of the
+    sum: with ``train.local_loss`` no rank forms the N x N matrix."""
+    _check_pair(image_features, text_features, min_batch=1)
+    logits = _logits(image_features[anchors.rows], text_features, inv_tau) + logit_bias
+    signs = torch.where(_positive_mask(logits, anchors.start), 1.0, -1.0).to(logits.dtype)
+    return -F.logsigmoid(signs * logits).sum(dim=1).mean()
+
+
 class ContrastiveObjective(nn.Module):
     """Shared signature of every objective: ``(image_features, text_features, inv_tau) -> scalar loss``.
 
@@ -307,6 +319,7 @@ class ContrastiveObjective(nn.Module):
     takes_beta = False  # the Hopfield memories' inverse temperature
     takes_band = False  # the restricted-negative band and queue
     takes_leave_one_out = False
+    takes_bias = False  # SigLIP's learnable logit bias: a parameter of the objective, trained with the model
     local_loss = False  # train.local_loss: each rank computes its own rows' terms (set by the registry)
 
     def compute(
@@ -587,6 +600,33 @@ class SufficientStatisticsLoss(_PolyViewObjective):
     takes_leave_one_out = False
 
 
+class SigLipLoss(ContrastiveObjective):
+    """SigLIP (Zhai et al. 2023): the pairwise sigmoid loss, with its learnable bias ``b`` a parameter of this
+    module. The training loop gives the optimiser the objective's parameters beside the model's, averages their
+    gradients over the ranks, and a checkpoint keeps the bias (exact resume); the export records it in
+    ``model_info.json``, as a ranking does not depend on it."""
+
+    takes_bias = True
+
+    def __init__(self, bias_init: float = -10.0) -> None:
+        super().__init__()
+        self.logit_bias = nn.Parameter(torch.tensor(float(bias_init)))
+
+    def compute(self, image_features: Tensor, text_features: Tensor, inv_tau: float | Tensor,
+                anchors: Anchors = EVERY_ROW) -> Tensor:
+        return siglip_loss(image_features, text_features, inv_tau, self.logit_bias, anchors)
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        return {"logit_bias": self.logit_bias.detach().clone()}
+
+    def load_checkpoint_state(self, state: dict[str, Any]) -> None:
+        with torch.no_grad():
+            self.logit_bias.copy_(state["logit_bias"])
+
+    def extra_repr(self) -> str:
+        return f"name={self.name!r}, logit_bias={float(self.logit_bias):.4g}"
+
+
 def _name_the_classes() -> None:
     """Each class takes its registry name; the registry's poly-view flags must match the classes."""
     for name, entry in OBJECTIVES.items():
@@ -597,3 +637,4 @@ def _name_the_classes() -> None:
 
 
 _name_the_classes()
+

@@ -30,6 +30,8 @@ OBJECTIVES: dict[str, Entry] = {
     "pvc_arithmetic": Entry("ArithmeticPVCLoss", poly_view=True),
     "multicrop": Entry("MultiCropLoss", poly_view=True),
     "suffstats": Entry("SufficientStatisticsLoss", poly_view=True),
+    # the sigmoid loss (Zhai et al., SigLIP)
+    "siglip": Entry("SigLipLoss"),
 }
 OBJECTIVE_NAMES = tuple(OBJECTIVES)
 POLY_VIEW_OBJECTIVES = tuple(name for name, entry in OBJECTIVES.items() if entry.poly_view)

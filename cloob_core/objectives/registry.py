@@ -25,6 +25,8 @@ def objective_options(name: str, config: Any) -> dict[str, Any]:
     if cls.takes_band:
         options.update(p_in=o.p_in, p_out=o.p_out, anneal_steps=o.anneal_steps, anneal_inner=o.anneal_inner,
                        queue_size=o.queue_size, ranking=o.ranking)
+    if cls.takes_bias:
+        options["bias_init"] = o.siglip_bias_init
     if OBJECTIVES[name].poly_view:
         options.update(image_views=t.image_views, text_views=t.text_views)
         if cls.takes_leave_one_out:

@@ -142,7 +142,8 @@ def _build(config: CloobConfig, steps: int, shards: int, identity: dict[str, str
     lock_towers(model, cfg)  # before the optimiser: a locked tower's parameters are not among its groups
     if cfg.grad_checkpointing:
         model.encoder.set_grad_checkpointing(True)
-    optimizer = build_optimizer(model, config.optim)
+    objective = objective_from_config(config).to(device)
+    optimizer = build_optimizer(model, config.optim, objective)
     schedule = plan_schedule(config.optim, steps)
     if schedule.problem and env.is_main:
         log.warning("%s", schedule.problem)
@@ -150,7 +151,7 @@ def _build(config: CloobConfig, steps: int, shards: int, identity: dict[str, str
         log.info("schedule: %s", schedule.describe(config.optim.lr))
     parts = Trainables(model=model, optimizer=optimizer, scheduler=build_scheduler(optimizer, schedule),
                        scaler=torch.amp.GradScaler(device.type, enabled=precision == "fp16"),
-                       objective=objective_from_config(config))
+                       objective=objective)
     forward_model = across_ranks(model, env, device, sync_batchnorm=cfg.sync_batchnorm,
                                  grad_compression=cfg.grad_compression)
     if cfg.compile:
@@ -492,6 +493,7 @@ def _train(config: CloobConfig, output: Path, resume: str | None, progress: bool
         "samples_per_second": round((setup.steps - start_step) * cfg.batch_size / max(seconds, 1e-9), 2),
         "precision": setup.step_parts.precision,
         **({"init_from": setup.identity["init_from"]} if "init_from" in setup.identity else {}),
+        **({"logit_bias": setup.parts.objective.logit_bias.item()} if setup.parts.objective.takes_bias else {}),
         **({"source_shares": mix.shares,
             "source_samples": {name: round(share * setup.steps * cfg.batch_size) for name, share in mix.shares.items()}}
            if mix.shares else {}),
@@ -514,7 +516,8 @@ def _train(config: CloobConfig, output: Path, resume: str | None, progress: bool
 def _write_outputs(output: Path, model, config: CloobConfig, metrics: dict, history: list) -> None:
     export_model(model, output / "model", {"objective": config.train.objective, "beta": config.objective.beta,
                                            "steps": metrics["steps"],
-                                           **({"init_from": metrics["init_from"]} if "init_from" in metrics else {})})
+                                           **{key: metrics[key] for key in ("init_from", "logit_bias")
+                                              if key in metrics}})
     write_json(output / "metrics.json", metrics)
     write_text(output / "loss_history.csv",
                "step,loss,lr\n" + "".join(f"{s},{loss!r},{lr!r}\n" for s, loss, lr in history))

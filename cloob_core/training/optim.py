@@ -17,9 +17,11 @@ def exempt_from_weight_decay(name: str, param: nn.Parameter) -> bool:
     return param.ndim < 2 or name.endswith(".bias") or "logit_scale" in name
 
 
-def build_optimizer(model: nn.Module, config: OptimConfig) -> torch.optim.AdamW:
+def build_optimizer(model: nn.Module, config: OptimConfig, objective: nn.Module | None = None) -> torch.optim.AdamW:
+    """AdamW over the model's trainable parameters and the objective's own (SigLIP's bias), decay as exempted."""
     decayed, exempt = [], []
-    for name, param in model.named_parameters():
+    named = [*model.named_parameters(), *(objective.named_parameters() if objective is not None else ())]
+    for name, param in named:
         if param.requires_grad:
             (exempt if exempt_from_weight_decay(name, param) else decayed).append(param)
     groups = [{"params": exempt, "weight_decay": 0.0}, {"params": decayed, "weight_decay": config.weight_decay}]

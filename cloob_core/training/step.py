@@ -13,10 +13,12 @@ pass, its bucket never completes and the next step fails).
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -75,7 +77,7 @@ def accumulate_gradients(parts: StepParts, images: Tensor, tokens: Tensor) -> Te
     no_sync = getattr(model, "no_sync", None)
     for j in range(k):
         sync = contextlib.nullcontext() if (no_sync is None or j == k - 1) else no_sync()
-        with sync:
+        with sync, _own_gradient(parts.objective, j == k - 1):
             with parts.autocast():
                 image_j, text_j, inv_tau = model(image_chunks[j], token_chunks[j])
                 image_features = torch.cat([image_j if m == j else c[0] for m, c in enumerate(cached)])
@@ -85,9 +87,37 @@ def accumulate_gradients(parts: StepParts, images: Tensor, tokens: Tensor) -> Te
     return loss.detach()
 
 
+@contextlib.contextmanager
+def _own_gradient(objective: torch.nn.Module, taken: bool) -> Iterator[None]:
+    """The objective's own parameters take their gradient in one pass of the step only: each pass's loss is the
+    whole step's (the other micro-batches from the cache), as for the temperature, detached but in the last."""
+    own = [p for p in objective.parameters() if p.requires_grad]
+    if taken or not own:
+        yield
+        return
+    for p in own:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p in own:
+            p.requires_grad_(True)
+
+
+def average_objective_gradients(objective: torch.nn.Module) -> None:
+    """An objective's own parameters (SigLIP's bias) are outside DDP: their gradients are averaged over the ranks
+    here, as DDP averages the model's (each rank's is its share of the loss under train.local_loss)."""
+    grads = [p.grad for p in objective.parameters() if p.grad is not None]
+    if grads and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        for grad in grads:
+            dist.all_reduce(grad)
+            grad.div_(dist.get_world_size())
+
+
 def optimizer_step(parts: StepParts, measure_norm: bool = False) -> Tensor | None:
     """Unscale, clip, step, zero. Returns the gradient norm when clipping or asked (a tensor: no sync)."""
     norm = None
+    average_objective_gradients(parts.objective)
     if parts.grad_clip_norm is not None or measure_norm:
         parts.scaler.unscale_(parts.optimizer)
         params = [p for group in parts.optimizer.param_groups for p in group["params"] if p.grad is not None]
