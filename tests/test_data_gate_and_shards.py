@@ -130,7 +130,7 @@ def test_manifest_of_paths_cannot_escape_its_folder(tmp_path):
     source.mkdir()
     (source / "ok.jpg").write_bytes(photo_bytes(1))
     (tmp_path / "secret.jpg").write_bytes(photo_bytes(2))
-    manifest = tmp_path / "m.csv"
+    manifest = source / "m.csv"  # its relative paths are read from its own folder
     manifest.write_text("url,caption\nok.jpg,fine\n../secret.jpg,escape\n/etc/hostname,absolute\nmissing.jpg,x\n")
     summary = build_shards(str(source), str(tmp_path / "out"),
                            load_config(overrides=["validation.min_success_ratio=0"]), manifest=str(manifest),

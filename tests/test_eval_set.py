@@ -11,8 +11,8 @@ from image_server import image_folder, photo_bytes
 from PIL import Image
 
 from cloob_core.cli import main
-from cloob_core.config import ConfigError
 from cloob_core.data.eval_set import build_eval_set
+from cloob_core.data.manifest import ManifestError
 
 CLASSES = ("cat", "dog", "sea_lion")
 
@@ -94,7 +94,7 @@ def test_a_labelled_manifest_with_splits(tmp_path):
 
 def test_a_manifest_row_outside_its_folder_is_refused(tmp_path):
     (tmp_path / "labels.csv").write_text("image,label\n../../etc/passwd,cat\n")
-    with pytest.raises(ConfigError, match="needs an image inside"):
+    with pytest.raises(ManifestError, match=r"row 1, column 'image': '\.\./\.\./etc/passwd' is outside"):
         build_eval_set(str(tmp_path / "labels.csv"), str(tmp_path / "wds"))
 
 

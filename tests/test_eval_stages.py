@@ -156,7 +156,7 @@ def test_tasks_say_what_the_data_lacks(trained, tmp_path, capsys):
     (root / "a").mkdir(parents=True)
     (root / "a" / "0.jpg").write_bytes(photo_bytes(0))
     assert run("zeroshot", "--model", str(trained), "--data", str(root), "--output", str(tmp_path / "o")) == 2
-    assert "prompt templates" in capsys.readouterr().err
+    assert "has 1 class name(s): zero-shot classification ranks at least two" in capsys.readouterr().err
     assert run("zeroshot", "--data", str(root), "--output", str(tmp_path / "o")) == 2
     assert "give --model" in capsys.readouterr().err
 
