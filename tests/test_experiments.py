@@ -20,7 +20,7 @@ def test_the_ablation_grid_is_the_papers_four_objectives_and_nothing_else_differ
     cells = GRIDS["ablation"].cells
     assert list(cells) == ["clip", "infoloob", "infonce_hopfield", "cloob"]
     assert all(overrides == (f"train.objective={name}",) for name, overrides in cells.items())
-    with pytest.raises(ConfigError, match="no grid 'ablations'; there are ablation, sweep"):
+    with pytest.raises(ConfigError, match="no grid 'ablations'; there are ablation, objectives, sweep"):
         grid_named("ablations")
 
 

@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 
 from cloob_core.config import ModelConfig
-from cloob_core.evaluation.inputs import load_model
+from cloob_core.evaluation.inputs import ModelSource, load_model
 from cloob_core.model.dual_encoder import build_model
 from cloob_core.model.export import export_model
 from cloob_core.model.files import CONFIG_FILE, INFO_FILE, STATE_FILE
@@ -65,7 +65,7 @@ def plain_open_clip(name: str, image: Path, env: dict[str, str] | None = None) -
 
 
 def assert_same_as_our_evaluation(plain: dict, folder: Path, image: Path) -> None:
-    ours = load_model(model=str(folder))
+    ours = load_model(ModelSource(model=str(folder)))
     assert not plain["ours"], f"plain open_clip imported {plain['ours']}"
     pixels = ours.transform(Image.open(image))[None]
     torch.testing.assert_close(torch.tensor(plain["pixels"]), pixels)
@@ -113,13 +113,13 @@ def test_a_folder_in_the_earlier_layout_still_loads(exported, tmp_path):
     folder, image = exported
     earlier = tmp_path / "earlier"
     earlier.mkdir()
-    state = load_model(model=str(folder)).model.state_dict()
+    state = load_model(ModelSource(model=str(folder))).model.state_dict()
     torch.save(state, earlier / "open_clip_model.pt")
     (earlier / "cloob-tiny.json").write_text(json.dumps(open_clip.get_model_config("cloob-tiny")))
     info = json.loads((folder / INFO_FILE).read_text())
     (earlier / INFO_FILE).write_text(json.dumps({**info, "open_clip_config": "cloob-tiny.json",
                                                  "state_dict": "open_clip_model.pt", "tokenizer": "cloob-tiny"}))
-    now, then = load_model(model=str(folder)), load_model(model=str(earlier))
+    now, then = load_model(ModelSource(model=str(folder))), load_model(ModelSource(model=str(earlier)))
     pixels = now.transform(Image.open(image))[None]
     torch.testing.assert_close(then.encode_images(then.transform(Image.open(image))[None]), now.encode_images(pixels))
     assert then.tokenizer(CAPTIONS).tolist() == now.tokenizer(CAPTIONS).tolist()

@@ -7,7 +7,7 @@ import pytest
 
 from cloob_core.config import load_config
 from cloob_core.evaluation.features import Encoding
-from cloob_core.evaluation.inputs import load_images, load_model
+from cloob_core.evaluation.inputs import ModelSource, load_images, load_model
 from cloob_core.evaluation.tasks.diagnostics import diagnostics
 from cloob_core.evaluation.trajectory import (
     TrajectoryPoint,
@@ -39,7 +39,7 @@ def test_each_checkpoint_is_evaluated_and_the_last_equals_the_exported_model(run
         assert 1 <= point.metrics["effective_eigenvalues_image"] <= dimension
         assert 0 < point.metrics["positive_probability_p1"] < 1
     assert points[0].metrics != points[-1].metrics  # the weights moved between checkpoints
-    exported = diagnostics(load_model(str(run / "model")), images, tmp_path, encoding)
+    exported = diagnostics(load_model(ModelSource(model=str(run / "model"))), images, tmp_path, encoding)
     for key in ("effective_eigenvalues_image", "effective_eigenvalues_text", "ajne_image",
                 "positive_probability_p1"):
         assert points[-1].metrics[key] == pytest.approx(exported[key], rel=1e-5), key

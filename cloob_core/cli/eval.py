@@ -34,7 +34,8 @@ def _task(args: argparse.Namespace) -> int:
     options = EvalOptions(classnames=args.classnames, label_key=args.label_key, progress=not args.no_progress,
                           csv_columns=(args.url_col, args.caption_col),
                           cache=None if args.no_cache else Path(args.cache or output / FEATURE_CACHE))
-    result = evaluate(task, ModelSource(args.model, args.architecture, args.weights, args.device), output, options)
+    source = ModelSource(args.model, args.architecture, args.weights, args.device, args.checkpoint)
+    result = evaluate(task, source, output, options)
     for line in result.lines:
         print(line)
     print(f"wrote results, plots and report.md to {output}")
@@ -61,7 +62,7 @@ def _suite(args: argparse.Namespace) -> int:
     from cloob_core.evaluation.run import ModelSource
     from cloob_core.evaluation.suite import evaluate_suite
 
-    model = ModelSource(args.model, args.architecture, args.weights, args.device)
+    model = ModelSource(args.model, args.architecture, args.weights, args.device, args.checkpoint)
     results = evaluate_suite(config_of(args).eval, model, args.output, datasets=args.dataset, tasks=args.task,
                              cache=Path(args.cache) if args.cache else None, progress=not args.no_progress)
     for result in results:
@@ -147,6 +148,8 @@ def _add_model_source(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", metavar="DIR", help="`cloob train` model folder (OUTPUT/model), local or s3://")
     parser.add_argument("--architecture", help="open_clip config name (with --weights instead of --model)")
     parser.add_argument("--weights", metavar="FILE", help="state-dict file for --architecture")
+    parser.add_argument("--checkpoint", metavar="FILE", help="a `cloob train` checkpoint (OUTPUT/checkpoints/"
+                        "step-N.pt, local or s3://): the model as it was at that step")
 
 
 def _add_task_options(parser: argparse.ArgumentParser) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from cloob_core.evaluation.inputs import load_model
+from cloob_core.evaluation.inputs import ModelSource, load_model
 
 MODEL_TYPE = "cloob"
 
@@ -25,7 +25,7 @@ MODEL_TYPE = "cloob"
 def load_cloob(model_name: str, pretrained: str, cache_dir: str | None = None,
                device: Any = "cpu") -> tuple[Any, Any, Any]:
     """CLIP_benchmark's loader signature: ``(model, transform, tokenizer)`` for an export folder."""
-    loaded = load_model(model=pretrained, device=str(device))
+    loaded = load_model(ModelSource(model=pretrained, device=str(device)))
     if model_name and model_name != loaded.architecture:
         raise ValueError(f"{pretrained} holds a {loaded.architecture} model, not {model_name}")
     return loaded.model, loaded.transform, loaded.tokenizer

@@ -24,7 +24,7 @@ from cloob_core import publish, storage
 from cloob_core.config import PACKAGED_SETS, PACKAGED_SOURCES, ConfigError
 from cloob_core.data.manifest import table_file
 from cloob_core.evaluation.class_sets import packaged_class_set, packaged_class_sets
-from cloob_core.io import file_digest
+from cloob_core.io import UnreadableFile, file_digest
 from cloob_core.model.dual_encoder import register_project_configs, without_random_init_warning
 from cloob_core.model.export import load_exported, load_weights, read_state_dict
 from cloob_core.model.files import INFO_FILE
@@ -60,35 +60,68 @@ def _local_copy(location: str, scratch: Path) -> Path:
     return scratch
 
 
-def load_model(model: str | None = None, architecture: str | None = None, weights: str | None = None,
-               device: str = "cpu") -> EvalModel:
-    """``model``: a `cloob train` export (local or s3://). Or ``architecture`` + ``weights``: an open_clip config
-    name and a state-dict file (read with weights_only=True)."""
+@dataclass(frozen=True)
+class ModelSource:
+    """A `cloob train` export (``model``, local or s3://), a `cloob train` checkpoint (``checkpoint``: the model as
+    it was at that step), or an open_clip ``architecture`` with ``weights``."""
+
+    model: str | None = None
+    architecture: str | None = None
+    weights: str | None = None
+    device: str = "cpu"
+    checkpoint: str | None = None
+
+
+def load_model(source: ModelSource) -> EvalModel:
+    """The model ``source`` names, ready to embed (state dicts read with weights_only=True)."""
     register_project_configs()
-    torch_device = device_named(device)
+    torch_device = device_named(source.device)
     plan_threads(device_type=torch_device.type).apply()  # no workers: every usable core to torch
+    architecture = source.architecture
     if architecture and architecture not in open_clip.list_models():
         raise ConfigError(f"unknown architecture {architecture!r}: not one of open_clip's configurations or ours "
                           "(cloob_core/model/configs)")
-    if model:
+    if source.model:
         with tempfile.TemporaryDirectory() as scratch:
-            folder = _local_copy(model, Path(scratch))
+            folder = _local_copy(source.model, Path(scratch))
             if not (folder / INFO_FILE).exists():
-                raise FileNotFoundError(f"{model} is not a `cloob train` model folder (no {INFO_FILE})")
+                raise FileNotFoundError(f"{source.model} is not a `cloob train` model folder (no {INFO_FILE})")
             exported = load_exported(folder)  # its tokenizer is read now: the folder may be a scratch copy
             fingerprint = file_digest(exported.weights)[:16]
         net, tokenizer, info = exported.model, exported.tokenizer, exported.info
-        architecture, inv_tau, source = info["architecture"], float(info["inv_tau"]), model
-    elif architecture and weights:
+        architecture, inv_tau, name = info["architecture"], float(info["inv_tau"]), source.model
+    elif source.checkpoint:
+        return model_from_checkpoint(source.checkpoint, source.device)[0]
+    elif architecture and source.weights:
         with without_random_init_warning():  # the weights are loaded next
             net = open_clip.create_model(architecture, pretrained=None)
-        load_weights(net, read_state_dict(weights), weights)
+        load_weights(net, read_state_dict(source.weights), source.weights)
         tokenizer = open_clip.get_tokenizer(architecture)
-        fingerprint, source = file_digest(weights)[:16], weights
+        fingerprint, name = file_digest(source.weights)[:16], source.weights
         inv_tau = float(net.logit_scale.detach().exp())
     else:
-        raise ValueError("give --model (a `cloob train` export) or --architecture with --weights")
-    return eval_model(net, tokenizer, architecture, source, fingerprint, inv_tau, torch_device)
+        raise ValueError("give --model (a `cloob train` export), --checkpoint (one of its checkpoints) or "
+                         "--architecture with --weights")
+    return eval_model(net, tokenizer, architecture, name, fingerprint, inv_tau, torch_device)
+
+
+def model_from_checkpoint(location: str, device: str = "cpu") -> tuple[EvalModel, int]:
+    """The model of a `cloob train` checkpoint (local or s3://; its checksum verified, read with weights_only) and
+    its step: a run as it was at that checkpoint."""
+    from cloob_core.training.checkpoint import CHECKSUM_SUFFIX, load
+
+    register_project_configs()
+    saved = load(location)
+    try:
+        architecture, step, state = saved["config"]["model"]["architecture"], int(saved["step"]), saved["model"]
+    except (KeyError, TypeError, ValueError):
+        raise UnreadableFile(f"{location} is not a `cloob train` checkpoint (no config, step or model)") from None
+    with without_random_init_warning():  # the checkpoint's weights are loaded next
+        net = open_clip.create_model(architecture, pretrained=None)
+    load_weights(net, {key.removeprefix("encoder."): value for key, value in state.items()}, location)
+    fingerprint = storage.read_bytes(location + CHECKSUM_SUFFIX).decode().strip()[:16]
+    return eval_model(net, open_clip.get_tokenizer(architecture), architecture, location, fingerprint,
+                      float(net.logit_scale.detach().exp()), device_named(device)), step
 
 
 def eval_model(net: open_clip.CLIP, tokenizer: Callable[[Sequence[str]], Tensor], architecture: str, source: str,

@@ -7,11 +7,10 @@ image sets it names, so the CLI and the Kubeflow step share everything but the p
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from cloob_core import lease, publish, storage
-from cloob_core.evaluation.inputs import load_model
+from cloob_core.evaluation.inputs import ModelSource, load_model
 from cloob_core.evaluation.tasks.common import EvalOptions, EvalResult
 from cloob_core.evaluation.tasks.diagnostics import DiagnosticsTask
 from cloob_core.evaluation.tasks.linear_probe import LinearProbeTask
@@ -19,16 +18,6 @@ from cloob_core.evaluation.tasks.retrieval import RetrievalTask
 from cloob_core.evaluation.tasks.zeroshot import ZeroShotTask
 
 FEATURE_CACHE = ".cache"  # a task's default feature cache inside its output folder (not part of its results)
-
-
-@dataclass(frozen=True)
-class ModelSource:
-    """A `cloob train` export (``model``, local or s3://), or an open_clip ``architecture`` with ``weights``."""
-
-    model: str | None = None
-    architecture: str | None = None
-    weights: str | None = None
-    device: str = "cpu"
 
 
 EvalTask = ZeroShotTask | LinearProbeTask | RetrievalTask | DiagnosticsTask
@@ -41,7 +30,7 @@ def evaluate(task: EvalTask, source: ModelSource, output: str | Path,
              options: EvalOptions | None = None) -> EvalResult:
     """Load the model, run ``task``, write its results (CLIP_benchmark JSON, metrics.json, plots, report.md)."""
     storage.ensure_folder(output)
-    model = load_model(source.model, source.architecture, source.weights, source.device)
+    model = load_model(source)
     with publish.staged(output, keep=True, outside=(FEATURE_CACHE,)) as staging:  # added to the folder's results
         result = task.run(model, options or EvalOptions(), staging)
     result.output = Path(output)

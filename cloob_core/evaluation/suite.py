@@ -191,7 +191,7 @@ def evaluate_suite(settings: EvalConfig, model: ModelSource, output: str | Path,
     plan = plan_suite(settings, datasets, tasks)
     fingerprints = {name: dataset_fingerprint(settings.datasets[name]) for name in plan}  # the data as evaluated
     with lease.writing(output):  # after the checks: a refused suite creates no folder
-        loaded = load_model(model.model, model.architecture, model.weights, model.device)
+        loaded = load_model(model)
         results = []
         with scratch.folder("cloob-features") as features:
             for name, chosen in plan.items():
@@ -224,7 +224,7 @@ def prepare_features(settings: EvalConfig, name: str, model: ModelSource, output
     needed = [splits.test] + ([splits.train, *([splits.val] if splits.val else [])] if "linear-probe" in tasks
                               else [])
     storage.ensure_folder(output)
-    loaded = load_model(model.model, model.architecture, model.weights, model.device)
+    loaded = load_model(model)
     options = _options(settings, name, Path(output), progress)
     for split in dict.fromkeys(needed):
         image_features(loaded, options.images(settings.datasets[name].source, split), options.encoding)

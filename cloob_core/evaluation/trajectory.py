@@ -9,33 +9,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import open_clip
-
 from cloob_core import lease, storage
 from cloob_core.evaluation.features import Encoding
-from cloob_core.evaluation.inputs import EvalModel, ImageSet, device_named, eval_model, load_images
+from cloob_core.evaluation.inputs import ImageSet, load_images, model_from_checkpoint
 from cloob_core.evaluation.tasks.diagnostics import embedding_diagnostics, matched_features
-from cloob_core.io import UnreadableFile, write_json
-from cloob_core.model.dual_encoder import register_project_configs, without_random_init_warning
-from cloob_core.model.export import load_weights
-from cloob_core.training.checkpoint import CHECKSUM_SUFFIX, complete, load
-
-
-def model_from_checkpoint(location: str, device: str = "cpu") -> tuple[EvalModel, int]:
-    """The model of a `cloob train` checkpoint (local or s3://; its checksum verified, read with weights_only) and
-    its step: how the training trajectory evaluates a run as it was at each checkpoint."""
-    register_project_configs()
-    saved = load(location)
-    try:
-        architecture, step, state = saved["config"]["model"]["architecture"], int(saved["step"]), saved["model"]
-    except (KeyError, TypeError, ValueError):
-        raise UnreadableFile(f"{location} is not a `cloob train` checkpoint (no config, step or model)") from None
-    with without_random_init_warning():  # the checkpoint's weights are loaded next
-        net = open_clip.create_model(architecture, pretrained=None)
-    load_weights(net, {key.removeprefix("encoder."): value for key, value in state.items()}, location)
-    fingerprint = storage.read_bytes(location + CHECKSUM_SUFFIX).decode().strip()[:16]
-    return eval_model(net, open_clip.get_tokenizer(architecture), architecture, location, fingerprint,
-                      float(net.logit_scale.detach().exp()), device_named(device)), step
+from cloob_core.io import write_json
+from cloob_core.training.checkpoint import complete
 
 
 @dataclass(frozen=True)

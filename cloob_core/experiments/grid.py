@@ -27,11 +27,11 @@ from cloob_core import lease, storage
 from cloob_core.config import CloobConfig, ConfigError, config_from_mapping
 from cloob_core.data.shard_files import shard_list
 from cloob_core.evaluation.features import Encoding, image_features
-from cloob_core.evaluation.inputs import EvalModel, ImageSet, load_images
+from cloob_core.evaluation.inputs import EvalModel, ImageSet, load_images, model_from_checkpoint
 from cloob_core.evaluation.tasks.diagnostics import embedding_diagnostics
 from cloob_core.evaluation.tasks.retrieval import caption_pairs, retrieval_metrics
 from cloob_core.evaluation.tasks.zeroshot import class_embeddings, classification_metrics
-from cloob_core.evaluation.trajectory import model_from_checkpoint, run_checkpoints
+from cloob_core.evaluation.trajectory import run_checkpoints
 from cloob_core.experiments.grid_report import GridReport, grid_report
 from cloob_core.experiments.grids import Grid, grid_named
 from cloob_core.io import write_json
