@@ -348,6 +348,12 @@ class TrainConfig(_Section):
         "one without), fp32 on the CPU (where bf16 runs too, but slower).")
     grad_clip_norm: float | None = Field(None, gt=0, description="Clip the global gradient norm to this (null: off).")
     grad_checkpointing: bool = Field(False, description="Recompute activations in backward (saves memory).")
+    eval_every: int = Field(0, ge=0, description="Evaluate every N steps (a multiple of checkpoint_every; 0: "
+                            "never) on train.eval_datasets, by `cloob eval suite` in a process of its own: records in "
+                            "OUTPUT/evals/step-N, scalars in TensorBoard, Prometheus and OUTPUT/eval_history.csv. The "
+                            "run's weights are the same with or without it.")
+    eval_datasets: list[str] = Field(default_factory=list, description="Names of eval.datasets that train.eval_every "
+                                     "evaluates.")
     init_from: str | None = Field(None, description="Start from these weights, not random ones: a model folder "
                                   "(our export or an open_clip local-dir: one; local or s3://), local-dir:PATH, "
                                   "hf-hub:ORG/NAME (from the Hugging Face cache, offline), an open_clip checkpoint "
@@ -614,6 +620,22 @@ class CloobConfig(_Section):
         if views != (1, 1) and self.train.objective not in POLY_VIEW_OBJECTIVES:
             raise ValueError(f"train.image_views / text_views {views} need a poly-view objective "
                              f"({', '.join(POLY_VIEW_OBJECTIVES)}), not {self.train.objective!r}")
+        return self
+
+    @model_validator(mode="after")
+    def _evaluation_while_training_names_the_suites_sets(self) -> CloobConfig:
+        train = self.train
+        if not train.eval_every:
+            return self
+        if not train.eval_datasets:
+            raise ValueError("train.eval_every needs train.eval_datasets: names of the eval.datasets to evaluate")
+        unknown_sets = [name for name in train.eval_datasets if name not in self.eval.datasets]
+        if unknown_sets:
+            raise ValueError(f"train.eval_datasets {unknown_sets} are not in eval.datasets "
+                             f"({', '.join(self.eval.datasets)})")
+        if train.eval_every % train.checkpoint_every:
+            raise ValueError(f"train.eval_every {train.eval_every} must be a multiple of train.checkpoint_every "
+                             f"{train.checkpoint_every}: a step evaluated is one with a checkpoint")
         return self
 
     @model_validator(mode="after")

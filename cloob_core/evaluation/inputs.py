@@ -108,7 +108,7 @@ def load_model(source: ModelSource) -> EvalModel:
 def model_from_checkpoint(location: str, device: str = "cpu") -> tuple[EvalModel, int]:
     """The model of a `cloob train` checkpoint (local or s3://; its checksum verified, read with weights_only) and
     its step: a run as it was at that checkpoint."""
-    from cloob_core.training.checkpoint import CHECKSUM_SUFFIX, load
+    from cloob_core.training.checkpoint_file import CHECKSUM_SUFFIX, load
 
     register_project_configs()
     saved = load(location)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import io
 import logging
 import random
 import re
@@ -25,8 +24,8 @@ import torch
 
 from cloob_core import storage
 from cloob_core.config import ConfigError
-from cloob_core.errors import StageError
-from cloob_core.io import UnreadableFile, read_torch, remove_temporaries, write_text, write_torch
+from cloob_core.io import remove_temporaries, write_text, write_torch
+from cloob_core.training.checkpoint_file import CHECKSUM_SUFFIX, sha256_hex
 from cloob_core.training.streams import Position, carry_positions
 
 log = logging.getLogger(__name__)
@@ -43,7 +42,7 @@ MAY_CHANGE_ON_RESUME = frozenset({
     "train.local_loss", "train.grad_checkpointing", "train.grad_compression", "train.compile",
     "train.sync_batchnorm", "train.device", "train.checkpoint_every", "train.keep_checkpoints",
     "train.checkpoint_sync", "train.log_every", "train.tensorboard", "train.metrics_port", "train.metrics_host",
-    "train.pushgateway"})
+    "train.pushgateway", "train.eval_every", "train.eval_datasets"})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -132,24 +131,13 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(cuda)  # this rank's device
 
 
-class CheckpointError(StageError):
-    """A checkpoint that cannot be resumed from: incomplete, corrupt, or not a checkpoint of ours."""
-
-
-CHECKSUM_SUFFIX = ".sha256"
-
-
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def save(state: dict[str, Any], folder: Path, step: int, keep: int) -> Path:
     """Write the checkpoint and, before it takes its name, its SHA-256 beside it (``step-N.pt.sha256``): a
     checkpoint without a checksum was not completely written, and one whose bytes differ is corrupt."""
     path = folder / checkpoint_name(step)
     checksum = folder / (path.name + CHECKSUM_SUFFIX)
     remove_temporaries(folder, lambda name: name.startswith("step-"))  # writes killed mid-way (this run's folder)
-    write_torch(path, state, before_publish=lambda tmp: write_text(checksum, _sha256(tmp.read_bytes()) + "\n"))
+    write_torch(path, state, before_publish=lambda tmp: write_text(checksum, sha256_hex(tmp.read_bytes()) + "\n"))
     _retain(str(folder), keep)
     return path
 
@@ -243,26 +231,6 @@ def latest(location: str) -> str | None:
     """The newest complete checkpoint (with its checksum) in a local folder or under an ``s3://`` prefix."""
     done = complete(location)
     return storage.join(location, done[-1]) if done else None
-
-
-def load(location: str) -> dict[str, Any]:
-    """A checkpoint whose bytes match its checksum, read as data (``weights_only``: no code runs)."""
-    try:
-        data = storage.read_bytes(location)
-    except FileNotFoundError:
-        raise CheckpointError(f"checkpoint {location} does not exist") from None
-    try:
-        expected = storage.read_bytes(str(location) + CHECKSUM_SUFFIX).decode().strip()
-    except FileNotFoundError:
-        raise CheckpointError(f"checkpoint {location} has no {CHECKSUM_SUFFIX} file beside it: it was not written "
-                              "completely (or by a version before checksums); resume from another") from None
-    if _sha256(data) != expected:
-        raise CheckpointError(f"checkpoint {location} is corrupt: its SHA-256 differs from the one recorded when it "
-                              "was written; resume from an earlier one") from None
-    try:
-        return read_torch(io.BytesIO(data), f"checkpoint {location}")
-    except UnreadableFile as err:
-        raise CheckpointError(str(err)) from None
 
 
 @functools.lru_cache(maxsize=1)

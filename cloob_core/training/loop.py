@@ -39,6 +39,7 @@ from cloob_core.threads import core_share, plan_threads
 from cloob_core.training import checkpoint
 from cloob_core.training.checkpoint import Trainables, TrainingState
 from cloob_core.training.env import DistEnv, across_ranks, choose_device, detect, init_process_group
+from cloob_core.training.evaluator import Evaluator
 from cloob_core.training.images import Normalize, TrainImages
 from cloob_core.training.monitor import Monitor, Snapshot
 from cloob_core.training.optim import build_optimizer, build_scheduler, plan_schedule
@@ -345,7 +346,7 @@ def _save_checkpoint(config: CloobConfig, setup: _Setup, output: Path, state: Tr
 
 
 def _run_steps(config: CloobConfig, setup: _Setup, batches: Iterator[Batch], state: TrainingState,
-               monitor: Monitor, output: Path, stop: _StopSignal) -> float:
+               monitor: Monitor, output: Path, stop: _StopSignal, evaluator: Evaluator) -> float:
     """Train from ``state.step`` to the end, checkpointing on the way; the last logged loss."""
     cfg, parts, device = config.train, setup.parts, setup.device
     window = _Window(device)
@@ -392,6 +393,9 @@ def _run_steps(config: CloobConfig, setup: _Setup, batches: Iterator[Batch], sta
             state.open_window = _open(window)
             _save_checkpoint(config, setup, output, state)
             monitor.checkpointed()
+            if evaluator.due(state.step):
+                evaluator.submit(parts.model, state.step)
+        evaluator.poll(monitor)
     return last_loss
 
 
@@ -468,11 +472,14 @@ def _train(config: CloobConfig, output: Path, resume: str | None, progress: bool
         log.info("training %s with %s: %d steps of %d pairs (%d rank(s), %s, %d data streams) from %s",
                  config.model.architecture, setup.parts.objective.name, setup.steps, cfg.batch_size,
                  env.world_size, setup.device, cfg.data_streams, cfg.shards)
+    evaluator = Evaluator(config, output, enabled=env.is_main and cfg.eval_every > 0)
     started = time.perf_counter()
     try:
         with _StopSignal() as stop:
-            last_loss = _run_steps(config, setup, batches, state, monitor, output, stop)
+            last_loss = _run_steps(config, setup, batches, state, monitor, output, stop, evaluator)
+        evaluator.finish(monitor)  # the last evaluation's scalars belong to this run
     except BaseException:
+        evaluator.stop()
         if setup.mirror is not None:  # the uploads begun go on to their end; the run's own error is the one raised
             setup.mirror.finish(raise_failure=False)
         raise

@@ -76,6 +76,9 @@ class Monitor:
             "checkpoint": Gauge("cloob_train_last_checkpoint_timestamp_seconds", "Unix time of the last checkpoint",
                                 registry=registry),
             "progress": Gauge("cloob_train_progress_ratio", "Steps done / steps planned", registry=registry),
+            "eval": Gauge("cloob_train_eval", "Evaluation while training: a metric of the step last evaluated",
+                          ["metric"], registry=registry),
+            "eval_step": Gauge("cloob_train_eval_step", "The step last evaluated while training", registry=registry),
         }
         if self.metrics_port:
             self._server, _thread = start_http_server(self.metrics_port, addr=self.metrics_host, registry=registry)
@@ -110,6 +113,18 @@ class Monitor:
             m["lr"].set(snap.lr)
             m["rate"].set(snap.samples_per_second)
             m["progress"].set(snap.step / max(snap.total_steps, 1))
+
+    def evaluated(self, step: int, scalars: dict[str, float]) -> None:
+        """An evaluation while training finished: its scalars at the step it evaluated."""
+        if self._writer is not None:
+            for name, value in scalars.items():
+                self._writer.add_scalar(f"eval/{name}", value, step)
+            self._writer.flush()
+        if self._metrics:
+            for name, value in scalars.items():
+                self._metrics["eval"].labels(metric=name).set(value)
+            self._metrics["eval_step"].set(step)
+            self.push()
 
     def checkpointed(self) -> None:
         if self._metrics:

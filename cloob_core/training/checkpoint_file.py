@@ -1,0 +1,44 @@
+"""Reading one checkpoint file: its checksum checked, its contents read as data. Apart from the rest of
+:mod:`cloob_core.training.checkpoint` so that evaluating a checkpoint (``cloob eval --checkpoint``) needs none of the
+training loop's code."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from typing import Any
+
+from cloob_core import storage
+from cloob_core.errors import StageError
+from cloob_core.io import UnreadableFile, read_torch
+
+
+class CheckpointError(StageError):
+    """A checkpoint that cannot be resumed from: incomplete, corrupt, or not a checkpoint of ours."""
+
+
+CHECKSUM_SUFFIX = ".sha256"
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def load(location: str) -> dict[str, Any]:
+    """A checkpoint whose bytes match its checksum, read as data (``weights_only``: no code runs)."""
+    try:
+        data = storage.read_bytes(location)
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {location} does not exist") from None
+    try:
+        expected = storage.read_bytes(str(location) + CHECKSUM_SUFFIX).decode().strip()
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {location} has no {CHECKSUM_SUFFIX} file beside it: it was not written "
+                              "completely (or by a version before checksums); resume from another") from None
+    if sha256_hex(data) != expected:
+        raise CheckpointError(f"checkpoint {location} is corrupt: its SHA-256 differs from the one recorded when it "
+                              "was written; resume from an earlier one") from None
+    try:
+        return read_torch(io.BytesIO(data), f"checkpoint {location}")
+    except UnreadableFile as err:
+        raise CheckpointError(str(err)) from None
