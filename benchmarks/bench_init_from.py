@@ -45,13 +45,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--every", type=int, default=30)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--architecture", default="cloob-tiny")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-init-") as scratch:
         root = Path(scratch)
         cloob("data", "shards", "--source", "captioned", "--output", str(root / "shards"), "--no-progress")
         old, new = str(root / "shards" / "{00000..00003}.tar"), str(root / "shards" / "{00004..00007}.tar")
         common = ["--steps", str(args.steps), "--checkpoint-every", str(args.every), "--no-progress",
-                  "--no-tensorboard", "--set", "optim.warmup_steps=30"]
+                  "--no-tensorboard", "--set", "optim.warmup_steps=30", "--architecture", args.architecture]
         cloob("train", "--shards", old, "--output", str(root / "existing"), *common)
         rows = []
         for seed in args.seeds:
@@ -66,7 +67,8 @@ def main() -> None:
                          first_reaching(continued_curve, target)))
             print(f"seed {seed}: from scratch   {' '.join(f'{s}:{v:.3f}' for s, v in scratch_curve)}")
             print(f"seed {seed}: continued      {' '.join(f'{s}:{v:.3f}' for s, v in continued_curve)}")
-    print(f"\n{args.steps} steps on the new half of the captioned set (4 of 8 shards), mean R@5 on its test split")
+    print(f"\n{args.architecture}, {args.steps} steps on the new half of the captioned set (4 of 8 shards), mean R@5 "
+          "on its test split")
     print(f"{'seed':>4}  {'scratch final':>13}  {'scratch reaches it at':>21}  {'continued final':>15}  "
           f"{'continued reaches it at':>23}  {'steps ratio':>11}")
     for seed, target, scratch_at, final, continued_at in rows:
