@@ -138,3 +138,20 @@ def test_a_resumed_run_does_not_read_init_from_again(source, mnist_train_shards,
     resumed = load_file(output / "model" / "open_clip_model.safetensors")
     assert all(torch.equal(resumed[key], finished[key]) for key in finished)
     assert json.loads((output / "model" / "model_info.json").read_text())["init_from"] == recorded
+
+
+def test_the_kubeflow_training_step_starts_from_production_in_the_store(source, mnist_train_shards, s3_bucket,
+                                                                         tmp_path):
+    """A scheduled retraining's step: the run parameters say train.init_from production, the step reads the
+    store's pointer on S3 and continues from that model."""
+    from cloob_core.ops import kubeflow
+
+    store = f"s3://{s3_bucket}/store"
+    storage.upload_tree(source, f"{store}/models/prod")
+    storage.write_bytes(f"{store}/production.json", json.dumps({"model": f"{store}/models/prod"}).encode())
+    params = {"train": {"init_from": "production", "steps": 2, "batch_size": 32, "workers": 0, "data_streams": 4,
+                        "tensorboard": False}, "promote": {"store": store}}
+    facts = kubeflow.train(params, str(mnist_train_shards), str(tmp_path / "out"))
+    info = json.loads((tmp_path / "out" / "model" / "model_info.json").read_text())
+    digest = hashlib.sha256((source / "open_clip_model.safetensors").read_bytes()).hexdigest()
+    assert info["init_from"] == f"production (sha256 {digest})" and facts
