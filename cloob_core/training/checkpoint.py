@@ -26,6 +26,8 @@ from cloob_core import storage
 from cloob_core.config import ConfigError
 from cloob_core.io import remove_temporaries, write_text, write_torch
 from cloob_core.training.checkpoint_file import CHECKSUM_SUFFIX, sha256_hex
+from cloob_core.training.checkpoint_file import CheckpointError as CheckpointError  # re-exported, as is load
+from cloob_core.training.checkpoint_file import load as load
 from cloob_core.training.streams import Position, carry_positions
 
 log = logging.getLogger(__name__)
