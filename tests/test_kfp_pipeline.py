@@ -161,7 +161,7 @@ def test_kfp_local_runs_the_whole_pipeline_on_the_packaged_default(tmp_path, s3_
     (trained,) = (tmp_path / "root").glob("*/train/executor_output.json")
     shards = json.loads(trained.read_text())["artifacts"]["model"]["artifacts"][0]["metadata"]["shards"]
     assert shards.startswith(f"s3://{s3_bucket}/shards/shards-")  # the model's data lineage
-    assert sum(storage.read_json(f"{shards}/sizes.json").values()) == 2047  # both partitions, in one folder
+    assert sum(storage.read_json(f"{shards}/sizes.json").values()) == 2046  # 2 partitions, one folder; 1 too_small
     assert len(storage.list_names(shards, ".tar")) == 8
     assert not list((tmp_path / "root").rglob("*.tar"))  # and no step's folder holds a copy
     (page,) = (tmp_path / "root").glob("*/report/page")
