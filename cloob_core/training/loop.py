@@ -223,11 +223,12 @@ def _caption_fit(config: CloobConfig, urls: list[str], env: DistEnv) -> caption_
     return outcome[0]
 
 
-def _resume(config: CloobConfig, output: Path, source: str | None, parts: Trainables, steps: int,
-            identity: dict[str, str]) -> TrainingState:
+def _resume(config: CloobConfig, output: Path, source: str | None, saved: dict[str, Any] | None, parts: Trainables,
+            steps: int, identity: dict[str, str]) -> TrainingState:
+    """The state at ``source`` (``saved``: its contents, when already read), or a fresh one."""
     if source is None:
         return TrainingState()
-    saved = checkpoint.load(source)
+    saved = saved if saved is not None else checkpoint.load(source)
     state = TrainingState.restore(saved, parts, config.model_dump(), identity, source)
     if "init_from" in (saved.get("identity") or {}):  # where the run's weights started, for its model_info
         identity["init_from"] = saved["identity"]["init_from"]
@@ -453,15 +454,17 @@ def _train(config: CloobConfig, output: Path, resume: str | None, progress: bool
     sources, total_samples = _training_data(cfg)
     urls = [url for _, source_urls, _ in sources for url in source_urls]
     identity = {"data": shards_fingerprint(urls), "code": checkpoint.code_fingerprint()}
-    source = auto_resume(config, output, identity, detect().is_main) if resume == "auto" else \
-        resolve_resume(resume, output, cfg.checkpoint_sync)  # decided before any collective, alike on every rank
+    # decided before any collective, alike on every rank
+    source, saved = (auto_resume(config, output, identity, detect().is_main) or (None, None)) if resume == "auto" \
+        else (resolve_resume(resume, output, cfg.checkpoint_sync), None)
     setup = _build(config, plan_steps(config, total_samples), len(urls), identity, fresh=source is None)
     config, cfg, env = setup.config, setup.config.train, setup.env
     mix = mixed_streams(sources, cfg.data_streams) if cfg.sources else Mix(stream_shards(urls, cfg.data_streams), {})
     if mix.shares and env.is_main:
         _log_shares(mix, sources, cfg.data_streams)
     fit = _caption_fit(config, urls, env)
-    state = _resume(config, output, source, setup.parts, setup.steps, identity)
+    state = _resume(config, output, source, saved, setup.parts, setup.steps, identity)
+    del saved  # restored: its tensors are not held for the run
     start_step = state.step
     # A run resumed at its end trains no step: no data-loader workers (held by their gate, they would wait forever)
     batches = _batches(config, setup, mix.per_stream, state) if state.step < setup.steps else (b for b in ())

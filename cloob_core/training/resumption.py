@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 from cloob_core import storage
 from cloob_core.config import CloobConfig, ConfigError, ConfigLayers
@@ -69,9 +70,10 @@ def resumed_config(layers: ConfigLayers, output: str | Path, resume: str | None)
     return config
 
 
-def auto_resume(config: CloobConfig, output: Path, identity: dict[str, str], is_main: bool) -> str | None:
-    """``--resume auto``: the checkpoint to continue from when it is of this run, else None (and, on the main
-    rank, the other run's checkpoints removed from OUTPUT/checkpoints)."""
+def auto_resume(config: CloobConfig, output: Path, identity: dict[str, str],
+                is_main: bool) -> tuple[str, dict[str, Any]] | None:
+    """``--resume auto``: the checkpoint to continue from when it is of this run, with its contents (read once),
+    else None (and, on the main rank, the other run's checkpoints removed from OUTPUT/checkpoints)."""
     found = resolve_resume("auto", output, config.train.checkpoint_sync)
     if found is None:
         return None
@@ -80,7 +82,7 @@ def auto_resume(config: CloobConfig, output: Path, identity: dict[str, str], is_
     why += [f"its {what} changed" for what in checkpoint.identity_differences(saved, identity)]
     if not why:
         log.info("--resume auto: %s is of this run; continuing it", found)
-        return found
+        return found, saved
     log.warning("--resume auto: %s is of another run (%s); starting afresh", found, "; ".join(why))
     if is_main:
         folder = output / "checkpoints"
