@@ -35,17 +35,18 @@ SIZE = 224
 
 def _cpu_rate(samples: list[tuple[bytes, str]]) -> float:
     """Samples/s of one process doing a worker's per-sample work."""
+    import numpy as np
     import torch
 
     from cloob_core.model.dual_encoder import build_tokenizer
-    from cloob_core.training.images import TrainImages, stack_views
+    from cloob_core.training.images import TrainImages
 
     torch.set_num_threads(1)
     images, tokenizer, rng = TrainImages(SIZE), build_tokenizer("ViT-B-32"), random.Random(0)
     started = time.perf_counter()
     for first in range(0, len(samples), 16):
         chunk = samples[first : first + 16]
-        stack_views([images.crop(images.decode(data), rng) for data, _ in chunk])
+        np.stack([images.crop(images.decode(data), rng) for data, _ in chunk])  # as into the batch ring
         tokenizer([caption for _, caption in chunk])
     return len(samples) / (time.perf_counter() - started)
 
@@ -115,8 +116,9 @@ def loader_rate(shards: Path, workers: int, batch: int, steps: int, device: str)
     setup = SimpleNamespace(env=SimpleNamespace(rank=0, world_size=1), device=torch.device(device),
                             images=TrainImages(SIZE), tokenizer=build_tokenizer("ViT-B-32"))
     from cloob_core.data.shard_files import shard_list
+    from cloob_core.training.streams import stream_shards
 
-    batches = loop._batches(config, setup, shard_list(str(shards))[0], loop.TrainingState())
+    batches = loop._batches(config, setup, stream_shards(shard_list(str(shards))[0], 16), loop.TrainingState())
     try:
         warm = max(steps // 4, 2)
         for _ in range(warm):

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from image_server import photo_bytes
+from kept_ring import KeptRing
 
 from cloob_core.cli import main
 from cloob_core.config import load_config
@@ -157,16 +158,17 @@ def test_the_training_reader_skips_corrupt_samples_and_tars_with_a_count(mnist_s
             tar.addfile(member, io.BytesIO(data))
     truncated = tmp_path / "truncated.tar"
     truncated.write_bytes(good.read_bytes()[: 20 * 1024 + 100])
-    stream = StreamChunks([[str(corrupt), str(truncated)]], StreamSettings(streams=1, chunk_size=1, seed=0,
-                                                                          shuffle_buffer=0),
-                          StreamStart([0]), TrainImages(28, augment=False), lambda texts: torch.zeros(len(texts), 4))
+    settings = StreamSettings(streams=1, chunk_size=1, seed=0, shuffle_buffer=0)
+    ring = KeptRing([0], settings)
+    stream = StreamChunks([[str(corrupt), str(truncated)]], settings, StreamStart([0]), TrainImages(28, augment=False),
+                          lambda texts: torch.zeros(len(texts), 4), ring)
     with caplog.at_level(logging.WARNING, logger="cloob_core.data.shard_files"):
         chunks = itertools.chain.from_iterable(stream)  # one item per step: the chunks of the worker's streams
         first_pass = list(itertools.takewhile(lambda chunk: chunk.position[0] == 0, chunks))
     assert sum(chunk.skipped for chunk in first_pass) == 2  # the bad image, the caption-less sample
     assert sum("skipping unreadable data" in record.getMessage() for record in caplog.records) >= 3  # + the cut
     assert 8 <= len(first_pass) < 10 + 200
-    assert all(chunk.images.shape == (1, 3, 28, 28) for chunk in first_pass)
+    assert all(ring.of(chunk)[0].shape == (1, 3, 28, 28) for chunk in first_pass)
 
 
 def test_the_sample_cache_changes_nothing_in_the_stream_and_serves_later_passes_from_memory(mnist_shards, tmp_path):
@@ -195,15 +197,18 @@ def test_the_sample_cache_changes_nothing_in_the_stream_and_serves_later_passes_
     def stream(cache_bytes: int) -> StreamChunks:
         settings = StreamSettings(streams=1, chunk_size=8, seed=3, shuffle_buffer=50, cache_bytes=cache_bytes)
         return StreamChunks([[str(corrupt), str(good), str(truncated)]], settings, StreamStart([0]), TrainImages(16),
-                            lambda texts: torch.tensor([[len(t), sum(t.encode())] for t in texts]))
+                            lambda texts: torch.tensor([[len(t), sum(t.encode())] for t in texts]),
+                            KeptRing([0], settings))
 
-    expected = list(itertools.takewhile(lambda chunk: chunk.position[0] < 3, itertools.chain.from_iterable(stream(0))))
+    uncached = stream(0)
+    expected = list(itertools.takewhile(lambda chunk: chunk.position[0] < 3, itertools.chain.from_iterable(uncached)))
     cached = stream(1 << 30)
     for index, chunk in enumerate(itertools.takewhile(lambda chunk: chunk.position[0] < 3,
                                                       itertools.chain.from_iterable(cached))):
         reference = expected[index]
         assert (chunk.step, chunk.position, chunk.skipped) == (reference.step, reference.position, reference.skipped)
-        assert torch.equal(chunk.images, reference.images) and torch.equal(chunk.tokens, reference.tokens)
+        (images, tokens), (reference_images, reference_tokens) = cached.ring.of(chunk), uncached.ring.of(reference)
+        assert torch.equal(images, reference_images) and torch.equal(tokens, reference_tokens)
         if chunk.position[0] == 1 and good.exists():
             good.rename(tmp_path / "moved.tar")
             corrupt.rename(tmp_path / "moved-corrupt.tar")  # its bad image is not a bad tar: kept too

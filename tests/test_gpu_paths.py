@@ -7,12 +7,14 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
 from cloob_core.config import load_config
 from cloob_core.ops import launch, trainjob
 from cloob_core.training import env
+from cloob_core.training.batch_ring import BatchRing
 from cloob_core.training.images import Normalize
 from cloob_core.training.step import resolve_precision
 from cloob_core.training.streams import Assembler, Chunk
@@ -88,18 +90,20 @@ def test_normalisation_builds_its_constants_once_and_keeps_the_input(monkeypatch
     torch.testing.assert_close(as_float, images.float())  # float input is not normalised in place
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() and not torch.backends.cuda.is_built(),
-                    reason="page-locked memory needs a CUDA build of torch")
-def test_a_pinned_batch_is_one_page_locked_channels_last_tensor_in_stream_order():
-    def chunk(stream: int) -> Chunk:
-        images = torch.full((2, 4, 4, 3), stream, dtype=torch.uint8).permute(0, 3, 1, 2)  # as a worker sends it
-        return Chunk(0, stream, images, torch.full((2, 3), stream), (0, 2), 0)
-
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_a_page_locked_ring_gives_the_batch_to_the_gpu_on_its_own_stream_in_stream_order():
+    ring = BatchRing(2, 6, 4, 6, torch.zeros(3, dtype=torch.long))
+    device = torch.device("cuda")
+    ring.pin(device)
     try:
-        torch.empty(1, pin_memory=True)
-    except RuntimeError:
-        pytest.skip("no CUDA driver to page-lock memory with")
-    (batch,) = Assembler([0, 1, 2], pin=True).batches(iter([[chunk(2), chunk(0)], [chunk(1)]]))
-    assert batch.images.is_pinned() and batch.tokens.is_pinned()
-    assert batch.images.is_contiguous(memory_format=torch.channels_last)
-    assert batch.images[:, 0, 0, 0].tolist() == [0, 0, 1, 1, 2, 2] and batch.tokens[:, 0].tolist() == [0, 0, 1, 1, 2, 2]
+        for stream in (2, 0, 1):  # as workers write, in any order
+            ring.write(0, 2 * stream, [np.full((4, 4, 3), stream, dtype=np.uint8)] * 2, 2 * stream,
+                       torch.full((2, 3), stream))
+        (batch,) = Assembler([0, 1, 2], ring).batches(iter([[Chunk(0, 2, (0, 2), 0), Chunk(0, 0, (0, 2), 0)],
+                                                             [Chunk(0, 1, (0, 2), 0)]]))
+        assert batch.images.is_pinned() and batch.tokens.is_pinned()
+        assert batch.images.is_contiguous(memory_format=torch.channels_last)
+        images, tokens = batch.to(device)
+        assert images[:, 0, 0, 0].tolist() == [0, 0, 1, 1, 2, 2] and tokens[:, 0].tolist() == [0, 0, 1, 1, 2, 2]
+    finally:
+        ring.unpin()

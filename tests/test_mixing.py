@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from kept_ring import KeptRing
 from PIL import Image
 from safetensors.torch import load_file
 
@@ -60,14 +61,16 @@ def test_the_samples_read_come_from_each_source_in_proportion_to_its_weight(sour
     mix = mixed_streams([(str(red), shard_list(str(red))[0], 3.0), (str(blue), shard_list(str(blue))[0], 1.0)], 8)
     assert mix.shares == {str(red): 0.75, str(blue): 0.25}
     settings = StreamSettings(streams=8, chunk_size=5, seed=0, shuffle_buffer=20)
+    ring = KeptRing(list(range(8)), settings)
     chunks = iter(StreamChunks(mix.per_stream, settings, StreamStart(list(range(8))), TrainImages(16, augment=False),
-                               lambda texts: torch.zeros(len(texts), 4)))
+                               lambda texts: torch.zeros(len(texts), 4), ring))
     reds = total = 0
     while total < 4000:
         for chunk in next(chunks):
-            red_channel, blue_channel = chunk.images[:, 0].float().mean((1, 2)), chunk.images[:, 2].float().mean((1, 2))
+            images, _ = ring.of(chunk)
+            red_channel, blue_channel = images[:, 0].float().mean((1, 2)), images[:, 2].float().mean((1, 2))
             reds += int((red_channel > blue_channel).sum())
-            total += len(chunk.images)
+            total += len(images)
     share, expected = reds / total, 0.75
     half_width = 2.576 * math.sqrt(expected * (1 - expected) / total)  # the binomial 99% interval
     assert abs(share - expected) <= half_width, (share, total)

@@ -3,25 +3,30 @@ number of chunks waiting (issue: 3 streams on 2 workers grew by one chunk a step
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
 from cloob_core.config import load_config
 from cloob_core.training import loop
+from cloob_core.training.images import TrainImages
 from cloob_core.training.streams import Assembler, Chunk, StreamChunks
 
 STEPS = 200
 
 
 class CheapChunks(StreamChunks):
-    """The real worker split and per-step items, with chunks made of nothing (no shard is read)."""
+    """The real worker split and per-step items, with chunks made of nothing (no shard is read): each image is
+    its stream's number, each token its step."""
 
     def _chunk(self, step, stream, source, handler, decoded_in):
-        size = self.settings.chunk_size
-        return Chunk(step, stream, torch.full((size, 3, 2, 2), stream, dtype=torch.uint8),
-                     torch.full((size, 4), step), (0, step), 0)
+        size, place = self.settings.chunk_size, self.start.owned.index(stream)
+        self.ring.write(step, place * size, [np.full((2, 2, 3), stream, dtype=np.uint8)] * size, place * size,
+                        torch.full((size, 4), step))
+        return Chunk(step, stream, (0, step), 0)
 
 
 class WatchedAssembler(Assembler):
@@ -33,6 +38,11 @@ class WatchedAssembler(Assembler):
             yield batch
 
 
+def _setup(size: int = 2) -> SimpleNamespace:
+    return SimpleNamespace(env=SimpleNamespace(rank=0, world_size=1), device=torch.device("cpu"),
+                           images=TrainImages(size), tokenizer=lambda texts: torch.zeros(len(texts), 4))
+
+
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")  # more workers than this machine's cores
 @pytest.mark.parametrize("workers", [0, 1, 2, 3, 5])
 @pytest.mark.parametrize("streams", [1, 2, 3, 4, 5, 7])
@@ -42,9 +52,7 @@ def test_any_streams_over_any_workers_keeps_the_waiting_chunks_bounded(streams, 
     WatchedAssembler.most_waiting = 0
     config = load_config(overrides=[f"train.data_streams={streams}", f"train.workers={workers}",
                                     f"train.batch_size={2 * streams}", "train.data_timeout_s=60"])
-    setup = SimpleNamespace(env=SimpleNamespace(rank=0, world_size=1), device=torch.device("cpu"), images=None,
-                            tokenizer=None)
-    batches = loop._batches(config, setup, [f"shard-{i}.tar" for i in range(streams)], loop.TrainingState())
+    batches = loop._batches(config, _setup(), [f"shard-{i}.tar" for i in range(streams)], loop.TrainingState())
     try:
         for step in range(STEPS):
             batch = next(batches)
@@ -58,33 +66,39 @@ def test_any_streams_over_any_workers_keeps_the_waiting_chunks_bounded(streams, 
 
 
 class LargeChunks(StreamChunks):
-    """Chunks of 224-px images (2.4 MB each): past ``SHARED_BYTES``, so they travel in shared memory."""
+    """Chunks of 224-px crops, each pixel a function of its place, stream and step."""
 
     def _chunk(self, step, stream, source, handler, decoded_in):
-        size = self.settings.chunk_size
-        pixels = torch.arange(size * 224 * 224 * 3, dtype=torch.int64).remainder(251).to(torch.uint8)
-        images = (pixels.reshape(size, 224, 224, 3) + stream).permute(0, 3, 1, 2)  # channels-last, as crops are
-        return Chunk(step, stream, images, torch.full((size, 4), step), (0, step), 0)
+        size, place = self.settings.chunk_size, self.start.owned.index(stream)
+        views = list(_pixels(size) + stream + step)
+        self.ring.write(step, place * size, views, place * size, torch.full((size, 4), step))
+        return Chunk(step, stream, (0, step), 0)
 
 
-def test_large_chunks_reach_the_main_process_in_shared_memory_intact_and_channels_last(monkeypatch):
-    from cloob_core.training.streams import SHARED_BYTES
+def _pixels(size: int) -> np.ndarray:
+    return (np.arange(size * 224 * 224 * 3, dtype=np.int64) % 251).astype(np.uint8).reshape(size, 224, 224, 3)
 
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_batch_is_intact_channels_last_and_stays_so_until_the_next_is_asked_for(workers, monkeypatch):
+    """The workers write into the ring's slots while the main process holds a batch: a slot is not written again
+    before the main process asks for the next batch, however far ahead the workers are (here the main process
+    dawdles for 20 ms a step, the workers do not, and the ring is smaller than the DataLoader's prefetch)."""
     monkeypatch.setattr(loop, "StreamChunks", LargeChunks)
-    config = load_config(overrides=["train.data_streams=4", "train.workers=2", "train.batch_size=64",
-                                    "train.data_timeout_s=60"])
-    setup = SimpleNamespace(env=SimpleNamespace(rank=0, world_size=1), device=torch.device("cpu"), images=None,
-                            tokenizer=None)
-    batches = loop._batches(config, setup, [f"shard-{i}.tar" for i in range(4)], loop.TrainingState())
-    expected = torch.arange(16 * 224 * 224 * 3, dtype=torch.int64).remainder(251).to(torch.uint8).reshape(
-        16, 224, 224, 3)
+    monkeypatch.setattr(loop, "RING_SLOTS", 2)
+    config = load_config(overrides=["train.data_streams=4", f"train.workers={workers}", "train.batch_size=64",
+                                    "train.data_timeout_s=60", "train.prefetch=during_step"])  # workers not held
+    batches = loop._batches(config, _setup(224), [f"shard-{i}.tar" for i in range(4)], loop.TrainingState())
     try:
-        for step in range(3):
+        for step in range(12):  # each slot written six times
             batch = next(batches)
-            assert batch.images.shape == (64, 3, 224, 224) and SHARED_BYTES <= 16 * 224 * 224 * 3
+            assert batch.images.shape == (64, 3, 224, 224)
             assert batch.images.is_contiguous(memory_format=torch.channels_last)
+            time.sleep(0.02)
+            images, tokens = batch.to(torch.device("cpu"))
             for stream in range(4):
-                got = batch.images[16 * stream : 16 * (stream + 1)].permute(0, 2, 3, 1)
-                assert torch.equal(got, expected + stream), (step, stream)
+                got = images[16 * stream : 16 * (stream + 1)].permute(0, 2, 3, 1).numpy()
+                assert np.array_equal(got, _pixels(16) + stream + step), (step, stream)
+            assert bool((tokens == step).all())
     finally:
         batches.close()

@@ -290,6 +290,8 @@ def test_a_restricted_negative_run_resumes_exactly_with_its_schedule_and_queue(s
 
 
 def test_a_poly_view_run_draws_image_and_text_views(shards, tmp_path, capsys):
+    from kept_ring import KeptRing
+
     from cloob_core.data.shard_files import shard_list
     from cloob_core.training.images import TrainImages
     from cloob_core.training.streams import (
@@ -303,12 +305,15 @@ def test_a_poly_view_run_draws_image_and_text_views(shards, tmp_path, capsys):
 
     urls, _ = shard_list(str(shards))
     settings = StreamSettings(streams=4, chunk_size=4, seed=0, shuffle_buffer=10, image_views=3, text_views=2)
-    chunks = StreamChunks(stream_shards(urls, 4), settings, StreamStart([0]), TrainImages(8), lambda texts: texts)
+    ring = KeptRing([0], settings)
+    chunks = StreamChunks(stream_shards(urls, 4), settings, StreamStart([0]), TrainImages(8),
+                          lambda texts: torch.tensor([[sum(t.encode()), len(t)] for t in texts]), ring)
     [chunk] = next(iter(chunks))  # one item per step: the chunks of the worker's streams
-    assert chunk.images.shape == (12, 3, 8, 8) and len(chunk.tokens) == 8  # sample-major: 4 samples x views
+    images, tokens = ring.of(chunk)
+    assert images.shape == (12, 3, 8, 8) and len(tokens) == 8  # sample-major: 4 samples x views
     for i in range(4):  # a sample's two text views are two phrasings of its digit
-        first, second = chunk.tokens[2 * i : 2 * i + 2]
-        assert first != second
+        first, second = tokens[2 * i : 2 * i + 2]
+        assert not torch.equal(first, second)
     sample = {"txt": b"a handwritten three.", "json": b'{"captions": ["a handwritten three.", "3", "three"]}'}
     assert sample_captions(sample) == ["a handwritten three.", "3", "three"]
     assert sorted(draw_captions(["a", "b"], 5)) == ["a", "a", "a", "b", "b"]

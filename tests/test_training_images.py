@@ -15,7 +15,7 @@ from PIL import Image
 from torchvision import transforms
 
 from cloob_core.threads import SPIN_COUNTS, plan_threads
-from cloob_core.training.images import Normalize, TrainImages, stack_views
+from cloob_core.training.images import Normalize, TrainImages
 
 
 def jpeg(width: int, height: int, seed: int = 0) -> bytes:
@@ -58,7 +58,7 @@ def test_uint8_crops_normalised_per_batch_equal_open_clips_transform():
     data = jpeg(64, 80, seed=3)
     images = TrainImages(32, augment=False)
     ours = Normalize(open_clip.OPENAI_DATASET_MEAN, open_clip.OPENAI_DATASET_STD)(
-        stack_views([images.crop(images.decode(data), random.Random(0))]))[0]
+        torch.from_numpy(images.crop(images.decode(data), random.Random(0))).permute(2, 0, 1)[None])[0]
     reference = open_clip.image_transform(32, is_train=False)(Image.open(io.BytesIO(data)))
     assert ours.shape == reference.shape == (3, 32, 32)
     assert (ours - reference).abs().mean() < 0.05  # in units of the std; a one-pixel shift gives ~0.5

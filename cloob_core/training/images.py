@@ -49,11 +49,14 @@ class TrainImages:
         return image.convert("RGB")
 
     def crop(self, image: Image.Image, rng: random.Random) -> np.ndarray:
-        """One view: [size, size, 3] uint8 (read-only; ``stack_views`` copies it once, into the batch)."""
+        """One view: [size, size, 3] uint8 (the batch ring copies it once, into the batch). Resized by torch's
+        antialiased bicubic, which follows Pillow's filter (98% of values equal, the rest within 4 levels, on
+        photos) at a third of its time, with the uint8 kernels vectorised (docs/performance.md, "Feeding a GPU")."""
         left, top, width, height = self._box(*image.size, rng)
-        view = image.crop((left, top, left + width, top + height)).resize((self.size, self.size),
-                                                                        Image.Resampling.BICUBIC)
-        return np.asarray(view)
+        region = torch.from_numpy(np.array(image))[top : top + height, left : left + width]
+        region = region.permute(2, 0, 1)[None].contiguous(memory_format=torch.channels_last)
+        view = torch.nn.functional.interpolate(region, size=(self.size, self.size), mode="bicubic", antialias=True)
+        return view[0].permute(1, 2, 0).numpy()
 
     def _box(self, width: int, height: int, rng: random.Random) -> tuple[int, int, int, int]:
         if not self.augment:  # open_clip's evaluation transform: shorter side to size, centre crop
@@ -87,12 +90,6 @@ class TrainImages:
             least_w = least_h = min(width, height)
         side = self.size + 1  # a pixel of slack for the crop's rounding
         return math.ceil(width * side / max(least_w, 1)), math.ceil(height * side / max(least_h, 1))
-
-
-def stack_views(views: list[np.ndarray]) -> torch.Tensor:
-    """Views from ``TrainImages.crop`` as one [N, 3, size, size] uint8 tensor in channels-last memory (the
-    layout the model trains in), with one copy."""
-    return torch.from_numpy(np.stack(views)).permute(0, 3, 1, 2)
 
 
 @dataclass(frozen=True)

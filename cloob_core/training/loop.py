@@ -37,6 +37,7 @@ from cloob_core.objectives.registry import objective_from_config
 from cloob_core.plots import training_curves_png
 from cloob_core.threads import core_share, plan_threads
 from cloob_core.training import checkpoint
+from cloob_core.training.batch_ring import BatchRing
 from cloob_core.training.checkpoint import Trainables, TrainingState
 from cloob_core.training.env import DistEnv, across_ranks, choose_device, detect, init_process_group
 from cloob_core.training.evaluator import Evaluator
@@ -68,6 +69,8 @@ from cloob_core.training.streams import (
 from cloob_core.training.worker_gate import PrefetchTuner, WorkerGate
 
 log = logging.getLogger(__name__)
+PREFETCH_STEPS = 4  # the steps each data-loader worker may prepare ahead (its DataLoader prefetch factor)
+RING_SLOTS = PREFETCH_STEPS + 2  # so the ring never holds the workers back: the batch held, and one being assembled
 
 
 class TrainingDiverged(StageError):
@@ -241,16 +244,32 @@ def _batches(config: CloobConfig, setup: _Setup, per_stream: list[list[str]],
     cfg = config.train
     owned = rank_streams(cfg.data_streams, setup.env.rank, setup.env.world_size)
     gate = _gate(cfg, setup.device)
-    dataset = StreamChunks(per_stream, StreamSettings.from_config(cfg), StreamStart(owned, state.step, state.positions),
-                           setup.images, setup.tokenizer, gate)
+    settings = StreamSettings.from_config(cfg)
+    ring = BatchRing.for_run(RING_SLOTS, len(owned), settings.chunk_size, cfg.image_views, cfg.text_views,
+                             setup.images.size, setup.tokenizer, state.step)
+    dataset = StreamChunks(per_stream, settings, StreamStart(owned, state.step, state.positions), setup.images,
+                           setup.tokenizer, ring, gate)
     loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=cfg.workers,
-                                         prefetch_factor=4 if cfg.workers else None,
+                                         prefetch_factor=PREFETCH_STEPS if cfg.workers else None,
                                          timeout=cfg.data_timeout_s if cfg.workers else 0,
                                          worker_init_fn=_background if setup.device.type == "cuda"
                                          else _signals_to_the_main_process)
-    assembler = Assembler(owned, pin=setup.device.type == "cuda")
-    batches = assembler.batches(_bounded(iter(loader), cfg.data_timeout_s))  # workers fork here, before any thread
+    items = _bounded(iter(loader), cfg.data_timeout_s)  # workers fork here, before any thread
+    ring.pin(setup.device)  # after the fork (batch_ring.py)
+    batches = _ring_closed_at_end(Assembler(owned, ring).batches(items), ring)
     return batches if gate is None else gate.batches(batches)
+
+
+def _ring_closed_at_end(batches: Generator[Batch, None, None], ring: BatchRing) -> Generator[Batch, None, None]:
+    """``batches``; at their end the ring lets waiting workers go before the loader ends them (else it waits for
+    each in turn) and is unpinned."""
+    try:
+        for batch in batches:  # not ``yield from``: that would close ``batches`` before the ring  # noqa: UP028
+            yield batch
+    finally:
+        ring.close()
+        batches.close()
+        ring.unpin()
 
 
 def _gate(cfg: TrainConfig, device: torch.device) -> WorkerGate | None:
@@ -364,10 +383,10 @@ def _run_steps(config: CloobConfig, setup: _Setup, batches: Iterator[Batch], sta
         window.data_seconds += time.perf_counter() - fetch_start
         if batch.step != step:
             raise RuntimeError(f"data stream out of step: expected batch {step}, got {batch.step}")
-        images = setup.normalize(batch.images.to(device, non_blocking=True)).contiguous(
-            memory_format=torch.channels_last)
+        images, tokens = batch.to(device)
+        images = setup.normalize(images).contiguous(memory_format=torch.channels_last)
         parts.scheduler.step_update(step)
-        loss = accumulate_gradients(setup.step_parts, images, batch.tokens.to(device, non_blocking=True))
+        loss = accumulate_gradients(setup.step_parts, images, tokens)
         logging_step = (step + 1) % cfg.log_every == 0 or step + 1 == setup.steps
         grad_norm = optimizer_step(setup.step_parts, measure_norm=logging_step and setup.env.is_main)
         parts.objective.end_step()  # band schedules and queues advance once per optimiser step

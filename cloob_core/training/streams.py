@@ -9,7 +9,8 @@ the same whatever the number of ranks, and ranks never wait for one another at a
 A stream's position is (pass, samples taken from the pass's shuffled order). That pair is all a checkpoint
 needs: on resume the stream replays the pass's tar headers and shuffle without decoding a single image, and
 continues with exactly the sample that came next. Augmentation is seeded per (seed, step, stream), so it
-resumes too. Images travel as uint8 crops (:mod:`cloob_core.training.images`); the loop normalises each batch.
+resumes too. Workers write uint8 crops and token rows straight into the step's slot of a shared
+:class:`~cloob_core.training.batch_ring.BatchRing`; the loop normalises each batch on its device.
 
 Unreadable samples are skipped and counted, but a stream that reads a whole pass without one decodable sample
 stops training: otherwise it would skip forever. The failure travels as a chunk to the main process, which
@@ -22,7 +23,7 @@ import json
 import logging
 import math
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from itertools import count
 from typing import Any
@@ -33,14 +34,14 @@ import webdataset as wds
 from cloob_core.config import TrainConfig
 from cloob_core.data.shard_files import SkipCounter, register_s3
 from cloob_core.errors import StageError
-from cloob_core.training.images import TrainImages, stack_views
+from cloob_core.training.batch_ring import BatchRing
+from cloob_core.training.images import TrainImages
 from cloob_core.training.sample_cache import TOKENS, SampleCache
 from cloob_core.training.worker_gate import WorkerGate
 
 log = logging.getLogger(__name__)
 Position = tuple[int, int]  # (pass, samples of that pass consumed)
 IMAGE_KEYS = ("jpg", "jpeg", "png", "webp")
-SHARED_BYTES = 1 << 20  # a chunk's images from this size on reach the main process in shared memory
 
 
 class UnreadableData(StageError):
@@ -139,30 +140,14 @@ def _named(urls: list[str]) -> str:
 
 @dataclass
 class Chunk:
+    """What a worker sends per stream and step: where the stream stands. The samples themselves are already in
+    the step's slot of the :class:`BatchRing`."""
+
     step: int
     stream: int
-    images: torch.Tensor
-    tokens: torch.Tensor
     position: Position
     skipped: int
     failure: str | None = None  # why the stream cannot go on (raised by ``Assembler``, in the main process)
-
-    def __getstate__(self) -> dict[str, Any]:
-        """From a worker, small images travel inside the pickle as numpy arrays: torch's own route (a file
-        descriptor per tensor, handed over by a thread of the worker that must first win the worker's GIL from
-        the decoding loop) held the main process up to 5 ms per tensor, a tenth of the stage's time at 32 px.
-        From ``SHARED_BYTES`` on they take torch's route, in shared memory: copied through the pipe and again out
-        of the pickle, 224-px batches kept the main process of a GPU run from launching the step in time."""
-        images = self.images.permute(0, 2, 3, 1) if self.images.dim() == 4 else self.images  # channels-last: no copy
-        if images.nbytes >= SHARED_BYTES:
-            return {**self.__dict__, "images": images, "tokens": self.tokens.numpy()}
-        return {**self.__dict__, "images": images.numpy(), "tokens": self.tokens.numpy()}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        images = state["images"]
-        images = images if isinstance(images, torch.Tensor) else torch.from_numpy(images)
-        self.__dict__.update(state, images=images.permute(0, 3, 1, 2) if images.dim() == 4 else images,
-                             tokens=torch.from_numpy(state["tokens"]))
 
 
 @dataclass(frozen=True)
@@ -199,11 +184,11 @@ class StreamChunks(torch.utils.data.IterableDataset):
     the data-loader workers)."""
 
     def __init__(self, per_stream: list[list[str]], settings: StreamSettings, start: StreamStart,
-                 images: TrainImages, tokenizer: Callable, gate: WorkerGate | None = None):
+                 images: TrainImages, tokenizer: Callable, ring: BatchRing, gate: WorkerGate | None = None):
         super().__init__()
         self.per_stream = per_stream  # each stream's shards (stream_shards, or mixed_streams for several sources)
         self.settings, self.start = settings, start
-        self.images, self.tokenizer, self.gate = images, tokenizer, gate
+        self.images, self.tokenizer, self.ring, self.gate = images, tokenizer, ring, gate
         self.cache = SampleCache(settings.cache_bytes)  # each data-loader worker fills its own copy
 
     def __iter__(self) -> Iterator[list[Chunk]]:
@@ -240,10 +225,10 @@ class StreamChunks(torch.utils.data.IterableDataset):
             try:
                 position, sample = next(source)
             except UnreadableData as err:
-                return Chunk(step, stream, torch.empty(0), torch.empty(0), (0, 0), skipped, failure=str(err))
+                return Chunk(step, stream, (0, 0), skipped, failure=str(err))
             if position[0] > decoded_in[stream] + 1:  # a whole pass went by without one decodable sample
                 urls = self.per_stream[stream]
-                return Chunk(step, stream, torch.empty(0), torch.empty(0), position, skipped, failure=(
+                return Chunk(step, stream, position, skipped, failure=(
                     f"data stream {stream} read a whole pass of its {len(urls)} shard(s) ({_named(urls)}) "
                     f"without one decodable sample ({handler.skipped} skipped: {handler.reasons}); check them "
                     f"with `cloob data validate`"))
@@ -260,7 +245,9 @@ class StreamChunks(torch.utils.data.IterableDataset):
             texts.extend(captions)
             taken.append(sample)
             decoded_in[stream] = position[0]
-        return Chunk(step, stream, stack_views(images), self._tokens(taken, texts), position, skipped)
+        place = self.start.owned.index(stream)  # the chunk's place in the batch: stream order
+        self.ring.write(step, place * len(images), images, place * len(texts), self._tokens(taken, texts))
+        return Chunk(step, stream, position, skipped)
 
     def _tokens(self, samples: list[dict[str, Any]], texts: list[str]) -> torch.Tensor:
         """Sample-major tokens (a sample's views adjacent, as the objectives expect). With one text view the
@@ -304,19 +291,24 @@ def draw_captions(captions: list[str], views: int) -> list[str]:
 @dataclass
 class Batch:
     step: int
-    images: torch.Tensor
-    tokens: torch.Tensor
+    images: torch.Tensor  # uint8 [N, 3, size, size], channels-last: a view of the ring's slot
+    tokens: torch.Tensor  # a view of the ring's slot
     positions: dict[int, Position]
     skipped: int
+    ring: BatchRing = field(repr=False)
+
+    def to(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The images and tokens on ``device``, apart from the slot (which the next batch releases)."""
+        return self.ring.to_device(self.images, device), self.ring.to_device(self.tokens, device)
 
 
 class Assembler:
-    """Each worker's chunks of each step, from any worker in any order, to this rank's batches in step order and
-    stream order. With ``pin`` the batch is written once, straight into page-locked memory, so its copy to the
-    GPU is asynchronous (pinning each chunk and then concatenating would give pageable memory)."""
+    """Each worker's chunks of each step, from any worker in any order, to this rank's batches in step order: a
+    step's batch is its ring slot once every owned stream's chunk of it has arrived. Asking for the next batch
+    releases the previous one's slot."""
 
-    def __init__(self, owned: list[int], pin: bool = False) -> None:
-        self.owned, self.pin = owned, pin
+    def __init__(self, owned: list[int], ring: BatchRing) -> None:
+        self.owned, self.ring = owned, ring
         self._pending: dict[int, dict[int, Chunk]] = {}
 
     @property
@@ -324,7 +316,7 @@ class Assembler:
         """Chunks received and not yet part of a batch."""
         return sum(len(chunks) for chunks in self._pending.values())
 
-    def batches(self, items: Iterator[list[Chunk]]) -> Iterator[Batch]:
+    def batches(self, items: Iterator[list[Chunk]]) -> Generator[Batch, None, None]:
         next_step = None
         for chunks in items:
             for chunk in chunks:
@@ -336,21 +328,7 @@ class Assembler:
             while next_step in self._pending and len(self._pending[next_step]) == len(self.owned):
                 parts = [self._pending[next_step][v] for v in self.owned]
                 del self._pending[next_step]
-                yield Batch(next_step, self._joined([p.images for p in parts]),
-                            self._joined([p.tokens for p in parts]), {p.stream: p.position for p in parts},
-                            sum(p.skipped for p in parts))
+                yield Batch(next_step, *self.ring.batch(next_step), {p.stream: p.position for p in parts},
+                            sum(p.skipped for p in parts), self.ring)
+                self.ring.release(next_step)
                 next_step += 1
-
-    def _joined(self, parts: list[torch.Tensor]) -> torch.Tensor:
-        if not self.pin:
-            return torch.cat(parts)
-        first = parts[0]
-        layout = (torch.channels_last if first.dim() == 4 and first.is_contiguous(memory_format=torch.channels_last)
-                  else torch.contiguous_format)
-        joined = torch.empty((sum(len(p) for p in parts), *first.shape[1:]), dtype=first.dtype, pin_memory=True,
-                             memory_format=layout)
-        offset = 0
-        for part in parts:
-            joined[offset : offset + len(part)].copy_(part)
-            offset += len(part)
-        return joined
