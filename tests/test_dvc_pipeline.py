@@ -21,6 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 STAGES = ["acquire", "validate", "download", "validate_shards", "train", "eval@captioned", "eval@tuxpaint",
           "eval@emoji", "eval@mnist", "report", "promote"]
+READ_EACH_TIME = "starting_weights"  # always_changed: it re-reads the starting weights on every `dvc repro`
 
 
 def run(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> str:
@@ -31,7 +32,16 @@ def run(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> str:
 
 
 def stages_run(output: str) -> list[str]:
-    return re.findall(r"Running stage '([\w@-]+)'", output)
+    """The stages a `dvc repro` ran, in order, but ``READ_EACH_TIME``, which must have run before any train."""
+    ran = re.findall(r"Running stage '([\w@-]+)'", output)
+    if "train" in ran:
+        assert READ_EACH_TIME in ran[: ran.index("train")], output
+    return [stage for stage in ran if stage != READ_EACH_TIME]
+
+
+def up_to_date(status: str) -> bool:
+    """`dvc status` says nothing changed but the stage that is always re-read."""
+    return status.split() == [f"{READ_EACH_TIME}:", "always", "changed"]
 
 
 def environment() -> dict[str, str]:
@@ -98,7 +108,8 @@ def test_dvc_repro_runs_every_stage_and_reports(reproduced):
     assert (repo / "models" / "registry" / "models" / pointer["model_id"] / "open_clip_model.safetensors").exists()
     shown = run(["dvc", "metrics", "show"], repo, environment())
     assert "reports/metrics.json" in shown and "suite.zeroshot_acc1" in shown
-    assert "up to date" in run(["dvc", "status"], repo, environment()).lower()
+    status = run(["dvc", "status"], repo, environment())
+    assert up_to_date(status), status
 
 
 def test_a_parameter_change_reruns_exactly_the_affected_stages(reproduced):
@@ -165,5 +176,27 @@ def test_dvc_push_and_pull_through_s3(reproduced, s3_server, tmp_path):
     assert model_file.read_bytes() == before
     assert (repo / "data" / "shards" / "sizes.json").exists()
     # Everything cached came back; only the training checkpoints (cache: false, not worth a remote) are absent.
-    changed = [line.strip() for line in run(["dvc", "status"], repo, env).splitlines() if "deleted:" in line]
-    assert changed == ["deleted:            models/train/checkpoints"], changed
+    changed = [line.split()[-1] for line in run(["dvc", "status"], repo, env).splitlines() if "deleted:" in line]
+    assert changed == ["models/train/checkpoints"], changed
+
+
+def test_new_starting_weights_behind_the_same_init_from_rerun_training(reproduced, tmp_path):
+    """DVC sees train.init_from's value; the starting_weights stage makes it see the weights' content too: weights
+    overwritten in the same folder leave the parameters as they were and still mark train as changed."""
+    repo, _ = reproduced
+    env = environment()
+    start = tmp_path / "start"
+    shutil.copytree(repo / "models" / "train" / "model", start)
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["train"]["init_from"] = str(start)
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    run(["dvc", "repro", "starting_weights"], repo, env)
+    record = json.loads((repo / "models" / "starting_weights.json").read_text())
+    assert record["init_from"] == str(start) and len(record["sha256"]) == 64
+    run(["dvc", "commit", "--force", "train"], repo, env)  # as if train had run from these weights
+    assert "train" not in run(["dvc", "status", "train"], repo, env)  # the same weights again: nothing to do
+    weights = start / "open_clip_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-1] + b" ")  # other content, the same value of train.init_from
+    run(["dvc", "repro", "starting_weights"], repo, env)
+    status = run(["dvc", "status", "train"], repo, env)
+    assert "models/starting_weights.json" in status and "params.yaml" not in status, status

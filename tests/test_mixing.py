@@ -91,6 +91,8 @@ def test_a_mixed_run_killed_and_resumed_ends_bit_identical(sources, tmp_path):
     metrics = json.loads((tmp_path / "whole" / "metrics.json").read_text())
     assert metrics["source_shares"] == {str(red): 0.75, str(blue): 0.25}
     assert metrics["source_samples"] == {str(red): 576, str(blue): 192}
+    info = json.loads((tmp_path / "whole" / "model" / "model_info.json").read_text())
+    assert info["source_shares"] == metrics["source_shares"]  # the model carries what it was trained on
     run = subprocess.Popen(_cli(red, blue, tmp_path / "killed"), start_new_session=True, stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120

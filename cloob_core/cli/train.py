@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from cloob_core.cli.options import add_command, add_config_options, layers_of
+from cloob_core.cli.options import add_command, add_config_options, config_of, layers_of
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -31,6 +31,20 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _starting_weights(args: argparse.Namespace) -> int:
+    """Write which weights train.init_from names now (the value, the weights file, its SHA-256) to OUTPUT: the
+    DVC train stage depends on this file, so a new production model or overwritten weights re-run training even
+    when train.init_from keeps its value."""
+    from cloob_core.model.starting_weights import record_starting_weights
+
+    config = config_of(args)
+    record = record_starting_weights(config.train.init_from, config.promote.store, args.output)
+    print(f"starting weights: {record.init_from} ({record.weights}, sha256 {record.sha256[:16]})" if record.init_from
+          else "starting weights: none (train.init_from is not set: random weights)")
+    print(f"wrote {args.output}")
+    return 0
+
+
 def add_commands(sub: argparse._SubParsersAction) -> None:
     parser = add_command(sub, "train", _train,
                          "pretrain with CLOOB (or another objective) on WebDataset shards; single process, torchrun or "
@@ -49,3 +63,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                         "s3:// prefix: how pods of a multi-node job hand their result back")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_config_options(parser, "train", "model")
+    weights = add_command(sub, "starting-weights", _starting_weights,
+                          "record which weights train.init_from names and their SHA-256 (the DVC train stage's "
+                          "dependency on their content)")
+    weights.add_argument("--output", default="models/starting_weights.json",
+                         help="the record (default: models/starting_weights.json)")
+    add_config_options(weights)

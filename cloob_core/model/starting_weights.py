@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ import torch
 
 from cloob_core import storage
 from cloob_core.config import ConfigError
-from cloob_core.io import file_digest
+from cloob_core.io import file_digest, write_json
 from cloob_core.model.dual_encoder import CLOOBModel
 from cloob_core.model.export import LOCAL_DIR, load_weights, read_state_dict
 from cloob_core.model.files import CONFIG_FILE, EARLIER_STATE_FILE, STATE_FILE
@@ -56,6 +57,30 @@ def load_starting_weights(model: CLOOBModel, init_from: str, store: str) -> str:
     with torch.no_grad():
         model.encoder.logit_scale.copy_(configured)
     return digest
+
+
+@dataclass(frozen=True)
+class StartingWeights:
+    """Which weights ``train.init_from`` names now: the value, the weights file's name and SHA-256 (all None when
+    the run starts from random weights)."""
+
+    init_from: str | None
+    weights: str | None
+    sha256: str | None
+
+
+def record_starting_weights(init_from: str | None, store: str, output: str | Path) -> StartingWeights:
+    """The ``starting_weights`` stage: write which weights ``init_from`` names to ``output`` (JSON, the same bytes
+    while they are the same). DVC's train stage depends on this file, so it re-runs when the weights' content
+    changes under an unchanged value (a new ``production`` model, a folder overwritten), not only when the value
+    changes."""
+    record = StartingWeights(None, None, None)
+    if init_from:
+        with tempfile.TemporaryDirectory(prefix="cloob-init-") as scratch:
+            weights, _ = _locate(init_from, store, Path(scratch))
+            record = StartingWeights(init_from, weights.name, file_digest(weights))
+    write_json(output, asdict(record))
+    return record
 
 
 def _locate(init_from: str, store: str, scratch: Path) -> tuple[Path, dict[str, Any] | None]:

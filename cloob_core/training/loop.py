@@ -545,7 +545,7 @@ def _train(config: CloobConfig, output: Path, resume: str | None, progress: bool
 def _write_outputs(output: Path, model, config: CloobConfig, metrics: dict, history: list) -> None:
     export_model(model, output / "model", {"objective": config.train.objective, "beta": config.objective.beta,
                                            "steps": metrics["steps"],
-                                           **{key: metrics[key] for key in ("init_from", "logit_bias")
+                                           **{key: metrics[key] for key in ("init_from", "logit_bias", "source_shares")
                                               if key in metrics}})
     write_json(output / "metrics.json", metrics)
     write_text(output / "loss_history.csv",
