@@ -102,3 +102,21 @@ def test_a_batch_is_intact_channels_last_and_stays_so_until_the_next_is_asked_fo
             assert bool((tokens == step).all())
     finally:
         batches.close()
+
+
+def test_a_shared_memory_too_small_for_the_batch_ring_is_one_line_before_training(mnist_train_shards, tmp_path,
+                                                                                   monkeypatch, capsys):
+    """A container's default /dev/shm (64 MiB) cannot hold a GPU batch's ring; writing past it would end the run
+    with SIGBUS, so the run refuses before its first step, naming what to change."""
+    import shutil
+
+    from cloob_core.cli import main
+    from cloob_core.training import batch_ring
+
+    usage = shutil.disk_usage(batch_ring.SHARED_MEMORY)
+    monkeypatch.setattr(batch_ring.shutil, "disk_usage", lambda folder: usage._replace(free=1 << 20))
+    code = main(["train", "--shards", str(mnist_train_shards), "--output", str(tmp_path / "run"), "--no-progress",
+                 "--no-tensorboard", "--steps", "2", "--batch-size", "64", "--workers", "0"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "MiB of shared memory" in err[0] and "--shm-size" in err[0], err
+    assert not (tmp_path / "run" / "checkpoints").exists() or not any((tmp_path / "run" / "checkpoints").iterdir())

@@ -18,17 +18,38 @@ step a worker waits for has always been released before the main process waits f
 from __future__ import annotations
 
 import logging
+import math
 import multiprocessing
 import os
+import shutil
 import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 
+from cloob_core.errors import StageError
+
 log = logging.getLogger(__name__)
+SHARED_MEMORY = "/dev/shm"  # where torch's shared tensors live on Linux
 POLL_SECONDS = 0.0005  # a worker waiting for its slot checks this often
 PARENT_CHECK_SECONDS = 1.0  # and this often whether its main process still exists
+
+
+class SharedMemoryTooSmall(StageError):
+    """/dev/shm cannot hold the batch ring: a container's default (64 MiB) is far too small for training."""
+
+
+def _check_shared_memory(needed: int, folder: str = SHARED_MEMORY) -> None:
+    """Refuse in one line what would otherwise end the run with SIGBUS when a full /dev/shm is first written."""
+    if not os.path.isdir(folder):
+        return
+    free = shutil.disk_usage(folder).free
+    if needed > free:
+        raise SharedMemoryTooSmall(
+            f"the batch ring needs {needed / 2**20:.0f} MiB of shared memory and {folder} has {free / 2**20:.0f} MiB "
+            f"free: give the container more (docker run --shm-size, the pods' cluster.shm) or lower "
+            f"train.batch_size per rank")
 
 
 class BatchRing:
@@ -37,8 +58,10 @@ class BatchRing:
     def __init__(self, slots: int, images: int, size: int, texts: int, token_row: torch.Tensor,
                  start_step: int = 0) -> None:
         self.slots = slots
-        self.images = torch.empty((slots, images, size, size, 3), dtype=torch.uint8).share_memory_()
-        self.tokens = torch.empty((slots, texts, *token_row.shape), dtype=token_row.dtype).share_memory_()
+        images_shape, tokens_shape = (slots, images, size, size, 3), (slots, texts, *token_row.shape)
+        _check_shared_memory(math.prod(images_shape) + math.prod(tokens_shape) * token_row.element_size())
+        self.images = torch.empty(images_shape, dtype=torch.uint8).share_memory_()
+        self.tokens = torch.empty(tokens_shape, dtype=token_row.dtype).share_memory_()
         self._free_below = multiprocessing.get_context().RawValue("q", start_step + slots)  # steps it may write
         self._main = os.getpid()
         self._pinned: list[int] = []
