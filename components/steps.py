@@ -123,13 +123,14 @@ def collect_dataset(dataset: str, parts: Input[list[Dataset]], results: Output[D
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
-def report(params: str, datasets: Input[list[Dataset]], folder: Output[Dataset], metrics: Output[Metrics],
-           page: Output[Markdown]):
-    """The suite's report: every data set's scalars and the suite means as KFP metrics, the Markdown page."""
+def report(params: str, model: Input[Model], datasets: Input[list[Dataset]], folder: Output[Dataset],
+           metrics: Output[Metrics], page: Output[Markdown]):
+    """The suite's report: every data set's scalars and the suite means as KFP metrics, the Markdown page (which
+    describes the model: how it was trained, from which weights, on which sources)."""
     from cloob_core.ops import kubeflow
 
     kubeflow.report(params, [dataset.path for dataset in datasets], folder.path, metrics=metrics,
-                    markdown_path=page.path)
+                    markdown_path=page.path, model_dir=model.path + "/model")
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)

@@ -137,7 +137,7 @@ def evaluate_and_report(params: str, model: Any, s3_secret: str | None) -> dsl.P
             with_s3_credentials(evaluated, s3_secret)
         collected = steps.collect_dataset(dataset=dataset, parts=dsl.Collected(evaluated.outputs["results"]))
         collected.set_display_name("eval data set")
-    return steps.report(params=params, datasets=dsl.Collected(collected.outputs["results"]))
+    return steps.report(params=params, model=model, datasets=dsl.Collected(collected.outputs["results"]))
 
 
 def build_evaluation(settings: ClusterSettings | None = None):

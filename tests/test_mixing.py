@@ -124,3 +124,24 @@ def test_an_empty_source_is_refused_by_name(sources, tmp_path, capsys):
                  f"train.sources=[{{shards: {red}}}, {{shards: {empty}}}]"]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert f"train.sources[1] {empty}: no sizes.json and no .tar shards" in line
+
+
+def test_the_report_describes_the_model_with_each_training_sources_share(tmp_path, capsys):
+    from cloob_core.evaluation.records import benchmark_record, write_result
+
+    results, model = tmp_path / "eval", tmp_path / "model"
+    write_result(results, benchmark_record("pets", "cloob-tiny", str(model), "zeroshot_classification",
+                                           {"acc1": 0.5}), "m")
+    model.mkdir()
+    (model / "model_info.json").write_text(json.dumps({"architecture": "cloob-tiny", "objective": "cloob",
+                                                      "steps": 24, "source_shares": {"red": 0.75, "blue": 0.25}}))
+    assert main(["eval", "report", "--inputs", str(results), "--model", str(model), "--output",
+                 str(tmp_path / "report")]) == 0
+    page = (tmp_path / "report" / "report.md").read_text()
+    assert "architecture cloob-tiny, objective cloob, steps 24; started from random weights" in page
+    assert "| `red` | 75.0% |" in page and "| `blue` | 25.0% |" in page, page
+    capsys.readouterr()
+    assert main(["eval", "report", "--inputs", str(results), "--model", str(results), "--output",
+                 str(tmp_path / "other")]) == 2
+    assert "is not a `cloob train` model folder (no model_info.json)" in capsys.readouterr().err
+    assert not (tmp_path / "other" / "report.md").exists()

@@ -96,9 +96,9 @@ def _report(args: argparse.Namespace) -> int:
     from cloob_core.evaluation.tables import summary_table
 
     if args.params or args.overrides:
-        report = suite_report(config_of(args).eval, args.inputs, args.output)
+        report = suite_report(config_of(args).eval, args.inputs, args.output, model=args.model)
     else:
-        report = combine_reports([Path(p) for p in args.inputs], Path(args.output))
+        report = combine_reports([Path(p) for p in args.inputs], Path(args.output), model=args.model)
     print(summary_table(report.metrics))
     print(f"wrote {args.output}/metrics.json and {args.output}/report.md")
     return 0
@@ -237,6 +237,9 @@ def _add_report(tasks: argparse._SubParsersAction) -> None:
     parser.add_argument("--inputs", nargs="+", required=True, metavar="DIR",
                         help="evaluation output folders (with the suite: also `cloob eval suite`'s OUTPUT)")
     parser.add_argument("--output", required=True, metavar="DIR", help="report folder")
+    parser.add_argument("--model", metavar="DIR",
+                        help="the evaluated `cloob train` model folder: report.md describes it from its "
+                        "model_info.json (objective, steps, starting weights, each training source's share)")
 
 
 def _add_summary(tasks: argparse._SubParsersAction) -> None:

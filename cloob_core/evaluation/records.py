@@ -12,6 +12,7 @@ from cloob_core import lease, publish, storage
 from cloob_core.config import ConfigError
 from cloob_core.evaluation.tables import comparison_rows, markdown_table, suite_rows
 from cloob_core.io import atomic_write, parse_json, write_json, write_text
+from cloob_core.model.files import INFO_FILE
 
 
 def benchmark_record(dataset: str, model: str, pretrained: str, task: str, metrics: dict[str, Any]) -> dict:
@@ -102,11 +103,12 @@ def gather_results(inputs: Sequence[Path], keep: set[str] | None = None) -> Resu
 
 
 def publish_report(results: Results, output: Path, suite: dict[str, dict[str, float]] | None = None,
-                   extra: dict[str, Any] | None = None) -> Report:
+                   extra: dict[str, Any] | None = None, model: dict[str, Any] | None = None) -> Report:
     """The report over ``results`` published in ``output`` as one unit (:mod:`cloob_core.publish`): their
     scalars in ``metrics.json``, their records in ``results/``, their plots in ``figures/`` (a folder DVC shows
     as image plots), ``report.md`` linking both, and ``extra`` files (name -> JSON). ``suite``: results computed
-    over the others (the suite's aggregates)."""
+    over the others (the suite's aggregates); ``model``: the evaluated model's ``model_info.json``, which
+    ``report.md`` describes (how it was trained, from which weights, on which sources)."""
     combined = results.scalars | (suite or {})
     with publish.staged(output) as staging:
         for target, data in results.files.items():
@@ -115,17 +117,31 @@ def publish_report(results: Results, output: Path, suite: dict[str, dict[str, fl
             write_json(staging / name, data)
         write_json(staging / "metrics.json", combined)
         write_json(staging / INDEX_FILE, results.entries)  # so a combined report can be combined again
-        write_text(staging / "report.md", _markdown(results.entries, suite or {}))
+        write_text(staging / "report.md", _markdown(results.entries, suite or {}, model))
     return Report(output, combined, results.entries)
 
 
 @lease.holding("output")
-def combine_reports(inputs: Sequence[Path], output: Path) -> Report:
+def combine_reports(inputs: Sequence[Path], output: Path, model: str | Path | None = None) -> Report:
     """One report over several evaluation folders (the DVC pipeline evaluates each data set into its own, since
     DVC outputs may not overlap; the Kubeflow pipelines each data set x task). Nothing in ``output`` changes
-    unless the whole report is published."""
+    unless the whole report is published. ``model``: the evaluated model's folder, described in ``report.md``."""
     storage.ensure_folder(output)
-    return publish_report(gather_results(inputs), output)
+    return publish_report(gather_results(inputs), output, model=model_about(model))
+
+
+def model_about(folder: str | Path | None) -> dict[str, Any] | None:
+    """A model folder's ``model_info.json`` (None without a folder); a folder without one is an error naming it."""
+    if folder is None:
+        return None
+    location = storage.join(str(folder), INFO_FILE)
+    try:
+        about = storage.read_json(location)
+    except FileNotFoundError:
+        raise ConfigError(f"{folder} is not a `cloob train` model folder (no {INFO_FILE})") from None
+    if not isinstance(about, dict):
+        raise ConfigError(f"{location} does not describe a model (not a JSON object)")
+    return about
 
 
 def read_metrics(path: str | Path) -> dict[str, dict]:
@@ -145,7 +161,7 @@ def parse_metrics(data: bytes, path: str | Path) -> dict[str, dict]:
     return metrics
 
 
-def _markdown(entries: dict[str, dict], suite: dict[str, dict[str, float]]) -> str:
+def _markdown(entries: dict[str, dict], suite: dict[str, dict[str, float]], model: dict[str, Any] | None = None) -> str:
     lines = ["# Evaluation report", ""]
     combined = {name: entry["scalars"] for name, entry in entries.items()} | suite
     header, rows, _ = comparison_rows({"": combined})
@@ -154,6 +170,8 @@ def _markdown(entries: dict[str, dict], suite: dict[str, dict[str, float]]) -> s
     suite_header, suite_table = suite_rows({"": combined})
     if suite_table:
         lines += [*markdown_table(["", *suite_header[1:]], [["suite mean", *suite_table[0][1:]]]), ""]
+    if model is not None:
+        lines += _model_lines(model)
     for name, entry in sorted(entries.items()):
         lines += [f"## {name}", "", f"model `{entry['model']}` from `{entry['pretrained']}`; "
                   f"full result: [{entry['record']}]({entry['record']})", "", "| metric | value |", "|---|---|"]
@@ -164,3 +182,18 @@ def _markdown(entries: dict[str, dict], suite: dict[str, dict[str, float]]) -> s
         lines += [f"![{plot}]({plot})" for plot in entry["plots"]]
         lines.append("")
     return "\n".join(lines)
+
+
+def _model_lines(about: dict[str, Any]) -> list[str]:
+    """The evaluated model as its ``model_info.json`` describes it: architecture, objective and steps, the weights
+    it started from, and each training source's share of the samples it saw."""
+    trained = ", ".join(f"{label} {about[key]}" for key, label in (("architecture", "architecture"),
+                                                                    ("objective", "objective"), ("steps", "steps"))
+                        if key in about)
+    lines = ["## Model", "", f"{trained}; started from {about.get('init_from') or 'random weights'}", ""]
+    shares = about.get("source_shares")
+    if isinstance(shares, dict) and shares:
+        lines += markdown_table(["training source", "share of the samples seen"],
+                                [[f"`{name}`", f"{float(share):.1%}"] for name, share in shares.items()])
+        lines.append("")
+    return lines

@@ -13,7 +13,7 @@ from typing import Any
 
 from cloob_core import lease
 from cloob_core.config import SUITE_RESULT, EvalConfig, result_name
-from cloob_core.evaluation.records import COMPLETE, INDEX_FILE, Report, gather_results, publish_report
+from cloob_core.evaluation.records import COMPLETE, INDEX_FILE, Report, gather_results, model_about, publish_report
 from cloob_core.evaluation.suite_error import SuiteError
 from cloob_core.io import json_digest
 
@@ -74,13 +74,15 @@ def aggregate(settings: EvalConfig, metrics: dict[str, dict[str, Any]]) -> dict[
 
 
 @lease.holding("output")
-def suite_report(settings: EvalConfig, inputs: Sequence[str | Path], output: str | Path) -> Report:
+def suite_report(settings: EvalConfig, inputs: Sequence[str | Path], output: str | Path,
+                 model: str | Path | None = None) -> Report:
     """``cloob eval report --params``: the suite's results in one report, plus its aggregates as the ``suite``
     result and the suite's fingerprint (``suite.json``). Each input is a results folder (it has
     ``.report.json``) or a folder of them, one per data set (what `cloob eval suite` writes). Results outside the
     suite (a data set since removed from it) are left out. Everything is checked before anything is written: a
     result the suite needs that no input has, or one that is incomplete, is an error naming it, and ``output``
-    stays as it was."""
+    stays as it was. ``model``: the evaluated model's folder, which ``report.md`` describes."""
+    about = model_about(model)
     folders = []
     for given in map(Path, inputs):
         if (given / INDEX_FILE).is_file():
@@ -95,7 +97,7 @@ def suite_report(settings: EvalConfig, inputs: Sequence[str | Path], output: str
                          "suite` for those data sets first")
     fingerprint = suite_fingerprint(settings, _dataset_fingerprints(settings, results.entries))
     return publish_report(results, Path(output), suite={SUITE_RESULT: aggregate(settings, results.scalars)},
-                          extra={SUITE_FILE: fingerprint})
+                          extra={SUITE_FILE: fingerprint}, model=about)
 
 
 def _dataset_fingerprints(settings: EvalConfig, entries: dict[str, dict]) -> dict[str, Any]:

@@ -234,13 +234,13 @@ def _log_metrics(combined: dict[str, dict], metrics: Any) -> None:
 
 
 def report(params: Params, dataset_dirs: Sequence[str], output_dir: str, metrics: Any = None,
-           markdown_path: str | None = None) -> dict[str, dict]:
-    """The suite's report over the data sets' folders: every result and the suite means onto a KFP ``Metrics``
-    artifact, the Markdown page onto a ``Markdown`` one."""
+           markdown_path: str | None = None, model_dir: str | None = None) -> dict[str, dict]:
+    """The suite's report over the data sets' folders (describing the model of ``model_dir``): every result and
+    the suite means onto a KFP ``Metrics`` artifact, the Markdown page onto a ``Markdown`` one."""
     from cloob_core.evaluation.suite_report import suite_report
     from cloob_core.evaluation.tables import summary_table
 
-    combined = suite_report(_config(params).eval, dataset_dirs, output_dir).metrics
+    combined = suite_report(_config(params).eval, dataset_dirs, output_dir, model=model_dir).metrics
     log.info("%s", summary_table(combined))
     _log_metrics(combined, metrics)
     if markdown_path:
