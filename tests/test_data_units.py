@@ -310,3 +310,37 @@ def test_columns_are_one_type_in_a_part_and_one_appearing_late_is_named(tmp_path
     with pytest.raises(ManifestError, match=r"column\(s\) \['surprise'\] appear only after the first rows"):
         write_run_manifest([PartSource("p", "1", lambda: iter([later, extra]))], str(tmp_path / "bad"), "url",
                            "caption", 1024, CloobConfig().engine)
+
+
+def _tarfile_bytes(samples: list[dict]) -> bytes:
+    """What the writer wrote with tarfile before it built headers itself: the bytes it must keep writing."""
+    import tarfile
+
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w|", format=tarfile.USTAR_FORMAT) as tar:
+        for record in samples:
+            for suffix in sorted(k for k in record if k != "__key__"):
+                info = tarfile.TarInfo(f"{record['__key__']}.{suffix}")
+                info.size, info.mtime, info.mode = len(record[suffix]), 0, 0o444
+                info.uname = info.gname = "cloob"
+                tar.addfile(info, io.BytesIO(record[suffix]))
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("count", [0, 1, 7, 40])
+def test_the_shard_writer_writes_the_bytes_tarfile_writes(count):
+    import random
+
+    from cloob_core.data.writer import ShardWriter
+
+    rng = random.Random(count)
+    keys = ["000000001", "s0000042", "x" * 90, "kéy-ünïcode", "a/b" * 40, "\udcff-surrogate"]  # a/b…: USTAR's prefix
+    samples = [{"__key__": keys[i % len(keys)] + f"{i}", "jpg": rng.randbytes(rng.choice([0, 1, 511, 512, 513,
+                                                                                          rng.randrange(90_000)])),
+                "txt": rng.randbytes(rng.randrange(40)), "json": b"{}"} for i in range(count)]
+    out = io.BytesIO()
+    with ShardWriter(out) as writer:
+        for record in samples:
+            writer.write_sample(record)
+    assert out.getvalue() == _tarfile_bytes(samples)
+    assert len(out.getvalue()) % (20 * 512) == 0

@@ -88,3 +88,15 @@ def test_the_layer_check_can_fail():
     assert layer("cloob_core.ops.kubeflow") > layer("cloob_core.training.loop") > layer("cloob_core.config")
     assert layer("cloob_core.objectives.losses") > layer("cloob_core.objectives.names")
     assert Path(ROOT / "cloob_core" / "cli" / "__init__.py").is_file()
+
+
+def test_a_download_worker_imports_neither_pandas_nor_torch():
+    """Every spawned download worker imports what it runs; pandas (a quarter second) or torch (seconds) there is
+    paid per process on every download."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, cloob_core.data.worker, cloob_core.data.sources, cloob_core.data.decoding; "
+             "print(sorted(m for m in ('pandas', 'torch', 'pyarrow', 'duckdb') if m in sys.modules))")
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert loaded.stdout.strip() == "[]"

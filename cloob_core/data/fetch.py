@@ -12,7 +12,9 @@ them. So each attempt runs under a watchdog that shuts its sockets down just aft
 from __future__ import annotations
 
 import contextlib
+import heapq
 import ipaddress
+import itertools
 import socket
 import threading
 import time
@@ -122,6 +124,37 @@ def _resolve(host: str, port: int, timeout: float | None) -> list:
         raise socket.gaierror(f"DNS lookup of {host} took longer than {timeout} s") from None
 
 
+class _Alarms:
+    """One thread that fires each registered watchdog when its time comes: a thread per attempt (``threading.Timer``)
+    cost a thread's start, a handful of context switches and a fifth of a worker's CPU on a small image."""
+
+    def __init__(self) -> None:
+        self._due: list[tuple[float, int, _Watchdog]] = []  # a heap; cancelled entries are dropped when reached
+        self._count = itertools.count()
+        self._wake = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def add(self, when: float, watchdog: _Watchdog) -> None:
+        with self._wake:
+            heapq.heappush(self._due, (when, next(self._count), watchdog))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="fetch-deadlines", daemon=True)
+                self._thread.start()
+            elif self._due[0][2] is watchdog:  # a new earliest deadline: the thread sleeps until a later one
+                self._wake.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._due or self._due[0][0] > time.monotonic():
+                    self._wake.wait(self._due[0][0] - time.monotonic() if self._due else None)
+                _, _, watchdog = heapq.heappop(self._due)
+            watchdog.fire()
+
+
+_alarms = _Alarms()
+
+
 class _Watchdog:
     """Cuts this thread's sockets when the deadline passes, whatever phase the exchange is in (connect, TLS
     handshake, headers, body). Sockets register themselves as they are created or reused."""
@@ -131,17 +164,19 @@ class _Watchdog:
     def __init__(self, deadline: float):
         self.sockets: list[socket.socket] = []
         self.fired = False
+        self._done = False
         self._lock = threading.Lock()
-        self._timer = threading.Timer(max(0.0, deadline - time.monotonic()) + _WATCHDOG_GRACE_S, self._fire)
-        self._timer.daemon = True
+        self._deadline = deadline + _WATCHDOG_GRACE_S
 
     def __enter__(self) -> _Watchdog:
         _Watchdog._current.value = self
-        self._timer.start()
+        _alarms.add(self._deadline, self)
         return self
 
     def __exit__(self, *exc) -> None:
-        self._timer.cancel()
+        with self._lock:
+            self._done = True
+            self.sockets.clear()
         _Watchdog._current.value = None
 
     @classmethod
@@ -155,8 +190,10 @@ class _Watchdog:
             else:
                 watchdog.sockets.append(sock)
 
-    def _fire(self) -> None:
+    def fire(self) -> None:
         with self._lock:
+            if self._done:  # the attempt ended in time; its sockets may be another attempt's by now
+                return
             self.fired = True
             for sock in self.sockets:
                 _cut(sock)

@@ -1,8 +1,11 @@
 """The resizer: bytes in, a checked, oriented, RGB, resized JPEG out, or the reason it was dropped.
 
 The pixel count is checked from the header, before any pixel is decoded, so a decompression bomb costs
-nothing. Large JPEGs are decoded at a reduced DCT scale when the target is much smaller (Pillow's ``draft``),
-which is where most of the time of a web-scale download goes.
+nothing. A JPEG is decoded at the DCT scale its target needs (``decoding.decode_reduced``); what that leaves, a
+shrink of less than 2x, is resampled with Pillow's antialiased bicubic onto the original's exact geometry (as
+Pillow's ``thumbnail`` does after its ``draft``). Other images, and JPEGs decoded at full size, shrink by area
+averaging (``BOX``, OpenCV's ``INTER_AREA`` in img2dataset), which suits any ratio from the full image. Where
+the time goes and how far the result is from a full decode: docs/performance.md.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from dataclasses import dataclass
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from cloob_core.config import PreprocessConfig
+from cloob_core.data.decoding import decode_reduced
 
 
 @dataclass
@@ -60,7 +64,7 @@ def _to_rgb(image: Image.Image) -> Image.Image:
     return image.convert("RGB")
 
 
-def process_image(data: bytes, config: PreprocessConfig) -> ProcessedImage:
+def process_image(data: bytes, config: PreprocessConfig, reduced_decode: bool = True) -> ProcessedImage:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
         try:
@@ -86,11 +90,13 @@ def process_image(data: bytes, config: PreprocessConfig) -> ProcessedImage:
                 return _drop("aspect_ratio", f"{width}x{height}, ratio {ratio:.2f} > {config.max_aspect_ratio:g}",
                              width, height)
             new_w, new_h = target_size(width, height, config)
-            if image.format == "JPEG" and (new_w, new_h) != (width, height):
-                draft = (new_w, new_h) if orientation not in (5, 6, 7, 8) else (new_h, new_w)
-                image.draft("RGB", draft)  # decode at the smallest DCT scale still >= the target
-            image.load()
-            image = _to_rgb(ImageOps.exif_transpose(image))
+            stored = image.size
+            need = ((new_h, new_w) if orientation in (5, 6, 7, 8) else (new_w, new_h)) if reduced_decode else stored
+            box = decode_reduced(image, *need)
+            if image.size != stored:  # decoded reduced: onto the target's exact geometry, in the stored orientation
+                image = image.resize(need, Image.Resampling.BICUBIC, box=box)
+            ImageOps.exif_transpose(image, in_place=True)  # in place: no copy of an image already upright
+            image = _to_rgb(image)
         except Image.DecompressionBombError as err:
             return _drop("decompression_bomb", str(err), width, height)
         except (OSError, ValueError, SyntaxError) as err:
@@ -100,6 +106,11 @@ def process_image(data: bytes, config: PreprocessConfig) -> ProcessedImage:
     image.save(out, format="JPEG", quality=config.jpeg_quality)
     return ProcessedImage(jpeg=out.getvalue(), reason=None, detail="", original_width=width,
                           original_height=height, width=image.width, height=image.height)
+
+
+def full_decode_reference(data: bytes, config: PreprocessConfig) -> bytes | None:
+    """The stored JPEG a full decode gives: what reduced decoding is measured against (tests, benchmarks)."""
+    return process_image(data, config, reduced_decode=False).jpeg
 
 
 def _resize(image: Image.Image, new_w: int, new_h: int, config: PreprocessConfig) -> Image.Image:

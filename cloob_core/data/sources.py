@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
-
-import pandas as pd
+from typing import TYPE_CHECKING, Protocol
 
 from cloob_core.data.fetch import Fetcher, FetchPolicy, FetchResult
 from cloob_core.data.manifest import ManifestError
 from cloob_core.data.packaged import SPLITS, load_packaged, parse_url
+
+if TYPE_CHECKING:  # pandas only where a frame is built, never in a download worker (a quarter second each)
+    import pandas as pd
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 
@@ -74,6 +75,8 @@ class FolderSource:
 def folder_frame(root: Path) -> pd.DataFrame:
     """Images under ``root`` (sorted, recursive) with the caption of a sidecar ``<stem>.txt``; the parent
     folder's name is kept as ``classname`` (ImageFolder layout)."""
+    import pandas as pd
+
     rows = []
     for path in sorted(p for p in root.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file()):
         sidecar = path.with_suffix(".txt")
@@ -107,6 +110,8 @@ class PackagedSource:
 def packaged_frame(name: str, split: str) -> tuple[pd.DataFrame, PackagedSource]:
     """A packaged set as manifest rows (``split``: train, test or all) and the source that fetches them.
     ``captions`` lists every phrasing of a row's caption: the text views poly-view objectives draw from."""
+    import pandas as pd
+
     chosen = SPLITS if split == "all" else (split,)
     parts = [load_packaged(name, one) for one in chosen]
     frame = pd.DataFrame([row for part in parts for row in part.rows()])

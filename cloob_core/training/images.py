@@ -7,8 +7,8 @@ cost, which at a small input size is per-sample overhead rather than pixels (doc
 stage"), so three things are done here instead of by the torchvision transform:
 
 - a JPEG decodes at the smallest DCT scale (1/8, 1/4, 1/2 or 1) whose image still holds the smallest crop the
-  augmentation can draw at the output size (Pillow's ``draft``, as the download stage does): the crop is drawn
-  in relative terms, so its scale and aspect are unchanged;
+  augmentation can draw at the output size, by the download stage's own decode path (``data.decoding``): the
+  crop is drawn in relative terms, so its scale and aspect are unchanged;
 - the crop is drawn by torchvision's algorithm (ten tries, then a centre crop) on Python floats from a generator
   seeded per chunk, instead of a dozen one-element torch tensors per try;
 - ToTensor and Normalize run once per batch, on the device: uint8 is a quarter of the bytes through the
@@ -28,6 +28,7 @@ import open_clip
 import torch
 from PIL import Image
 
+from cloob_core.data.decoding import decode_reduced
 from cloob_core.model.dual_encoder import image_stats
 
 TRIES = 10  # torchvision's RandomResizedCrop: random draws before the centre-crop fallback
@@ -44,8 +45,7 @@ class TrainImages:
     def decode(self, data: bytes) -> Image.Image:
         """The RGB image, decoded no larger than its smallest crop needs."""
         image = Image.open(io.BytesIO(data))
-        if image.format == "JPEG":
-            image.draft("RGB", self._needed(*image.size))
+        decode_reduced(image, *self._needed(*image.size))
         return image.convert("RGB")
 
     def crop(self, image: Image.Image, rng: random.Random) -> np.ndarray:

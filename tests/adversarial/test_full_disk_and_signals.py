@@ -106,7 +106,7 @@ def test_an_abandoned_shard_stream_is_not_written_again_when_collected():
     unraisable = []
     previous, sys.unraisablehook = sys.unraisablehook, unraisable.append
     try:
-        with open("/dev/full", "wb") as stream:  # every write: ENOSPC
+        with open("/dev/full", "wb", buffering=0) as stream:  # every write: ENOSPC
             writer = ShardWriter(stream)
             with pytest.raises(OSError, match="No space left"):
                 writer.write("000000001", os.urandom(50_000), "a photo", {})
