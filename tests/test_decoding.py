@@ -43,24 +43,26 @@ def _psnr(a: bytes, b: bytes) -> float:
     return 10 * math.log10(255**2 / max(np.mean((x - y) ** 2), 1e-12))
 
 
-def test_the_reduction_is_the_largest_that_still_covers_the_need():
+def test_the_reduction_is_the_largest_whose_scale_is_at_least_the_outputs():
     rng = random.Random(0)
     for _ in range(20_000):
         width, height = rng.randint(1, 3000), rng.randint(1, 3000)
         need_w, need_h = rng.uniform(1, width * 1.2), rng.uniform(1, height * 1.2)
         k = reduction(width, height, need_w, need_h)
         assert k in (1, 2, 4, 8)
-        if k > 1:
-            assert math.ceil(width / k) >= need_w and math.ceil(height / k) >= need_h
-        if k < 8:  # the next reduction would lose pixels the output needs
-            doubled = 2 * k
-            assert (math.ceil(width / doubled) < need_w or math.ceil(height / doubled) < need_h
-                    or doubled > min(width, height))
+        if k > 1:  # the decoded image, ceil(size / k), holds the need, and so does its whole-pixel rounding
+            assert width / k >= need_w and height / k >= need_h
+            assert math.ceil(width / k) >= round(need_w) and math.ceil(height / k) >= round(need_h)
+        if k < 8:  # the next reduction would lose detail the output can hold
+            assert width / (2 * k) < need_w or height / (2 * k) < need_h
+        if need_w == int(need_w) and need_h == int(need_h):  # whole pixels: Pillow's own rule
+            floor = min(width // int(need_w), height // int(need_h))
+            assert k == next((s for s in (8, 4, 2) if floor >= s), 1)
 
 
 def test_a_jpeg_decodes_at_the_reduction_and_reports_where_the_original_lies():
-    data = _photo(703, 512)  # an odd side: 2:1 is 351.5, and a 352-px target needs libjpeg's rounded-up 352
-    for need, k in (((352, 256), 2), ((176, 128), 4), ((88, 64), 8), ((353, 256), 1), ((30, 20), 8)):
+    data = _photo(703, 512)  # an odd side: 2:1 is 351.5 (stored as 352), which libjpeg's rounded-up 352 px holds
+    for need, k in (((351.5, 256), 2), ((175.75, 128), 4), ((87.875, 64), 8), ((352, 256), 1), ((30, 20), 8)):
         image = Image.open(io.BytesIO(data))
         box = decode_reduced(image, *need)
         assert image.size == (math.ceil(703 / k), math.ceil(512 / k)), need

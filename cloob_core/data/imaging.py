@@ -35,8 +35,8 @@ def _drop(reason: str, detail: str, width: int = 0, height: int = 0) -> Processe
     return ProcessedImage(None, reason, detail, width, height)
 
 
-def target_size(width: int, height: int, config: PreprocessConfig) -> tuple[int, int]:
-    """Size after resizing, before a crop or border: the side that must reach ``image_size`` does (not by
+def target_scale(width: int, height: int, config: PreprocessConfig) -> float:
+    """The resize's scale, before a crop or border: the side that must reach ``image_size`` does (not by
     enlarging, under ``resize_only_if_bigger``), and no side is longer than ``max_side``."""
     scale = 1.0
     if config.resize_mode != "no":
@@ -45,6 +45,12 @@ def target_size(width: int, height: int, config: PreprocessConfig) -> tuple[int,
             scale = config.image_size / reference
     if config.max_side is not None and max(width, height) * scale > config.max_side:
         scale = config.max_side / max(width, height)
+    return scale
+
+
+def target_size(width: int, height: int, config: PreprocessConfig) -> tuple[int, int]:
+    """The size after resizing (:func:`target_scale`), in whole pixels."""
+    scale = target_scale(width, height, config)
     if scale == 1.0:
         return width, height
     return max(1, round(width * scale)), max(1, round(height * scale))
@@ -91,10 +97,11 @@ def process_image(data: bytes, config: PreprocessConfig, reduced_decode: bool = 
                              width, height)
             new_w, new_h = target_size(width, height, config)
             stored = image.size
-            need = ((new_h, new_w) if orientation in (5, 6, 7, 8) else (new_w, new_h)) if reduced_decode else stored
-            box = decode_reduced(image, *need)
+            scale = target_scale(width, height, config) if reduced_decode else 1.0
+            box = decode_reduced(image, stored[0] * scale, stored[1] * scale)  # the unrounded target
             if image.size != stored:  # decoded reduced: onto the target's exact geometry, in the stored orientation
-                image = image.resize(need, Image.Resampling.BICUBIC, box=box)
+                size = (new_h, new_w) if orientation in (5, 6, 7, 8) else (new_w, new_h)
+                image = image.resize(size, Image.Resampling.BICUBIC, box=box)
             ImageOps.exif_transpose(image, in_place=True)  # in place: no copy of an image already upright
             image = _to_rgb(image)
         except Image.DecompressionBombError as err:
