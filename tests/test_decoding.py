@@ -96,7 +96,7 @@ def test_every_exif_orientation_comes_out_upright_on_the_reduced_path(orientatio
     expected = (96, 144) if orientation in (5, 6, 7, 8) else (144, 96)
     assert (reduced.width, reduced.height) == expected
     assert Image.open(io.BytesIO(reduced.jpeg)).size == expected == Image.open(io.BytesIO(full)).size
-    assert _psnr(reduced.jpeg, full) > 30  # a wrong turn or mirror is ~12 dB
+    assert _psnr(reduced.jpeg, full) > 32  # 33.6-35.1 measured; a wrong turn or mirror is ~12 dB
 
 
 def test_what_needs_no_shrink_of_2x_takes_the_full_path_unchanged():
