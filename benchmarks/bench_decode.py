@@ -34,7 +34,7 @@ from bench_download import make_sources
 
 from cloob_core.config import PreprocessConfig
 from cloob_core.data.decoding import reduction
-from cloob_core.data.imaging import full_decode_reference, process_image, target_size
+from cloob_core.data.imaging import full_decode_reference, process_image, target_scale, target_size
 
 try:
     import cv2
@@ -67,11 +67,22 @@ def target(data: bytes, size: int) -> tuple[int, int]:
     return target_size(*Image.open(io.BytesIO(data)).size, PreprocessConfig(image_size=size))
 
 
+def need(data: bytes, size: int) -> tuple[float, float]:
+    """The unrounded target, which the reduction is chosen by (as `imaging.process_image` does)."""
+    width, height = Image.open(io.BytesIO(data)).size
+    scale = target_scale(width, height, PreprocessConfig(image_size=size))
+    return width * scale, height * scale
+
+
 def decoders(data: list[bytes], size: int) -> dict[str, float]:
+    """Each decoder at the reduction the output allows (the header's reading in the time, the choice not)."""
+    needs = {id(d): need(d, size) for d in data}
+    reductions = {id(d): reduction(*Image.open(io.BytesIO(d)).size, *needs[id(d)]) for d in data}
+
     def pillow(item: bytes, reduce: bool) -> None:
         image = Image.open(io.BytesIO(item))
         if reduce:
-            k = reduction(*image.size, *target(item, size))
+            k = reductions[id(item)]
             image.draft("RGB", (image.width // k, image.height // k))
         image.load()
 
@@ -80,15 +91,15 @@ def decoders(data: list[bytes], size: int) -> dict[str, float]:
     if simplejpeg is not None:
         found["simplejpeg full"] = per_image_us(simplejpeg.decode_jpeg, data)
         found["simplejpeg scaled"] = per_image_us(
-            lambda d: simplejpeg.decode_jpeg(d, min_width=target(d, size)[0], min_height=target(d, size)[1]), data)
+            lambda d: simplejpeg.decode_jpeg(d, min_width=math.ceil(needs[id(d)][0]),
+                                             min_height=math.ceil(needs[id(d)][1])), data)
     if cv2 is not None:
         flags = {1: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4,
                  8: cv2.IMREAD_REDUCED_COLOR_8}
         found["OpenCV full (img2dataset)"] = per_image_us(
             lambda d: cv2.imdecode(np.frombuffer(d, np.uint8), cv2.IMREAD_UNCHANGED), data)
         found["OpenCV reduced"] = per_image_us(
-            lambda d: cv2.imdecode(np.frombuffer(d, np.uint8),
-                                   flags[reduction(*Image.open(io.BytesIO(d)).size, *target(d, size))]), data)
+            lambda d: cv2.imdecode(np.frombuffer(d, np.uint8), flags[reductions[id(d)]]), data)
     return found
 
 
@@ -96,9 +107,9 @@ def resizers(data: list[bytes], size: int) -> dict[str, float]:
     full = [Image.open(io.BytesIO(d)).convert("RGB") for d in data]
     sizes = [target(d, size) for d in data]
     reduced = []
-    for d, need in zip(data, sizes, strict=True):
+    for d in data:
         image = Image.open(io.BytesIO(d))
-        k = reduction(*image.size, *need)
+        k = reduction(*image.size, *need(d, size))
         box = image.draft("RGB", (image.width // k, image.height // k))
         image.load()
         reduced.append((image, box[1] if box else None))
