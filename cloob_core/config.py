@@ -55,6 +55,12 @@ class ObjectiveConfig(_Section):
         description="Inverse temperature of the Hopfield retrieval; 8 for CC3M, 14.3 for YFCC (paper §5.1-5.2). "
         "Used by the Hopfield objectives only.",
     )
+    start_without_hopfield: int | Literal["warmup"] = Field(
+        "warmup", description="Hopfield objectives (cloob, cloob_ring, infonce_hopfield): the first steps train the "
+        "same objective on the encoders' embeddings, without retrieval (InfoLOOB for CLOOB), so that towers starting "
+        "in a narrow cone (ViTs, RN50) leave it before retrieval averages them into the collapsed fixed point "
+        "(docs/objectives.md, 'Collapse'). warmup: the schedule's warm-up steps; a number: that many; 0: retrieval "
+        "from the first step (the paper).")
     p_out: float = Field(0.1, gt=0.0, le=1.0, description="*_ring objectives (Wu et al.): each anchor keeps the "
                          "negatives ranked in its closest p_out fraction of candidates (BALL; paper: 10% on "
                          "CIFAR10, 0.3% on ImageNet).")
@@ -75,6 +81,13 @@ class ObjectiveConfig(_Section):
     siglip_bias_init: float = Field(-10.0, allow_inf_nan=False, description="siglip: the starting value of its "
                                     "learnable logit bias b (paper: -10, with a learnable inverse temperature "
                                     "starting at 10: model.inv_tau 10, model.learn_inv_tau true).")
+
+    @field_validator("start_without_hopfield")
+    @classmethod
+    def _steps_or_warmup(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 0:
+            raise ValueError("must be warmup or a number of steps >= 0")
+        return value
 
     @model_validator(mode="after")
     def _band(self) -> ObjectiveConfig:
@@ -385,6 +398,11 @@ class TrainConfig(_Section):
     checkpoint_sync: str | None = Field(None, description="s3:// prefix to which each checkpoint is also "
                                         "uploaded (null: local only).")
     log_every: int = Field(10, ge=1, description="Steps between log lines and metric updates.")
+    collapse_windows: int = Field(3, ge=0, description="Log windows in a row at the objective's collapsed loss with "
+                                  "a tower's embeddings down to a few directions before the run is called collapsed "
+                                  "(one warning line; docs/objectives.md, 'Collapse'). 0: not judged.")
+    on_collapse: Literal["warn", "stop"] = Field("warn", description="What follows a collapse: warn and train on, "
+                                                 "or stop: checkpoint, then exit 2 with the collapse line.")
     tensorboard: bool = Field(True, description="Write TensorBoard scalars to OUTPUT/tensorboard.")
     metrics_port: int = Field(0, ge=0, le=65535, description="Rank 0 serves Prometheus /metrics on this port "
                               "(0: off).")

@@ -19,7 +19,9 @@ from cloob_core.io import write_json
 def test_the_ablation_grid_is_the_papers_four_objectives_and_nothing_else_differs():
     cells = GRIDS["ablation"].cells
     assert list(cells) == ["clip", "infoloob", "infonce_hopfield", "cloob"]
-    assert all(overrides == (f"train.objective={name}",) for name, overrides in cells.items())
+    # the paper's recipe for each: Hopfield retrieval (where there is one) from the first step
+    assert all(overrides == (f"train.objective={name}", "objective.start_without_hopfield=0")
+               for name, overrides in cells.items())
     with pytest.raises(ConfigError, match="no grid 'ablations'; there are ablation, objectives, sweep"):
         grid_named("ablations")
 
@@ -34,7 +36,9 @@ def test_every_sweep_cell_is_a_valid_configuration_that_differs_from_its_objecti
             centre = load_config(overrides=list(cells[f"{objective}-default"]))
             assert config.model_dump() != centre.model_dump(), name
     # the sweep chose today's default warm-up: its cell is the default recipe, its centre is not
-    assert load_config(overrides=list(cells["cloob-warmup200"])) == load_config()
+    # (and the paper's start, Hopfield retrieval from the first step, which the default has left since)
+    assert load_config(overrides=list(cells["cloob-warmup200"])) == load_config(
+        overrides=["objective.start_without_hopfield=0"])
     assert load_config(overrides=list(cells["cloob-default"])) != load_config()
 
 
@@ -50,7 +54,7 @@ def test_a_cell_checkpoints_about_points_times_and_keeps_every_checkpoint_until_
 
 def test_a_run_folder_holding_other_settings_is_refused_not_reused(mnist_train_shards, tmp_path):
     base = load_config(overrides=[f"train.shards={mnist_train_shards}"])
-    done = cell_config(base, ("train.objective=clip",), seed=0, points=4).model_dump()
+    done = cell_config(base, GRIDS["ablation"].cells["clip"], seed=0, points=4).model_dump()
     write_json(tmp_path / "clip-s0" / "result.json", {"config": done, "cell": "clip"})
     assert run_cell(base, GRIDS["ablation"], "clip", 0, tmp_path / "clip-s0", None, points=4)["cell"] == "clip"
     # measured at other points, the same training is the same run

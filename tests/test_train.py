@@ -52,7 +52,7 @@ def test_a_tiny_model_learns_and_exports_for_open_clip(shards, tmp_path):
                                     "train.tensorboard=false"])
     result = train(config, tmp_path / "run", progress=False)
     history = [line.split(",") for line in (tmp_path / "run" / "loss_history.csv").read_text().splitlines()[1:]]
-    losses = [float(loss) for _, loss, _ in history]
+    losses = [float(row[1]) for row in history]
     assert len(history) == 62 // 5 + 1 and losses[-1] < 0.85 * losses[0]
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["steps"] == 62 and metrics["final_loss"] == losses[-1]
@@ -103,8 +103,17 @@ def test_two_rank_ddp_equals_one_process_with_the_same_global_batch(shards, tmp_
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     assert "(2 rank(s)" in ddp.stdout
     one, two = exported_state(tmp_path / "one"), exported_state(tmp_path / "two")
-    # Same data, same global batch, same loss; only the float32 summation order differs (gather, all-reduce).
-    worst = max((one[k] - two[k]).abs().max().item() for k in one)
+    # Same data, same global batch, same loss; only the float32 summation order differs (gather, all-reduce). The
+    # keys' biases of attention are left out: a softmax does not change when a constant is added to its scores, so
+    # their gradient is zero but for rounding, which AdamW turns into steps of its own (3e-6 here, where the run's
+    # warm-up trains without Hopfield retrieval; objective.start_without_hopfield).
+    def compared(name: str, tensor: torch.Tensor) -> torch.Tensor:
+        if not name.endswith("in_proj_bias"):
+            return tensor
+        width = tensor.shape[0] // 3
+        return torch.cat([tensor[:width], tensor[2 * width:]])
+
+    worst = max((compared(k, one[k]) - compared(k, two[k])).abs().max().item() for k in one)
     print(f"largest parameter difference after 6 steps: {worst:.2e}")
     assert worst < 1e-6, worst  # measured: 1.2e-7
 
@@ -125,7 +134,7 @@ def test_gradient_accumulation_equals_the_full_batch():
         parts = StepParts(model=model, objective=build_objective("cloob", beta=8.0),
                           optimizer=build_optimizer(model, config.optim),
                           scaler=torch.amp.GradScaler("cpu", enabled=False), device_type="cpu", accum_freq=k)
-        loss = accumulate_gradients(parts, images, tokens)
+        loss = accumulate_gradients(parts, images, tokens).loss
         grads[k] = (loss, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
     full_loss, full = grads[1]
     assert "encoder.logit_scale" in full  # the learnable temperature gets its gradient once, not k times
@@ -214,6 +223,10 @@ def test_prometheus_metrics_rise_during_a_run(shards, tmp_path):
     assert second["cloob_train_samples_total"] == 32 * second["cloob_train_steps_total"]
     assert second["cloob_train_samples_per_second"] > 0 and 0 < second["cloob_train_loss"] < 10
     assert "cloob_train_data_errors_total" in second
+    # the collapse detector's figures of the last window (the rank of 32 rows of 64 dimensions is at most 31)
+    assert "cloob_train_collapse_margin" in second and second["cloob_train_collapsed"] == 0
+    assert 1 <= second['cloob_train_effective_rank{tower="image"}'] <= 31
+    assert -1 <= second['cloob_train_mean_cosine{tower="text"}'] <= 1
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ The pure functions hold the math. The ``nn.Module`` classes share one call signa
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -308,6 +309,26 @@ def siglip_loss(image_features: Tensor, text_features: Tensor, inv_tau: float | 
     return -F.logsigmoid(signs * logits).sum(dim=1).mean()
 
 
+def infonce_collapsed(batch: int) -> float:
+    """InfoNCE's value when every similarity of the batch is the same (complete collapse): ``ln N``."""
+    return math.log(batch)
+
+
+def infoloob_collapsed(batch: int, inv_tau: float) -> float:
+    """InfoLOOB's and CLOOB's value at complete collapse, ``2 ln(N - 1) / inv_tau``: each of the two LOOB terms
+    is ``ln(N - 1)`` (N - 1 equal negatives against an equal positive), scaled by tau. Hopfield retrieval from a
+    memory of identical patterns returns that pattern, so CLOOB's retrieved embeddings collapse with the
+    encoders' and its value is InfoLOOB's."""
+    return 2.0 * math.log(batch - 1) / inv_tau
+
+
+def siglip_collapsed(batch: int) -> float:
+    """SigLIP's least value when every logit is the same: ``-[ln p + (N - 1) ln(1 - p)]`` is least at ``p = 1/N``,
+    ``ln N + (N - 1) ln(N / (N - 1))``. Its bias is learnt, so a collapsed model reaches this constant, whatever
+    the bias it started from; a model that scores pairs above non-pairs goes below it."""
+    return math.log(batch) + (batch - 1) * math.log(batch / (batch - 1))
+
+
 class ContrastiveObjective(nn.Module):
     """Shared signature of every objective: ``(image_features, text_features, inv_tau) -> scalar loss``.
 
@@ -338,6 +359,16 @@ class ContrastiveObjective(nn.Module):
         image_features, text_features = gather_features(image_features, text_features)
         return self.compute(image_features, text_features, inv_tau, anchors, **memories)
 
+    def collapsed_loss(self, batch: int, inv_tau: float) -> float:
+        """The loss of a global batch of ``batch`` samples at complete collapse, every embedding the same (so every
+        similarity too): what a run stuck in the collapsed fixed point logs, the reference of the collapse
+        detector (:mod:`cloob_core.training.collapse`). Here: the objective evaluated on such a batch, in float64;
+        the objectives with a closed form override it with that."""
+        views = (getattr(self, "image_views", 1), getattr(self, "text_views", 1))
+        image, text = (torch.ones(batch * v, 1, dtype=torch.float64) for v in views)
+        with torch.no_grad():
+            return float(self.compute(image, text, float(inv_tau)))
+
     def end_step(self) -> None:
         """Called once per optimiser step, after the (accumulated) backward: stateful objectives advance
         their schedules and queues here, never between the micro-batches of one step."""
@@ -357,6 +388,8 @@ class ContrastiveObjective(nn.Module):
 class ClipLoss(ContrastiveObjective):
     """CLIP's symmetric InfoNCE (the paper's baseline)."""
 
+    def collapsed_loss(self, batch: int, inv_tau: float) -> float:
+        return infonce_collapsed(batch)
 
     def compute(self, image_features: Tensor, text_features: Tensor, inv_tau: float | Tensor,
                 anchors: Anchors = EVERY_ROW) -> Tensor:
@@ -366,6 +399,8 @@ class ClipLoss(ContrastiveObjective):
 class InfoLOOBLoss(ContrastiveObjective):
     """InfoLOOB without Hopfield retrieval (ablation "InfoLOOB")."""
 
+    def collapsed_loss(self, batch: int, inv_tau: float) -> float:
+        return infoloob_collapsed(batch, inv_tau)
 
     def compute(self, image_features: Tensor, text_features: Tensor, inv_tau: float | Tensor,
                 anchors: Anchors = EVERY_ROW) -> Tensor:
@@ -373,16 +408,42 @@ class InfoLOOBLoss(ContrastiveObjective):
 
 
 class _HopfieldObjective(ContrastiveObjective):
-    """An objective over Hopfield-retrieved embeddings, with inverse temperature ``beta`` of the memories."""
+    """An objective over Hopfield-retrieved embeddings, with inverse temperature ``beta`` of the memories.
+
+    ``start_without_hopfield``: its first steps compute the same objective on the encoders' embeddings, without
+    retrieval (``plain_fn``: InfoLOOB for CLOOB). Towers that start in a narrow cone (ViTs, RN50) give Hopfield
+    retrieval nearly identical patterns, which it averages into one vector: the loss is then at its collapsed value
+    and its gradient hundreds of times smaller than InfoLOOB's, and AdamW's normalised steps, guided by that
+    noise, carry the run into the collapsed fixed point (docs/objectives.md, "Collapse"). The step count is
+    checkpointed, so a resumed run switches where an uninterrupted one does."""
 
     loss_fn: Callable[..., Tensor]
+    plain_fn: Callable[..., Tensor]
     takes_beta = True
 
-    def __init__(self, beta: float = 8.0) -> None:
+    def __init__(self, beta: float = 8.0, start_without_hopfield: int = 0) -> None:
         super().__init__()
         if not beta > 0:
             raise ValueError(f"beta must be > 0, got {beta}")
+        if start_without_hopfield < 0:
+            raise ValueError(f"start_without_hopfield must be >= 0, got {start_without_hopfield}")
         self.beta = float(beta)
+        self.start_without_hopfield = int(start_without_hopfield)
+        self.step = 0
+
+    @property
+    def retrieving(self) -> bool:
+        """Whether this step's loss goes through Hopfield retrieval."""
+        return self.step >= self.start_without_hopfield
+
+    def end_step(self) -> None:
+        self.step += 1
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        return {"step": self.step}
+
+    def load_checkpoint_state(self, state: dict[str, Any]) -> None:
+        self.step = int(state.get("step", 0))  # a checkpoint from before the count: its run started with retrieval
 
     def compute(
         self,
@@ -395,24 +456,34 @@ class _HopfieldObjective(ContrastiveObjective):
     ) -> Tensor:
         """Extra stored patterns (prototypes, a queue) join the memories as given; they are not gathered
         across ranks, since a caller that keeps them holds the same global copy on every rank."""
+        if not self.retrieving:
+            return type(self).plain_fn(image_features, text_features, inv_tau, anchors)
         return type(self).loss_fn(
             image_features, text_features, inv_tau, self.beta, extra_image_stored, extra_text_stored, anchors
         )
 
     def extra_repr(self) -> str:
-        return f"name={self.name!r}, beta={self.beta}"
+        return f"name={self.name!r}, beta={self.beta}, start_without_hopfield={self.start_without_hopfield}"
 
 
 class CLOOBLoss(_HopfieldObjective):
     """CLOOB: modern Hopfield retrieval plus InfoLOOB (Eq. 5)."""
 
     loss_fn = staticmethod(cloob_loss)
+    plain_fn = staticmethod(infoloob_loss)
+
+    def collapsed_loss(self, batch: int, inv_tau: float) -> float:
+        return infoloob_collapsed(batch, inv_tau)
 
 
 class HopfieldInfoNCELoss(_HopfieldObjective):
     """Ablation "InfoNCE with Hopfield": retrieval as in CLOOB, CLIP's InfoNCE as objective."""
 
     loss_fn = staticmethod(infonce_hopfield_loss)
+    plain_fn = staticmethod(infonce_loss)
+
+    def collapsed_loss(self, batch: int, inv_tau: float) -> float:
+        return infonce_collapsed(batch)
 
 
 class _RestrictedObjective(ContrastiveObjective):
@@ -466,6 +537,13 @@ class _RestrictedObjective(ContrastiveObjective):
         self.step = int(state.get("step", 0))
         self.queue.load(state.get("queue", {}))
 
+    def collapsed_loss(self, batch: int, inv_tau: float) -> float:
+        """At collapse every kept term is equal: each anchor's denominator holds the band's K negatives of its
+        ``batch - 1 + queued`` candidates (and the positive, for InfoNCE), at the current step's band."""
+        start, stop = self.band.limits(batch - 1 + len(self.queue))
+        kept = stop - start
+        return 2.0 * math.log(kept) / inv_tau if self.leave_one_out else math.log(kept + 1)
+
     def _direction(self, anchors: Tensor, candidates: Tensor, inv_tau: float | Tensor,
                    raw_anchors: Tensor, raw_candidates: Tensor, offset: int) -> Tensor:
         rank_by = raw_anchors @ raw_candidates.T if self.ranking == "raw" else None
@@ -507,14 +585,20 @@ class CLOOBRingLoss(_RestrictedObjective):
     leave_one_out = True
     takes_beta = True
 
-    def __init__(self, beta: float = 8.0, **band: Any) -> None:
+    def __init__(self, beta: float = 8.0, start_without_hopfield: int = 0, **band: Any) -> None:
         super().__init__(**band)
         if not beta > 0:
             raise ValueError(f"beta must be > 0, got {beta}")
+        if start_without_hopfield < 0:
+            raise ValueError(f"start_without_hopfield must be >= 0, got {start_without_hopfield}")
         self.beta = float(beta)
+        self.start_without_hopfield = int(start_without_hopfield)
 
     def compute(self, image_features: Tensor, text_features: Tensor, inv_tau: float | Tensor,
                 anchors: Anchors = EVERY_ROW) -> Tensor:
+        """As :class:`CLOOBLoss`, the first ``start_without_hopfield`` steps are InfoLOOB's with the same band."""
+        if self.step < self.start_without_hopfield:
+            return InfoLOOBRingLoss.compute(self, image_features, text_features, inv_tau, anchors)
         _check_pair(image_features, text_features, min_batch=2)
         x, y = image_features, text_features
         if anchors.every_row:
@@ -531,7 +615,7 @@ class CLOOBRingLoss(_RestrictedObjective):
                 + self._direction(v_y, v_x, inv_tau, y[rows], images, offset)) / inv_tau
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, beta={self.beta}"
+        return f"{super().extra_repr()}, beta={self.beta}, start_without_hopfield={self.start_without_hopfield}"
 
 
 class _PolyViewObjective(ContrastiveObjective):
@@ -615,6 +699,9 @@ class SigLipLoss(ContrastiveObjective):
     def compute(self, image_features: Tensor, text_features: Tensor, inv_tau: float | Tensor,
                 anchors: Anchors = EVERY_ROW) -> Tensor:
         return siglip_loss(image_features, text_features, inv_tau, self.logit_bias, anchors)
+
+    def collapsed_loss(self, batch: int, inv_tau: float) -> float:
+        return siglip_collapsed(batch)
 
     def checkpoint_state(self) -> dict[str, Any]:
         return {"logit_bias": self.logit_bias.detach().clone()}

@@ -14,14 +14,19 @@ def objective_class(name: str) -> type[losses.ContrastiveObjective]:
     return getattr(losses, OBJECTIVES[name].class_name)
 
 
-def objective_options(name: str, config: Any) -> dict[str, Any]:
-    """The settings of a :class:`~cloob_core.config.CloobConfig` that objective ``name`` takes: ``beta`` for the
-    Hopfield ones, the band and queue for the restricted ones, the views for the poly-view ones."""
+def objective_options(name: str, config: Any, warmup_steps: int | None = None) -> dict[str, Any]:
+    """The settings of a :class:`~cloob_core.config.CloobConfig` that objective ``name`` takes: ``beta`` and the start
+    without retrieval for the Hopfield ones, the band and queue for the restricted ones, the views for the poly-view
+    ones. ``warmup_steps``: the run's warm-up as its schedule has it (``optim.warmup_steps`` when not given), which
+    ``objective.start_without_hopfield: warmup`` means."""
     cls = objective_class(name)
     o, t = config.objective, config.train
     options: dict[str, Any] = {}
     if cls.takes_beta:
         options["beta"] = o.beta
+        start = o.start_without_hopfield
+        options["start_without_hopfield"] = (config.optim.warmup_steps if warmup_steps is None else warmup_steps) \
+            if start == "warmup" else start
     if cls.takes_band:
         options.update(p_in=o.p_in, p_out=o.p_out, anneal_steps=o.anneal_steps, anneal_inner=o.anneal_inner,
                        queue_size=o.queue_size, ranking=o.ranking)
@@ -34,10 +39,10 @@ def objective_options(name: str, config: Any) -> dict[str, Any]:
     return options
 
 
-def objective_from_config(config: Any) -> losses.ContrastiveObjective:
+def objective_from_config(config: Any, warmup_steps: int | None = None) -> losses.ContrastiveObjective:
     """The objective ``train.objective`` with its settings from ``objective.*`` and ``train.*_views``."""
     return build_objective(config.train.objective, local_loss=config.train.local_loss,
-                           **objective_options(config.train.objective, config))
+                           **objective_options(config.train.objective, config, warmup_steps))
 
 
 def build_objective(name: str, *, local_loss: bool = False, **options: Any) -> losses.ContrastiveObjective:

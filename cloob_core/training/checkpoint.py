@@ -43,7 +43,8 @@ MAY_CHANGE_ON_RESUME = frozenset({
     "train.threads", "train.data_timeout_s", "train.sample_cache_mb", "train.precision", "train.accum_freq",
     "train.local_loss", "train.grad_checkpointing", "train.grad_compression", "train.compile",
     "train.sync_batchnorm", "train.device", "train.checkpoint_every", "train.keep_checkpoints",
-    "train.checkpoint_sync", "train.log_every", "train.tensorboard", "train.metrics_port", "train.metrics_host",
+    "train.checkpoint_sync", "train.log_every", "train.collapse_windows", "train.on_collapse",
+    "train.tensorboard", "train.metrics_port", "train.metrics_host",
     "train.pushgateway", "train.eval_every", "train.eval_datasets"})
 
 
@@ -64,7 +65,7 @@ class TrainingState:
 
     step: int = 0
     positions: dict[int, Position] = field(default_factory=dict)
-    history: list[tuple[int, float, float]] = field(default_factory=list)  # (step, loss, learning rate)
+    history: list[tuple[float, ...]] = field(default_factory=list)  # a row per log window: collapse.HISTORY_COLUMNS
     open_window: tuple[float, int] = (0.0, 0)  # the loss summed since the last logged step, and its steps
 
     def checkpoint(self, parts: Trainables, config: dict[str, Any], world_size: int,

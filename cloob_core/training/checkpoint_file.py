@@ -18,6 +18,9 @@ class CheckpointError(StageError):
 
 
 CHECKSUM_SUFFIX = ".sha256"
+# Settings that define a run, added after checkpoints were first written: the value a checkpoint written before a
+# setting existed ran with, so that such a run resumes as it began (and is not refused as another run).
+PREDATING_SETTINGS = {"objective.start_without_hopfield": 0}
 
 
 def sha256_hex(data: bytes) -> str:
@@ -39,6 +42,12 @@ def load(location: str) -> dict[str, Any]:
         raise CheckpointError(f"checkpoint {location} is corrupt: its SHA-256 differs from the one recorded when it "
                               "was written; resume from an earlier one") from None
     try:
-        return read_torch(io.BytesIO(data), f"checkpoint {location}")
+        saved = read_torch(io.BytesIO(data), f"checkpoint {location}")
     except UnreadableFile as err:
         raise CheckpointError(str(err)) from None
+    config = saved.get("config") if isinstance(saved, dict) else None
+    for dotted, value in PREDATING_SETTINGS.items():
+        section, key = dotted.split(".")
+        if isinstance(config, dict) and isinstance(config.get(section), dict):
+            config[section].setdefault(key, value)
+    return saved

@@ -33,12 +33,22 @@ from cloob_core.io import write_json, write_text
 from cloob_core.model.dual_encoder import build_model, build_tokenizer, lock_towers
 from cloob_core.model.export import export_model
 from cloob_core.model.starting_weights import load_starting_weights
+from cloob_core.objectives.distributed import gather_features
 from cloob_core.objectives.registry import objective_from_config
 from cloob_core.plots import training_curves_png
 from cloob_core.threads import core_share, plan_threads
 from cloob_core.training import checkpoint
 from cloob_core.training.batch_ring import BatchRing
 from cloob_core.training.checkpoint import Trainables, TrainingState
+from cloob_core.training.collapse import (
+    HISTORY_COLUMNS,
+    CollapseRule,
+    Health,
+    TrainingCollapsed,
+    embedding_health,
+    health_history,
+    history_row,
+)
 from cloob_core.training.env import DistEnv, across_ranks, choose_device, detect, init_process_group
 from cloob_core.training.evaluator import Evaluator
 from cloob_core.training.images import Normalize, TrainImages
@@ -47,6 +57,7 @@ from cloob_core.training.optim import build_optimizer, build_scheduler, plan_sch
 from cloob_core.training.resumption import auto_resume, resolve_resume
 from cloob_core.training.shape import run_shape
 from cloob_core.training.step import (
+    StepOutput,
     StepParts,
     accumulate_gradients,
     optimizer_step,
@@ -146,13 +157,16 @@ def _build(config: CloobConfig, steps: int, shards: int, identity: dict[str, str
     lock_towers(model, cfg)  # before the optimiser: a locked tower's parameters are not among its groups
     if cfg.grad_checkpointing:
         model.encoder.set_grad_checkpointing(True)
-    objective = objective_from_config(config).to(device)
-    optimizer = build_optimizer(model, config.optim, objective)
     schedule = plan_schedule(config.optim, steps)
+    objective = objective_from_config(config, warmup_steps=schedule.warmup).to(device)
+    optimizer = build_optimizer(model, config.optim, objective)
     if schedule.problem and env.is_main:
         log.warning("%s", schedule.problem)
     if env.is_main:
         log.info("schedule: %s", schedule.describe(config.optim.lr))
+        if getattr(objective, "start_without_hopfield", 0):
+            log.info("%s: the first %d step(s) without Hopfield retrieval (objective.start_without_hopfield)",
+                     objective.name, objective.start_without_hopfield)
     parts = Trainables(model=model, optimizer=optimizer, scheduler=build_scheduler(optimizer, schedule),
                        scaler=torch.amp.GradScaler(device.type, enabled=precision == "fp16"),
                        objective=objective)
@@ -325,13 +339,24 @@ class _Window:
         self.loss = torch.zeros((), device=self.device)
 
     def close(self, *, step: int, total: int, batch_size: int, lr: float, inv_tau: float,
-              grad_norm: torch.Tensor | None) -> Snapshot:
+              grad_norm: torch.Tensor | None, collapsed_loss: float, measured: torch.Tensor) -> Snapshot:
         elapsed = max(time.perf_counter() - self.started, 1e-9)
-        return Snapshot(step=step, total_steps=total, loss=float(self.loss) / self.steps, lr=lr, inv_tau=inv_tau,
+        loss = float(self.loss) / self.steps
+        return Snapshot(step=step, total_steps=total, loss=loss, lr=lr, inv_tau=inv_tau,
                         samples_per_second=self.steps * batch_size / elapsed,
                         data_seconds=self.data_seconds / self.steps,
                         grad_norm=None if grad_norm is None else float(grad_norm), samples=step * batch_size,
-                        data_errors=self.errors)
+                        data_errors=self.errors, health=Health.of(loss, collapsed_loss, measured))
+
+
+def _measure_health(setup: _Setup, stepped: StepOutput) -> torch.Tensor:
+    """The step's embeddings of the whole global batch measured (collapse.py): each rank's gathered, so every rank
+    reads the same figures and reaches the same verdict."""
+    image_features, text_features = stepped.image_features, stepped.text_features
+    if setup.env.distributed:
+        with torch.no_grad():
+            image_features, text_features = gather_features(image_features, text_features)
+    return embedding_health(image_features, text_features)
 
 
 def _check_finite(setup: _Setup, state: TrainingState, window: _Window, output: Path) -> None:
@@ -373,6 +398,7 @@ def _run_steps(config: CloobConfig, setup: _Setup, batches: Iterator[Batch], sta
     window.loss += state.open_window[0]  # a window the checkpoint cut: float32 values, so the sum goes on exactly
     window.steps = state.open_window[1]
     last_loss = state.history[-1][1] if state.history else float("nan")  # a run resumed at its end trains no step
+    rule = _collapse_rule(config, setup)
     parts.model.train()
     for step in range(state.step, setup.steps):
         if stop.signal is not None:
@@ -386,14 +412,15 @@ def _run_steps(config: CloobConfig, setup: _Setup, batches: Iterator[Batch], sta
         images, tokens = batch.to(device)
         images = setup.normalize(images).contiguous(memory_format=torch.channels_last)
         parts.scheduler.step_update(step)
-        loss = accumulate_gradients(setup.step_parts, images, tokens)
+        stepped = accumulate_gradients(setup.step_parts, images, tokens)
         logging_step = (step + 1) % cfg.log_every == 0 or step + 1 == setup.steps
+        measured = _measure_health(setup, stepped) if logging_step else None
         grad_norm = optimizer_step(setup.step_parts, measure_norm=logging_step and setup.env.is_main)
         parts.objective.end_step()  # band schedules and queues advance once per optimiser step
         parts.model.clamp_inv_tau_()
         state.step = step + 1
         state.positions.update(batch.positions)
-        window.loss += loss.float()
+        window.loss += stepped.loss.float()
         window.steps += 1
         window.errors += batch.skipped
         monitor.advance()
@@ -401,14 +428,19 @@ def _run_steps(config: CloobConfig, setup: _Setup, batches: Iterator[Batch], sta
             _check_finite(setup, state, window, output)
         if logging_step:
             lr = parts.optimizer.param_groups[0]["lr"]
+            inv_tau = float(parts.model.inv_tau.detach())
             snapshot = window.close(step=state.step, total=setup.steps, batch_size=cfg.batch_size, lr=lr,
-                                    inv_tau=float(parts.model.inv_tau.detach()), grad_norm=grad_norm)
+                                    inv_tau=inv_tau, grad_norm=grad_norm, measured=measured,
+                                    collapsed_loss=parts.objective.collapsed_loss(cfg.batch_size, inv_tau))
             last_loss = snapshot.loss  # the one host sync, once per window
             if not math.isfinite(last_loss):
                 _check_finite(setup, state, window, output)
-            state.history.append((state.step, last_loss, lr))
+            state.history.append(history_row(state.step, last_loss, lr, snapshot.health))
             monitor.update(snapshot, window.steps, window.steps * cfg.batch_size, window.errors)
             window = _Window(device)
+            collapse = _agreed(setup, rule.verdict(health_history(state.history)))
+            if collapse is not None:
+                _collapsed(config, setup, output, state, monitor, collapse)
         if state.step % cfg.checkpoint_every == 0 or state.step == setup.steps:
             state.open_window = _open(window)
             _save_checkpoint(config, setup, output, state)
@@ -417,6 +449,39 @@ def _run_steps(config: CloobConfig, setup: _Setup, batches: Iterator[Batch], sta
                 evaluator.submit(parts.model, state.step)
         evaluator.poll(monitor)
     return last_loss
+
+
+def _collapse_rule(config: CloobConfig, setup: _Setup) -> CollapseRule:
+    """The detector for this run: the global batch's rows of the tower with fewer views, the embedding's width."""
+    cfg = config.train
+    return CollapseRule(cfg.collapse_windows, batch=cfg.batch_size * min(cfg.image_views, cfg.text_views),
+                        width=setup.parts.model.encoder.text_projection.shape[1])
+
+
+def _agreed(setup: _Setup, verdict: str | None) -> str | None:
+    """Rank 0's verdict on every rank: the figures are the whole batch's on each, but with train.local_loss each
+    rank's loss is its own rows', and ranks that disagreed would wait for each other in the checkpoint."""
+    if not setup.env.distributed:
+        return verdict
+    agreed = [verdict]
+    dist.broadcast_object_list(agreed, src=0)
+    return agreed[0]
+
+
+def _collapsed(config: CloobConfig, setup: _Setup, output: Path, state: TrainingState, monitor: Monitor,
+               line: str) -> None:
+    """The collapse line, once; with ``train.on_collapse: stop`` the run is checkpointed where it stands and ends
+    (exit 2): continuing it cannot help, and the checkpoint lets a changed recipe start from it or inspect it."""
+    monitor.collapsed()
+    if config.train.on_collapse == "warn":
+        if setup.env.is_main:
+            log.warning("%s", line)
+        return
+    state.open_window = (0.0, 0)  # the window just closed
+    if not (checkpoint.latest(str(output / "checkpoints")) or "").endswith(checkpoint.checkpoint_name(state.step)):
+        _save_checkpoint(config, setup, output, state)
+    kept = checkpoint.latest(str(output / "checkpoints"))
+    raise TrainingCollapsed(f"stopped at step {state.step} (train.on_collapse: stop; checkpoint {kept}): {line}")
 
 
 def _open(window: _Window) -> tuple[float, int]:
@@ -509,6 +574,8 @@ def _train(config: CloobConfig, output: Path, resume: str | None, progress: bool
         batches.close()  # ends the data-loader workers now, whatever stopped the loop
         monitor.close()
     seconds = time.perf_counter() - started
+    windows = health_history(state.history)
+    last_health = windows[-1][1] if windows else None
     metrics = {
         "objective": setup.parts.objective.name,
         "architecture": config.model.architecture,
@@ -518,6 +585,8 @@ def _train(config: CloobConfig, output: Path, resume: str | None, progress: bool
         "world_size": env.world_size,
         "samples_seen": setup.steps * cfg.batch_size,
         "final_loss": last_loss,
+        **(last_health.as_dict() if last_health is not None else {}),
+        "collapse_detected_at_step": _collapse_rule(config, setup).first_collapse(windows),
         "train_seconds": round(seconds, 2),
         "samples_per_second": round((setup.steps - start_step) * cfg.batch_size / max(seconds, 1e-9), 2),
         "precision": setup.step_parts.precision,
@@ -548,9 +617,9 @@ def _write_outputs(output: Path, model, config: CloobConfig, metrics: dict, hist
                                            **{key: metrics[key] for key in ("init_from", "logit_bias", "source_shares")
                                               if key in metrics}})
     write_json(output / "metrics.json", metrics)
-    write_text(output / "loss_history.csv",
-               "step,loss,lr\n" + "".join(f"{s},{loss!r},{lr!r}\n" for s, loss, lr in history))
+    write_text(output / "loss_history.csv", ",".join(HISTORY_COLUMNS) + "\n" + "".join(
+        ",".join(repr(v) for v in row) + "," * (len(HISTORY_COLUMNS) - len(row)) + "\n" for row in history))
     if history:
-        steps, losses, lrs = zip(*history, strict=True)
+        steps, losses, lrs = zip(*(row[:3] for row in history), strict=True)
         training_curves_png(output / "training_curves.png", steps, losses, lrs,
                             f"cloob train: {config.train.objective}, {config.model.architecture}")

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from cloob_core import pushgateway
+from cloob_core.training.collapse import Health
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +28,7 @@ class Snapshot:
     grad_norm: float | None
     samples: int
     data_errors: int
+    health: Health  # the collapse detector's figures of the window
 
 
 @dataclass(kw_only=True)
@@ -79,6 +81,14 @@ class Monitor:
             "eval": Gauge("cloob_train_eval", "Evaluation while training: a metric of the step last evaluated",
                           ["metric"], registry=registry),
             "eval_step": Gauge("cloob_train_eval_step", "The step last evaluated while training", registry=registry),
+            "margin": Gauge("cloob_train_collapse_margin", "The objective's collapsed loss minus the training loss "
+                            "(> 0: better than any collapsed model)", registry=registry),
+            "rank": Gauge("cloob_train_effective_rank", "Effective rank (RankMe) of the centred batch embeddings",
+                          ["tower"], registry=registry),
+            "cosine": Gauge("cloob_train_mean_cosine", "Mean pairwise cosine of the batch embeddings", ["tower"],
+                            registry=registry),
+            "collapsed": Gauge("cloob_train_collapsed", "1 once the collapse detector has called the run collapsed",
+                               registry=registry),
         }
         if self.metrics_port:
             self._server, _thread = start_http_server(self.metrics_port, addr=self.metrics_host, registry=registry)
@@ -94,12 +104,16 @@ class Monitor:
         if self._bar is not None:
             self._bar.set_postfix(loss=f"{snap.loss:.4f}", lr=f"{snap.lr:.2e}",
                                   samples_s=f"{snap.samples_per_second:.1f}", refresh=False)
+        health = snap.health
         if not self.progress or not sys.stderr.isatty():
-            log.info("step %d/%d loss %.4f lr %.3e %.1f samples/s", snap.step, snap.total_steps, snap.loss, snap.lr,
-                     snap.samples_per_second)
+            log.info("step %d/%d loss %.4f (collapsed %.4f, margin %+.4f) rank %.1f/%.1f cosine %.3f/%.3f lr %.3e "
+                     "%.1f samples/s", snap.step, snap.total_steps, snap.loss, health.collapsed_loss,
+                     health.collapse_margin, health.effective_rank_image, health.effective_rank_text,
+                     health.mean_cosine_image, health.mean_cosine_text, snap.lr, snap.samples_per_second)
         if self._writer is not None:
             scalars = {"loss": snap.loss, "lr": snap.lr, "inv_tau": snap.inv_tau,
-                       "samples_per_second": snap.samples_per_second, "data_seconds": snap.data_seconds}
+                       "samples_per_second": snap.samples_per_second, "data_seconds": snap.data_seconds,
+                       **health.as_dict()}
             if snap.grad_norm is not None:
                 scalars["grad_norm"] = snap.grad_norm
             for name, value in scalars.items():
@@ -113,6 +127,16 @@ class Monitor:
             m["lr"].set(snap.lr)
             m["rate"].set(snap.samples_per_second)
             m["progress"].set(snap.step / max(snap.total_steps, 1))
+            m["margin"].set(health.collapse_margin)
+            for tower in ("image", "text"):
+                m["rank"].labels(tower=tower).set(getattr(health, f"effective_rank_{tower}"))
+                m["cosine"].labels(tower=tower).set(getattr(health, f"mean_cosine_{tower}"))
+
+    def collapsed(self) -> None:
+        """The detector called the run collapsed: the gauge the alert CloobTrainingCollapsed reads."""
+        if self._metrics:
+            self._metrics["collapsed"].set(1)
+            self.push()
 
     def evaluated(self, step: int, scalars: dict[str, float]) -> None:
         """An evaluation while training finished: its scalars at the step it evaluated."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -60,15 +60,24 @@ class StepParts:
         return torch.autocast(self.device_type, dtype=dtype)
 
 
-def accumulate_gradients(parts: StepParts, images: Tensor, tokens: Tensor) -> Tensor:
-    """Back-propagate the step's loss into ``.grad``; returns the loss (detached, no host sync)."""
+class StepOutput(NamedTuple):
+    """What a step leaves for the log window (detached, on the device, no host sync): its loss, and the local
+    batch's embeddings, which the collapse detector measures (:mod:`cloob_core.training.collapse`)."""
+
+    loss: Tensor
+    image_features: Tensor
+    text_features: Tensor
+
+
+def accumulate_gradients(parts: StepParts, images: Tensor, tokens: Tensor) -> StepOutput:
+    """Back-propagate the step's loss into ``.grad``; returns the loss and the embeddings."""
     model, k = parts.model, parts.accum_freq
     if k == 1:
         with parts.autocast():
             image_features, text_features, inv_tau = model(images, tokens)
             loss = parts.objective(image_features, text_features, inv_tau)
         parts.scaler.scale(loss).backward()
-        return loss.detach()
+        return StepOutput(loss.detach(), image_features.detach(), text_features.detach())
     if images.shape[0] % k:
         raise ValueError(f"the local batch of {images.shape[0]} does not split into accum_freq={k} micro-batches")
     image_chunks, token_chunks = images.chunk(k), tokens.chunk(k)
@@ -84,7 +93,7 @@ def accumulate_gradients(parts: StepParts, images: Tensor, tokens: Tensor) -> Te
                 text_features = torch.cat([text_j if m == j else c[1] for m, c in enumerate(cached)])
                 loss = parts.objective(image_features, text_features, inv_tau if j == k - 1 else inv_tau.detach())
             parts.scaler.scale(loss).backward()
-    return loss.detach()
+    return StepOutput(loss.detach(), image_features.detach(), text_features.detach())
 
 
 @contextlib.contextmanager
