@@ -399,8 +399,9 @@ class TrainConfig(_Section):
                                         "uploaded (null: local only).")
     log_every: int = Field(10, ge=1, description="Steps between log lines and metric updates.")
     collapse_windows: int = Field(3, ge=0, description="Log windows in a row at the objective's collapsed loss with "
-                                  "a tower's embeddings down to a few directions before the run is called collapsed "
-                                  "(one warning line; docs/objectives.md, 'Collapse'). 0: not judged.")
+                                  "a tower's embeddings shrunk to nearly one vector or a few directions before the run "
+                                  "is called collapsed (one warning line; docs/objectives.md, 'Collapse'). 0: not "
+                                  "judged.")
     on_collapse: Literal["warn", "stop"] = Field("warn", description="What follows a collapse: warn and train on, "
                                                  "or stop: checkpoint, then exit 2 with the collapse line.")
     tensorboard: bool = Field(True, description="Write TensorBoard scalars to OUTPUT/tensorboard.")

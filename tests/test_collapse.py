@@ -102,6 +102,14 @@ def test_mean_cosine_is_the_mean_over_distinct_pairs():
     assert measured.tolist()[2:] == pytest.approx([float(brute), 1.0])
 
 
+def test_a_diverged_batch_measures_nan_and_raises_nothing():
+    rows = torch.randn(16, 8)
+    rows[3, 2] = float("nan")
+    rank, _, cosine, _ = embedding_health(rows, torch.randn(16, 8)).tolist()
+    assert math.isnan(rank) and math.isnan(cosine)
+    assert not Health(0.2762, float("nan"), rank, 5.0, cosine, 0.5).flat(max_rank=15)
+
+
 def health(margin: float, cosine: float = 0.999, rank: float = 30.0, collapsed: float = 0.2762) -> Health:
     return Health(collapsed, margin, rank, rank, cosine, cosine)
 
@@ -139,3 +147,52 @@ def test_the_history_keeps_what_the_rule_reads_and_old_rows_are_unmeasured():
     assert len(row) == len(HISTORY_COLUMNS)
     (step, read), (old_step, old) = health_history([row, (20, 0.26, 1e-3)])
     assert (step, read) == (10, health(0.0062)) and (old_step, old) == (20, None)
+
+
+@pytest.mark.parametrize(("name", "plain"), [("cloob", "infoloob"), ("infonce_hopfield", "clip"),
+                                             ("cloob_ring", "infoloob_ring")])
+def test_the_start_without_hopfield_is_the_plain_objective_then_retrieval_and_resumes_where_it_was(name, plain):
+    """``objective.start_without_hopfield``: the first steps compute the objective on the embeddings themselves; the
+    step count is checkpointed, so an objective restored mid-way switches at the same step."""
+    g = torch.Generator().manual_seed(3)
+    x, y = (F.normalize(torch.randn(12, 8, generator=g, dtype=torch.float64), dim=-1) for _ in range(2))
+    started = build_objective(name, start_without_hopfield=2)
+    without, with_retrieval = build_objective(plain), build_objective(name)
+    values = []
+    for _ in range(4):
+        values.append(float(started(x, y, 30.0)))
+        started.end_step()
+    expected = [float(without(x, y, 30.0))] * 2 + [float(with_retrieval(x, y, 30.0))] * 2
+    assert values == pytest.approx(expected, rel=1e-12) and values[0] != pytest.approx(values[2])
+    restored = build_objective(name, start_without_hopfield=2)
+    halfway = build_objective(name, start_without_hopfield=2)
+    halfway.end_step()
+    restored.load_checkpoint_state(halfway.checkpoint_state())
+    assert float(restored(x, y, 30.0)) == pytest.approx(expected[1], rel=1e-12)
+    restored.end_step()
+    assert float(restored(x, y, 30.0)) == pytest.approx(expected[2], rel=1e-12)
+    with pytest.raises(ValueError, match="start_without_hopfield"):
+        build_objective(name, start_without_hopfield=-1)
+
+
+def test_warmup_means_the_schedules_warmup_as_the_run_has_it():
+    from cloob_core.config import load_config
+    from cloob_core.objectives.registry import objective_from_config
+
+    config = load_config()
+    assert objective_from_config(config).start_without_hopfield == config.optim.warmup_steps == 200
+    assert objective_from_config(config, warmup_steps=30).start_without_hopfield == 30  # a warm-up cut to half a run
+    fixed = load_config(overrides=["objective.start_without_hopfield=7"])
+    assert objective_from_config(fixed, warmup_steps=30).start_without_hopfield == 7
+    assert not hasattr(objective_from_config(load_config(overrides=["train.objective=clip"])), "start_without_hopfield")
+
+
+def test_a_checkpoint_from_before_the_start_resumes_with_the_papers_start(tmp_path):
+    """A run checkpointed before ``objective.start_without_hopfield`` existed used retrieval from the first step: read
+    back, its configuration says so, and it is not refused as another run (nor switched to the new default)."""
+    from cloob_core.training.checkpoint_file import CHECKSUM_SUFFIX, load, sha256_hex
+
+    path = tmp_path / "step-00000004.pt"
+    torch.save({"step": 4, "config": {"objective": {"beta": 8.0}, "train": {"objective": "cloob"}}}, path)
+    (tmp_path / (path.name + CHECKSUM_SUFFIX)).write_text(sha256_hex(path.read_bytes()))
+    assert load(str(path))["config"]["objective"] == {"beta": 8.0, "start_without_hopfield": 0}

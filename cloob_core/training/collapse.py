@@ -62,10 +62,13 @@ def effective_rank(features: Tensor) -> Tensor:
     """RankMe of the centred rows of ``features`` ``[N, d]``: ``exp(-sum p_k ln p_k)``, ``p`` the singular values
     over their sum (a 0-dim tensor on the features' device, no host synchronisation)."""
     features = _at_least_float32(features)
+    finite = torch.isfinite(features).all()  # a diverged step's: NaN, never an SVD that fails (no host sync)
+    features = torch.where(finite, features, torch.zeros_like(features))
     centred = features - features.mean(dim=0, keepdim=True)
     singular = torch.linalg.svdvals(centred)
     p = singular / singular.sum().clamp_min(1e-12)
-    return torch.exp(-torch.special.xlogy(p, p).sum())
+    rank = torch.exp(-torch.special.xlogy(p, p).sum())
+    return torch.where(finite, rank, torch.full_like(rank, float("nan")))
 
 
 def mean_cosine(features: Tensor) -> Tensor:
