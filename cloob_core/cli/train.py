@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from cloob_core.cli.options import add_command, add_config_options, config_of, layers_of
+from cloob_core.config import PRESETS
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -55,9 +56,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                         "would change the run is refused): 'latest' (OUTPUT/checkpoints, then train.checkpoint_sync) "
                         "or a path / s3:// URL; 'auto': the latest when it is of this configuration, data and code, "
                         "else start afresh (how DVC re-runs an interrupted stage)")
-    parser.add_argument("--preset", choices=["cc3m", "yfcc"],
+    parser.add_argument("--preset", choices=sorted(PRESETS),
                         help="the paper's recipe for CC3M (batch 512, lr 1e-3, warmup 20k, beta 8, 31 epochs in 4 "
-                        "cycles) or YFCC (1024, 5e-4, 10k, 14.3, 28 epochs), RN50; applied over --params, under --set")
+                        "cycles) or YFCC (1024, 5e-4, 10k, 14.3, 28 epochs), RN50; or vit-b: open_clip's "
+                        "ViT-B-32 optimiser recipe (lr 5e-4, warmup 2,000, weight decay 0.2); applied over --params, "
+                        "under --set")
     parser.add_argument("--publish", metavar="URL",
                         help="after training, rank 0 copies OUTPUT (all but checkpoints/) to this local folder or "
                         "s3:// prefix: how pods of a multi-node job hand their result back")
