@@ -407,6 +407,13 @@ class InfoLOOBLoss(ContrastiveObjective):
         return infoloob_loss(image_features, text_features, inv_tau, anchors)
 
 
+def _steps_without_retrieval(start_without_hopfield: int) -> int:
+    """``objective.start_without_hopfield`` as a Hopfield objective keeps it, checked."""
+    if start_without_hopfield < 0:
+        raise ValueError(f"start_without_hopfield must be >= 0, got {start_without_hopfield}")
+    return int(start_without_hopfield)
+
+
 class _HopfieldObjective(ContrastiveObjective):
     """An objective over Hopfield-retrieved embeddings, with inverse temperature ``beta`` of the memories.
 
@@ -425,10 +432,8 @@ class _HopfieldObjective(ContrastiveObjective):
         super().__init__()
         if not beta > 0:
             raise ValueError(f"beta must be > 0, got {beta}")
-        if start_without_hopfield < 0:
-            raise ValueError(f"start_without_hopfield must be >= 0, got {start_without_hopfield}")
         self.beta = float(beta)
-        self.start_without_hopfield = int(start_without_hopfield)
+        self.start_without_hopfield = _steps_without_retrieval(start_without_hopfield)
         self.step = 0
 
     @property
@@ -589,10 +594,8 @@ class CLOOBRingLoss(_RestrictedObjective):
         super().__init__(**band)
         if not beta > 0:
             raise ValueError(f"beta must be > 0, got {beta}")
-        if start_without_hopfield < 0:
-            raise ValueError(f"start_without_hopfield must be >= 0, got {start_without_hopfield}")
         self.beta = float(beta)
-        self.start_without_hopfield = int(start_without_hopfield)
+        self.start_without_hopfield = _steps_without_retrieval(start_without_hopfield)
 
     def compute(self, image_features: Tensor, text_features: Tensor, inv_tau: float | Tensor,
                 anchors: Anchors = EVERY_ROW) -> Tensor:

@@ -438,7 +438,8 @@ def _run_steps(config: CloobConfig, setup: _Setup, batches: Iterator[Batch], sta
             state.history.append(history_row(state.step, last_loss, lr, snapshot.health))
             monitor.update(snapshot, window.steps, window.steps * cfg.batch_size, window.errors)
             window = _Window(device)
-            collapse = _agreed(setup, rule.verdict(health_history(state.history)))
+            # the verdict reads the last windows only: a long run's whole history is not rebuilt every window
+            collapse = _agreed(setup, rule.verdict(health_history(state.history[-(rule.windows + 1):])))
             if collapse is not None:
                 _collapsed(config, setup, output, state, monitor, collapse)
         if state.step % cfg.checkpoint_every == 0 or state.step == setup.steps:
