@@ -46,11 +46,12 @@ def build_variant(variant: str, model_name: str, batch: int, precision: str = "f
     import torch
 
     from cloob_core.config import load_config
+    from cloob_core.devices import AUTOCAST_DTYPES
     from cloob_core.model.dual_encoder import build_model, register_project_configs
     from cloob_core.objectives.registry import build_objective
     from cloob_core.training.images import Normalize
     from cloob_core.training.optim import build_optimizer
-    from cloob_core.training.step import AUTOCAST_DTYPES, StepParts, accumulate_gradients, optimizer_step
+    from cloob_core.training.step import StepParts, accumulate_gradients, optimizer_step
 
     torch.manual_seed(0)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

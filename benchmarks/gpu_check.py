@@ -452,10 +452,10 @@ def resume_from_eight(sizes: Sizes, scratch: Path) -> None:
 def models_learn(sizes: Sizes, scratch: Path) -> None:
     from cloob_core.config import load_config
     from cloob_core.data.local import build_shards
-    from cloob_core.evaluation.inputs import ModelSource
     from cloob_core.evaluation.run import evaluate
     from cloob_core.evaluation.tasks.common import EvalOptions
     from cloob_core.evaluation.tasks.retrieval import RetrievalTask
+    from cloob_core.model.source import ModelSource
     from cloob_core.training.loop import train
 
     side = 224 if sizes.device == "cuda" else 32
@@ -505,7 +505,7 @@ def main() -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     sizes = QUICK if args.quick else FULL
     if sizes.device == "cuda" and not torch.cuda.is_available():
-        from cloob_core.training.env import cuda_problem
+        from cloob_core.devices import cuda_problem
 
         print(f"gpu_check: no usable GPU ({cuda_problem()}); use --quick on the CPU", file=sys.stderr)
         return 2

@@ -90,7 +90,7 @@ def plan_evaluation(params: str) -> list:
     return kubeflow.plan_evaluation(params)
 
 
-@dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
+@dsl.component(base_image=CUDA_IMAGE, install_kfp_package=False)  # CUDA torch: a GPU pod where it has one
 def prepare_features(params: str, dataset: str, model: Input[Model], features: Output[Dataset]) -> list:
     """One data set's image features, computed once for all its task steps; returns the data set's tasks."""
     from cloob_core.ops import kubeflow

@@ -15,10 +15,11 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from cloob_core.config.cluster import ClusterSettings
 from cloob_core.errors import StageError, fail, user_facing
 from cloob_core.flags import add_model_flags, flag_values
 from cloob_core.io import atomic_write
-from cloob_core.ops.cluster import ClusterSettings, check_cron
+from cloob_core.ops.cluster import check_cron
 from pipelines.client import DEFAULT_TIMEOUT_S
 
 
@@ -210,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--registry", metavar="REGISTRY", help="name the steps' images under this registry (e.g. "
                       "ghcr.io/acme: ghcr.io/acme/cloob-pipelines:VERSION-cpu), where infra/images/build.sh pushed "
                       "them; default: CLOOB_IMAGE_CPU / CLOOB_IMAGE_CUDA, else no registry (a warning)")
-    add_model_flags(comp, ClusterSettings, "cluster", "cluster settings (cloob_core.ops.cluster.ClusterSettings)",
+    add_model_flags(comp, ClusterSettings, "cluster", "cluster settings (cloob_core.config.cluster.ClusterSettings)",
                     skip=("image",))
     comp.set_defaults(func=_compile)
 
@@ -231,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     here.add_argument("--params", default="params.yaml", help="configuration of the run (default params.yaml)")
     here.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                       help="override one value (repeatable)")
-    add_model_flags(here, ClusterSettings, "cluster", "cluster settings (cloob_core.ops.cluster.ClusterSettings)",
+    add_model_flags(here, ClusterSettings, "cluster", "cluster settings (cloob_core.config.cluster.ClusterSettings)",
                     skip=("image",))
     here.set_defaults(func=_run_local)
 

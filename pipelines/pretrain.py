@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 from kfp import dsl, kubernetes
 
-from cloob_core.ops.cluster import MAX_DOWNLOAD_GROUPS, ClusterSettings
+from cloob_core.config.cluster import MAX_DOWNLOAD_GROUPS, ClusterSettings, cpu_count
 from cloob_core.ops.trainjob import PART_OF
 from components import steps
 from components.images import CUDA_IMAGE
@@ -49,7 +49,7 @@ def build(settings: ClusterSettings | None = None):
         trained.after(shard_gate)
         trained.set_caching_options(False)  # a retraining run must train, even on unchanged inputs
         with_s3_credentials(trained, settings.s3_secret)
-        reported = evaluate_and_report(params, trained.outputs["model"], settings.s3_secret)
+        reported = evaluate_and_report(params, trained.outputs["model"], settings)
         gate = steps.promote(params=params, model=trained.outputs["model"], report=reported.outputs["folder"])
         gate.set_caching_options(False)  # production may have moved since a cached decision
         with_s3_credentials(gate, settings.s3_secret)
@@ -104,36 +104,58 @@ def train_task(params: str, shards: Any, settings: ClusterSettings) -> dsl.Pipel
                                         run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
         return watcher.set_cpu_request("500m").set_memory_request("1Gi")
     trained = steps.train(params=params, shards=shards, gpus=settings.gpus)
-    cpus = settings.training_cpus()  # the thread budget's cores too: a request sets no quota to read
-    trained.set_cpu_request(str(cpus)).set_memory_request(settings.memory).set_env_variable("LOKY_MAX_CPU_COUNT",
-                                                                                          str(cpus))
-    if settings.gpus > 0:
-        trained.set_accelerator_type(settings.accelerator).set_accelerator_limit(settings.gpus)
-    kubernetes.empty_dir_mount(trained, volume_name="dshm", mount_path="/dev/shm", medium="Memory",
-                               size_limit=settings.shm)  # DataLoader workers share batches through /dev/shm
-    if settings.gpu_taint:
-        kubernetes.add_toleration(trained, key=settings.gpu_taint, operator="Exists", effect="NoSchedule")
-    for key, value in settings.node_selector.items():
-        kubernetes.add_node_selector(trained, label_key=key, label_value=value)
+    with_shared_memory(on_training_nodes(sized(trained, settings.training_cpus(), settings.memory), settings,
+                                         settings.gpus), settings)
     for key, value in PART_OF.items():  # the PodMonitor in infra/k8s selects training pods by these labels
         kubernetes.add_pod_label(trained, label_key=key, label_value=value)
     return trained
 
 
-def evaluate_and_report(params: str, model: Any, s3_secret: str | None) -> dsl.PipelineTask:
+def sized(task: dsl.PipelineTask, cpus: int, memory: str) -> dsl.PipelineTask:
+    """CPU and memory requests, and the thread budget's cores (a request sets no quota for it to read)."""
+    task.set_cpu_request(str(cpus)).set_memory_request(memory).set_env_variable("LOKY_MAX_CPU_COUNT", str(cpus))
+    return task
+
+
+def on_training_nodes(task: dsl.PipelineTask, settings: ClusterSettings, gpus: int) -> dsl.PipelineTask:
+    """On the nodes training runs on: ``gpus`` of the accelerator (if any), their taint tolerated and their labels
+    selected."""
+    if gpus > 0:
+        task.set_accelerator_type(settings.accelerator).set_accelerator_limit(gpus)
+    if settings.gpu_taint:
+        kubernetes.add_toleration(task, key=settings.gpu_taint, operator="Exists", effect="NoSchedule")
+    for key, value in settings.node_selector.items():
+        kubernetes.add_node_selector(task, label_key=key, label_value=value)
+    return task
+
+
+def with_shared_memory(task: dsl.PipelineTask, settings: ClusterSettings) -> dsl.PipelineTask:
+    """A memory-backed /dev/shm, through which data-loader workers hand over their batches."""
+    kubernetes.empty_dir_mount(task, volume_name="dshm", mount_path="/dev/shm", medium="Memory",
+                               size_limit=settings.shm)
+    return task
+
+
+def evaluate_and_report(params: str, model: Any, settings: ClusterSettings) -> dsl.PipelineTask:
     """The eval suite of ``params`` (a run parameter, so a recurring run can change it without recompiling),
-    fanned out: per data set, its image features once, then one task per data set x task on them (retried: they
-    only read), the task results collected per data set; then the report over all data sets."""
+    fanned out: per data set, its image features once (on a GPU where the settings give one), then one task per
+    data set x task on them (CPU pods; retried: they only read), the task results collected per data set; then
+    the report over all data sets."""
+    s3_secret = settings.s3_secret
     planned = with_s3_credentials(steps.plan_evaluation(params=params), s3_secret)
     with dsl.ParallelFor(items=planned.output) as dataset:
         features = steps.prepare_features(params=params, dataset=dataset, model=model)
         features.set_display_name("eval features")
         features.set_retry(num_retries=2, backoff_duration="30s")
+        with_shared_memory(sized(features, settings.features_cpus(), settings.eval_memory), settings)
+        if settings.features_gpus() > 0:  # else a CPU pod, off the GPU nodes
+            on_training_nodes(features, settings, settings.features_gpus())
         with_s3_credentials(features, s3_secret)
         with dsl.ParallelFor(items=features.outputs["Output"]) as task:
             evaluated = steps.evaluate(params=params, task=task, model=model, features=features.outputs["features"])
             evaluated.set_display_name("eval task")
             evaluated.set_retry(num_retries=2, backoff_duration="30s")
+            sized(evaluated, cpu_count(settings.eval_cpu), settings.eval_memory)
             with_s3_credentials(evaluated, s3_secret)
         collected = steps.collect_dataset(dataset=dataset, parts=dsl.Collected(evaluated.outputs["results"]))
         collected.set_display_name("eval data set")
@@ -143,14 +165,15 @@ def evaluate_and_report(params: str, model: Any, s3_secret: str | None) -> dsl.P
 def build_evaluation(settings: ClusterSettings | None = None):
     """Scheduled re-evaluation of the production model: the same evaluations, and production's stored metrics
     refreshed so the next promotion compares both models on the same sets."""
-    s3_secret = (settings or ClusterSettings()).s3_secret
+    settings = settings or ClusterSettings()
+    s3_secret = settings.s3_secret
 
     @dsl.pipeline(name="cloob-evaluate-production",
                   description="Re-evaluate the production model of promote.store and record its metrics.")
     def evaluate_production(params: str = DEFAULT_PARAMS):
         current = with_s3_credentials(steps.production_model(params=params), s3_secret)
         current.set_caching_options(False)  # the pointer moves
-        reported = evaluate_and_report(params, current.outputs["model"], s3_secret)
+        reported = evaluate_and_report(params, current.outputs["model"], settings)
         recorded = steps.record_production_metrics(params=params, report=reported.outputs["folder"])
         recorded.set_caching_options(False)
         with_s3_credentials(recorded, s3_secret)

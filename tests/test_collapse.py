@@ -190,7 +190,7 @@ def test_warmup_means_the_schedules_warmup_as_the_run_has_it():
 def test_a_checkpoint_from_before_the_start_resumes_with_the_papers_start(tmp_path):
     """A run checkpointed before ``objective.start_without_hopfield`` existed used retrieval from the first step: read
     back, its configuration says so, and it is not refused as another run (nor switched to the new default)."""
-    from cloob_core.training.checkpoint_file import CHECKSUM_SUFFIX, load, sha256_hex
+    from cloob_core.model.checkpoint_file import CHECKSUM_SUFFIX, load, sha256_hex
 
     path = tmp_path / "step-00000004.pt"
     torch.save({"step": 4, "config": {"objective": {"beta": 8.0}, "train": {"objective": "cloob"}}}, path)

@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_params_yaml_is_the_defaults():
-    """params.yaml is the DVC view of the typed config: the same values, documented once in config.py."""
+    """params.yaml is the DVC view of the typed config: the same values, documented once in cloob_core/config."""
     assert yaml.safe_load((ROOT / "params.yaml").read_text()) == CloobConfig().model_dump()
     assert yaml.safe_load(dump_defaults()) == CloobConfig().model_dump()
 

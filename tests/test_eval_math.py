@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from cloob_core.evaluation import logistic
+from cloob_core.evaluation.features import Embedded
 from cloob_core.evaluation.logistic import ProbeFit, RotatedFeatures, fit_logistic_batch
 from cloob_core.evaluation.tasks import linear_probe
 from cloob_core.evaluation.tasks.diagnostics import (
@@ -394,8 +395,9 @@ def test_a_few_shot_probe_with_a_validation_split_fits_k_images_per_class_only(m
     generator = torch.Generator().manual_seed(0)
     features = {name: torch.randn(rows, 8, generator=generator) for name, rows in
                 (("train", 60), ("val", 30), ("test", 20))}
-    sets = {name: SimpleNamespace(name=name, labels=[i % 3 for i in range(len(x))]) for name, x in features.items()}
-    monkeypatch.setattr(linear_probe, "image_features", lambda model, images, encoding: features[images.name])
+    sets = {name: SimpleNamespace(name=name) for name in features}
+    embedded = {name: Embedded(x, [i % 3 for i in range(len(x))], None, {}, 0) for name, x in features.items()}
+    monkeypatch.setattr(linear_probe, "image_features", lambda model, images, encoding: embedded[images.name])
     fitted_rows = []
     real_fit = linear_probe.fit_logistic
 

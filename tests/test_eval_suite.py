@@ -114,9 +114,8 @@ def test_a_data_set_left_out_of_the_suite_is_left_out_of_the_report_and_a_missin
 
 def test_a_data_set_s_tasks_share_features_computed_ahead(evaluated, weights, monkeypatch, tmp_path):
     """The Kubeflow fan-out: one step encodes a data set's images, each task step reads them and encodes none."""
-    from cloob_core.evaluation.inputs import EvalModel
-    from cloob_core.evaluation.run import ModelSource
     from cloob_core.evaluation.suite import evaluate_suite, prepare_features
+    from cloob_core.model.source import EvalModel, ModelSource
 
     _, params, metrics = evaluated
     settings = config_from_text(params.read_text()).eval

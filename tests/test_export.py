@@ -14,10 +14,10 @@ import torch
 from PIL import Image
 
 from cloob_core.config import ModelConfig
-from cloob_core.evaluation.inputs import ModelSource, load_model
 from cloob_core.model.dual_encoder import build_model
 from cloob_core.model.export import export_model
 from cloob_core.model.files import CONFIG_FILE, INFO_FILE, STATE_FILE
+from cloob_core.model.source import ModelSource, load_model
 
 CAPTIONS = ["a photo of a dog.", "the digit 3, written by hand."]
 

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import torch
 
+from cloob_core import devices as env
 from cloob_core.config import load_config
+from cloob_core.devices import resolve_precision
 from cloob_core.ops import launch, trainjob
-from cloob_core.training import env
 from cloob_core.training.batch_ring import BatchRing
 from cloob_core.training.images import Normalize
-from cloob_core.training.step import resolve_precision
 from cloob_core.training.streams import Assembler, Chunk
 
 needs_no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without CUDA")

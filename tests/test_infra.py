@@ -18,8 +18,8 @@ import pytest
 import yaml
 
 from cloob_core.config import CloobConfig
+from cloob_core.config.cluster import ClusterSettings
 from cloob_core.ops import trainjob
-from cloob_core.ops.cluster import ClusterSettings
 
 REPO = Path(__file__).resolve().parents[1]
 INFRA = REPO / "infra"

@@ -103,6 +103,41 @@ def test_training_runs_on_gpu_nodes_with_shared_memory_and_the_secret(compiled):
     assert "pip install" not in json.dumps(spec["deploymentSpec"])  # nothing installed at run time
 
 
+def test_the_features_step_gets_a_gpu_on_the_training_nodes_and_the_task_steps_cpu_pods(compiled, tmp_path):
+    spec, platform = compiled["spec"], compiled["platform"]
+    executors = spec["deploymentSpec"]["executors"]
+    features = executors["exec-prepare-features"]["container"]
+    accelerator = features["resources"]["accelerator"]
+    assert accelerator["resourceCount"] == "1" and accelerator["resourceType"] == "nvidia.com/gpu"
+    assert features["resources"]["resourceCpuRequest"] == "12"  # cpu_per_gpu: its data-loader workers decode
+    assert {"name": "LOKY_MAX_CPU_COUNT", "value": "12"} in features["env"]
+    assert features["image"] == "cloob-pipelines:0.1.0-cuda"
+    on_gpus = platform["exec-prepare-features"]
+    assert on_gpus["tolerations"] == platform["exec-train"]["tolerations"]
+    assert on_gpus["nodeSelector"] == {"labels": {"pool": "a100"}}
+    assert on_gpus["emptyDirMounts"] == platform["exec-train"]["emptyDirMounts"]
+    task = executors["exec-evaluate"]["container"]["resources"]  # probe, zero-shot on the computed features
+    assert "accelerator" not in task and task["resourceCpuRequest"] == "4" and task["resourceMemoryRequest"] == "16Gi"
+    assert "tolerations" not in platform["exec-evaluate"] and "nodeSelector" not in platform["exec-evaluate"]
+
+    for pipeline in ("pretrain", "evaluate"):
+        (tmp_path / pipeline).mkdir()
+        (tmp_path / f"{pipeline}-gpu").mkdir()
+        cpu = compile_with(tmp_path / pipeline, "--pipeline", pipeline, "--gpus", "4", "--node-selector", "pool=a100",
+                           "--eval-gpus", "0", "--eval-cpu", "6")
+        resources = cpu["spec"]["deploymentSpec"]["executors"]["exec-prepare-features"]["container"]["resources"]
+        assert "accelerator" not in resources and resources["resourceCpuRequest"] == "6"
+        assert "tolerations" not in cpu["platform"]["exec-prepare-features"]
+        assert "nodeSelector" not in cpu["platform"]["exec-prepare-features"]
+        gpu = compile_with(tmp_path / f"{pipeline}-gpu", "--pipeline", pipeline, "--gpus", "8", "--eval-gpus", "2")
+        resources = gpu["spec"]["deploymentSpec"]["executors"]["exec-prepare-features"]["container"]["resources"]
+        assert resources["accelerator"]["resourceCount"] == "2" and resources["resourceCpuRequest"] == "24"
+    (tmp_path / "cpu").mkdir()
+    cpu_cluster = compile_with(tmp_path / "cpu", "--gpus", "0")  # no training GPUs: no evaluation GPU either
+    assert "accelerator" not in cpu_cluster["spec"]["deploymentSpec"]["executors"]["exec-prepare-features"][
+        "container"]["resources"]
+
+
 def test_no_step_copies_the_shards_into_its_pod(tmp_path):
     """KFP's launcher copies every input artifact into the pod before the step starts: the shards must reach
     the gate and training as a location. What is still copied is small: the manifest, the model, features and
@@ -130,8 +165,8 @@ def test_kfp_local_runs_the_whole_pipeline_on_the_packaged_default(tmp_path, s3_
     from kfp import local
 
     from cloob_core import storage
+    from cloob_core.config.cluster import ClusterSettings
     from cloob_core.data.sources import packaged_frame
-    from cloob_core.ops.cluster import ClusterSettings
     from pipelines.pretrain import DEFAULT_PARAMS, build, build_evaluation
 
     pairs, _ = packaged_frame("captioned", "train")  # the default's rows, as a crawl's folder of parts
@@ -348,9 +383,9 @@ def test_a_gpu_pod_gets_cuda_bf16_and_workers_and_streams_from_the_cpus_it_reque
     import torch
 
     from cloob_core.config import config_from_mapping
+    from cloob_core.devices import resolve_precision
     from cloob_core.ops import launch
     from cloob_core.training.shape import RunShape, run_shape
-    from cloob_core.training.step import resolve_precision
 
     spec = compiled["spec"]
     container = spec["deploymentSpec"]["executors"]["exec-train"]["container"]

@@ -76,9 +76,9 @@ def test_acquire_lists_the_captioned_training_split_by_default(tmp_path):
 def test_evaluation_reads_a_packaged_set_with_its_captions_and_classes():
     images = load_images("fluent-emoji", "test")
     data = load_packaged("fluent-emoji", "test")
-    assert images.size == len(data) and images.captions[0] == [data.captions[0]]
+    assert images.reader.size == len(data) and images.reader.record(0).captions == (data.captions[0],)
     assert images.classnames == list(data.classnames) and images.templates == list(data.templates)
-    assert images.opener(0).mode == "RGB"
+    assert images.reader.open(0).mode == "RGB"
 
 
 def test_an_emoji_caption_is_its_name_with_the_keywords_the_name_lacks():

@@ -18,8 +18,8 @@ from safetensors.torch import load_file
 
 from cloob_core import storage
 from cloob_core.config import CloobConfig, load_config
+from cloob_core.config.cluster import ClusterSettings
 from cloob_core.ops import kubeflow, launch, trainjob
-from cloob_core.ops.cluster import ClusterSettings
 from cloob_core.ops.trainjob import JobFailed
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

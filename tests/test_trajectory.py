@@ -7,7 +7,7 @@ import pytest
 
 from cloob_core.config import load_config
 from cloob_core.evaluation.features import Encoding
-from cloob_core.evaluation.inputs import ModelSource, load_images, load_model
+from cloob_core.evaluation.inputs import load_images
 from cloob_core.evaluation.tasks.diagnostics import diagnostics
 from cloob_core.evaluation.trajectory import (
     TrajectoryPoint,
@@ -15,6 +15,7 @@ from cloob_core.evaluation.trajectory import (
     relative_change,
     run_checkpoints,
 )
+from cloob_core.model.source import ModelSource, load_model
 from cloob_core.training.loop import train
 
 

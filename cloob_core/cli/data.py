@@ -184,4 +184,5 @@ def _add_eval_set(stages: argparse._SubParsersAction) -> None:
                         "(default: classification)")
     parser.add_argument("--caption-col", default="caption",
                         help="manifest column of captions, for a retrieval set (default: caption)")
-    parser.add_argument("--shard-size", type=int, default=10_000, help="images per tar (default: 10000)")
+    parser.add_argument("--shard-size", type=int, default=1_000,
+                        help="images per tar (default: 1000; evaluation reads the tars in parallel)")

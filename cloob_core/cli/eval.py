@@ -25,16 +25,18 @@ TASK_HELP = {
 
 
 def _task(args: argparse.Namespace) -> int:
-    from cloob_core.evaluation.run import FEATURE_CACHE, TASKS, ModelSource, evaluate
+    from cloob_core.evaluation.run import FEATURE_CACHE, TASKS, evaluate
     from cloob_core.evaluation.tasks.common import EvalOptions
+    from cloob_core.model.source import ModelSource
 
     task_class = TASKS[args.eval_command]
     task = task_class(**{f.name: getattr(args, f.name) for f in dataclasses.fields(task_class)})
     output = Path(args.output)
     options = EvalOptions(classnames=args.classnames, label_key=args.label_key, progress=not args.no_progress,
                           csv_columns=(args.url_col, args.caption_col),
-                          cache=None if args.no_cache else Path(args.cache or output / FEATURE_CACHE))
-    source = ModelSource(args.model, args.architecture, args.weights, args.device, args.checkpoint)
+                          cache=None if args.no_cache else Path(args.cache or output / FEATURE_CACHE),
+                          workers=args.workers, batch_size=args.batch_size)
+    source = ModelSource(args.model, args.architecture, args.weights, args.device, args.checkpoint, args.precision)
     result = evaluate(task, source, output, options)
     for line in result.lines:
         print(line)
@@ -49,6 +51,7 @@ def _trajectory(args: argparse.Namespace) -> int:
     from cloob_core.evaluation.trajectory import evaluate_trajectory
 
     result = evaluate_trajectory(args.run, args.data, args.split, args.output, device=args.device,
+                                 precision=args.precision, workers=args.workers,
                                  progress=not args.no_progress)
     for line in result.lines:
         print(line)
@@ -59,12 +62,13 @@ def _trajectory(args: argparse.Namespace) -> int:
 def _suite(args: argparse.Namespace) -> int:
     """Evaluate every data set of the config's eval suite (or those named) on its tasks, into OUTPUT/<data set>/. Each
     entry's source, splits and class list are checked before the model loads; a data set's tasks share its features."""
-    from cloob_core.evaluation.run import ModelSource
     from cloob_core.evaluation.suite import evaluate_suite
+    from cloob_core.model.source import ModelSource
 
-    model = ModelSource(args.model, args.architecture, args.weights, args.device, args.checkpoint)
+    model = ModelSource(args.model, args.architecture, args.weights, args.device, args.checkpoint, args.precision)
     results = evaluate_suite(config_of(args).eval, model, args.output, datasets=args.dataset, tasks=args.task,
-                             cache=Path(args.cache) if args.cache else None, progress=not args.no_progress)
+                             cache=Path(args.cache) if args.cache else None, progress=not args.no_progress,
+                             workers=args.workers)
     for result in results:
         for line in result.lines:
             print(line)
@@ -80,7 +84,8 @@ def _production(args: argparse.Namespace) -> int:
     from cloob_core.ops.reevaluation import reevaluate_production
 
     config = config_of(args)
-    done = reevaluate_production(config, args.output, device=args.device, progress=not args.no_progress)
+    done = reevaluate_production(config, args.output, device=args.device, precision=args.precision,
+                                 workers=args.workers, progress=not args.no_progress)
     print(summary_table(done.report.metrics))
     print(f"recorded production model {done.model_id}'s metrics on suite {done.pointer['suite'][:12]} in "
           f"{config.promote.store}")
@@ -158,6 +163,7 @@ def _add_task_options(parser: argparse.ArgumentParser) -> None:
     add_output_and_device(parser, "runs/eval")
     parser.add_argument("--cache", metavar="DIR", help="feature cache (default: OUTPUT/.cache)")
     parser.add_argument("--no-cache", action="store_true", help="do not cache features")
+    parser.add_argument("--batch-size", type=int, default=256, help="images per batch (default: 256)")
     parser.add_argument("--classnames", metavar="JSON|NAME",
                         help='a JSON file {"classnames": [...], "templates": ["a photo of a {c}.", ...]}, or a '
                         "packaged set of the paper's data sets (cifar10, imagenet, pets, ...)")

@@ -53,7 +53,19 @@ def layers_of(args: argparse.Namespace, preset: str | None = None) -> ConfigLaye
     return load_layers(args.params, args.overrides, preset=preset, values=flags)
 
 
+def _workers(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"must be a whole number of workers, got {text!r}")
+    return int(text)
+
+
 def add_output_and_device(parser: argparse.ArgumentParser, output: str) -> None:
     parser.add_argument("--output", default=output, help=f"results folder (default: {output})")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    parser.add_argument("--device", default="auto",
+                        help="auto (a usable GPU, else the CPU), cpu, cuda or cuda:N (default: auto)")
+    parser.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16", "fp16"),
+                        help="embedding precision: auto is bf16 autocast on a GPU (fp16 before Ampere), fp32 on the "
+                             "CPU (default: auto)")
+    parser.add_argument("--workers", type=_workers, default=None, metavar="N",
+                        help="data-loader workers decoding images (default: from the cores; 0: none)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")

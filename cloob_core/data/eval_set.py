@@ -83,7 +83,7 @@ _Rows = list[tuple[_Image, dict[str, bytes]]]
 @lease.holding("output")
 def build_eval_set(source: str, output: str, *, kind: SetKind = "classification", split: str = "test",
                    columns: ManifestColumns = ManifestColumns(), classnames: list[str] | None = None,
-                   templates: list[str] | None = None, shard_size: int = 10_000) -> EvalSetResult:
+                   templates: list[str] | None = None, shard_size: int = 1_000) -> EvalSetResult:
     """Convert ``source`` (a packaged set's name, a folder or a manifest file) into ``output`` (a folder or s3://
     prefix). ``classnames`` replaces the folder or label names as displayed (same count, same order); ``split``
     names the split of a source that has none."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from cloob_core.evaluation.inputs import ModelSource, load_model
+from cloob_core.model.source import ModelSource, load_model
 
 MODEL_TYPE = "cloob"
 

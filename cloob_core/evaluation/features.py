@@ -1,51 +1,72 @@
 """Embeddings of an image set (and its captions or class prompts), computed once and cached on disk.
 
-The cache key covers the weights (their hash), the data set's identity, the preprocessing and what is
-embedded, so a retrained model or other data never reuses stale features. Cache files are plain tensors, read
-with ``weights_only=True``.
+The cache key covers the weights (their hash), the data set's identity, the preprocessing, what is embedded and,
+where it is not fp32, the precision, so a retrained model or other data never reuses stale features. Cache files
+are plain tensors and lists, read with ``weights_only=True``.
+
+Image features are computed as the images stream in: the batches the data loader's workers decode are embedded
+(on a GPU, the next batch is sent before the last one's features are fetched) and each batch's features go to a
+spool file at once. Memory holds the images in flight and, at the end, the ``N x d`` features the tasks need
+(retrieval, the probe and zero-shot all score every image against the others or against classes); the encoded
+images are never held (docs/evaluation.md, "Memory").
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, Any
 
+import numpy as np
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from cloob_core.evaluation.inputs import EvalModel, ImageSet
+from cloob_core.config import ConfigError
+from cloob_core.data.shard_files import SkipCounter
+from cloob_core.devices import AUTOCAST_DTYPES
+from cloob_core.evaluation.image_loader import Batch, Unreadable, image_batches
+from cloob_core.evaluation.inputs import ImageSet, Indexed, Record
 from cloob_core.io import UnreadableFile, read_torch, write_torch
+from cloob_core.model.source import EvalModel
+from cloob_core.threads import eval_workers, plan_threads
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class Encoding:
-    """How features are computed: the cache folder (None: none), images per batch, progress bars, and a folder
-    of features computed ahead that is only read (a Kubeflow step's input artifact, shared by a data set's tasks)."""
+    """How features are computed: the cache folder (None: none), images per batch, progress bars, a folder of
+    features computed ahead that is only read (a Kubeflow step's input artifact, shared by a data set's tasks),
+    and the data-loader workers (None: as many as the thread budget gives, :func:`cloob_core.threads.eval_workers`)."""
 
     cache: Path | None = None
     batch_size: int = 256
     progress: bool = True
     shared: Path | None = None
+    workers: int | None = None
 
 
-class _Images(torch.utils.data.Dataset):
-    def __init__(self, images: ImageSet, transform):
-        self.images, self.transform = images, transform
+@dataclass
+class Embedded:
+    """An image set's readable images, embedded, in the set's order, with what each sample carried."""
 
-    def __len__(self) -> int:
-        return self.images.size
+    features: Tensor  # [N, d] float32, unit norm
+    labels: list[int] | None  # None: some sample had no label
+    captions: list[list[str]] | None  # None: some sample had no caption
+    classnames: dict[int, str]  # label -> name, as a stream's samples named them
+    skipped: int  # samples or shards that did not read
 
-    def __getitem__(self, index: int) -> Tensor:
-        return self.transform(self.images.opener(index))
+    def as_saved(self) -> dict[str, Any]:
+        return {"features": self.features, "labels": self.labels, "captions": self.captions,
+                "classnames": self.classnames, "skipped": self.skipped}
 
 
-def _read_cached(path: Path) -> Tensor | None:
+def _read_cached(path: Path) -> Any:
     if not path.exists():
         return None
     try:
@@ -57,11 +78,20 @@ def _read_cached(path: Path) -> Tensor | None:
     return cached
 
 
-def _cached(encoding: Encoding, key: str, compute) -> Tensor:
-    name = f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.pt"
-    for folder in (encoding.shared, encoding.cache):
-        found = _read_cached(folder / name) if folder is not None else None
-        if found is not None:
+def _file_name(key: str) -> str:
+    return f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.pt"
+
+
+def _cached(encoding: Encoding, key: str, compute, valid=lambda value: isinstance(value, Tensor),
+            shared_keys: Sequence[str] = ()) -> Any:
+    """The value of ``key``: from the shared folder (under ``key`` or one of ``shared_keys``), the cache, or
+    computed and cached."""
+    name = _file_name(key)
+    places = [] if encoding.shared is None else [encoding.shared / _file_name(k) for k in (key, *shared_keys)]
+    places += [] if encoding.cache is None else [encoding.cache / name]
+    for place in places:
+        found = _read_cached(place)
+        if found is not None and valid(found):
             return found
     value = compute()
     if encoding.cache is not None:
@@ -69,23 +99,109 @@ def _cached(encoding: Encoding, key: str, compute) -> Tensor:
     return value
 
 
-def image_features(model: EvalModel, images: ImageSet, encoding: Encoding) -> Tensor:
-    def compute() -> Tensor:
-        loader = torch.utils.data.DataLoader(_Images(images, model.transform), batch_size=encoding.batch_size)
-        device = next(model.model.parameters()).device
-        out = [model.encode_images(batch.to(device)).cpu()
-               for batch in tqdm(loader, desc=f"embed {images.name}", unit="batch", disable=not encoding.progress)]
-        return torch.cat(out)
+def _precision_key(precision: str) -> str:
+    return "" if precision == "fp32" else f"|{precision}"  # fp32's keys are those from before
 
-    return _cached(encoding, f"images|{model.fingerprint}|{images.identity}|{model.transform}", compute)
+
+class _Spool:
+    """Features written to an unnamed file as they are computed, with each row's key; :meth:`read` puts them in
+    key order into one tensor, a block at a time."""
+
+    BLOCK = 8192  # rows per read
+
+    def __init__(self, file: IO[bytes]):
+        self.file = file
+        self.keys: list[Tensor] = []
+        self.records: list[Record] = []
+        self.width = 0
+
+    def add(self, features: Tensor, keys: Tensor, records: list[Record]) -> None:
+        rows = features.float().numpy()
+        self.width = rows.shape[1]
+        self.file.write(rows.tobytes())
+        self.keys.append(keys)
+        self.records += records
+
+    def read(self) -> tuple[Tensor, list[Record]]:
+        keys = torch.cat(self.keys) if self.keys else torch.zeros(0, dtype=torch.int64)
+        order = torch.argsort(keys, stable=True)  # order[i]: the spool row that goes to position i
+        in_order = bool((order == torch.arange(len(order))).all())
+        rank = torch.empty_like(order)
+        rank[order] = torch.arange(len(order))  # rank[j]: the position of spool row j
+        out = torch.empty(len(keys), self.width)
+        self.file.seek(0)
+        for start in range(0, len(keys), self.BLOCK):
+            block = np.frombuffer(self.file.read(self.BLOCK * self.width * 4), dtype=np.float32)
+            rows = torch.from_numpy(block.reshape(-1, self.width).copy())
+            if in_order:
+                out[start : start + len(rows)] = rows
+            else:
+                out[rank[start : start + len(rows)]] = rows
+        return out, self.records if in_order else [self.records[i] for i in order.tolist()]
+
+
+def image_features(model: EvalModel, images: ImageSet, encoding: Encoding) -> Embedded:
+    """``images`` embedded by ``model``: from the cache, or computed (and cached)."""
+    def compute() -> dict[str, Any]:
+        return _embed(model, images, encoding).as_saved()
+
+    key = f"images|{model.fingerprint}|{images.identity}|{model.transform}"
+    # features computed ahead (a Kubeflow features step, on a GPU) serve the task steps (on CPU pods) at whatever
+    # precision they were computed
+    others = [key + _precision_key(p) for p in AUTOCAST_DTYPES if p != model.precision]
+    saved = _cached(encoding, key + _precision_key(model.precision), compute, shared_keys=others,
+                    valid=lambda value: isinstance(value, dict) and "features" in value)
+    embedded = Embedded(**saved)
+    if embedded.skipped:
+        log.warning("%s: %d unreadable sample(s) or shard(s) skipped", images.name, embedded.skipped)
+    return embedded
+
+
+def _embed(model: EvalModel, images: ImageSet, encoding: Encoding) -> Embedded:
+    device = model.device
+    workers = eval_workers(device.type) if encoding.workers is None else encoding.workers
+    plan_threads(workers=workers, device_type=device.type).apply()
+    skips = SkipCounter()
+    if encoding.cache is not None:  # the spool beside the cache (a pod's /tmp may be memory)
+        encoding.cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryFile(dir=encoding.cache, prefix=".features-") as file:
+        features, records = _embed_into(_Spool(file), model, images, encoding, workers, skips)
+    if not len(records):
+        raise ConfigError(f"{images.name}: no readable image ({skips.skipped} unreadable sample(s) or shard(s))")
+    labels = [r.label for r in records]
+    captions = [list(r.captions) for r in records]
+    return Embedded(features, labels if None not in labels else None, captions if all(captions) else None,
+                    {r.label: r.classname for r in records if r.classname is not None and r.label is not None},
+                    skips.skipped)
+
+
+def _embed_into(spool: _Spool, model: EvalModel, images: ImageSet, encoding: Encoding, workers: int,
+                skips: SkipCounter) -> tuple[Tensor, list[Record]]:
+    device = model.device
+    total = images.reader.size if isinstance(images.reader, Indexed) else None
+    bar = tqdm(total=total, desc=f"embed {images.name}", unit="img", disable=not encoding.progress)
+    pending: tuple[Tensor, Batch] | None = None  # a GPU batch whose features are not fetched yet
+    for batch in image_batches(images, model.transform, batch_size=encoding.batch_size, workers=workers,
+                               pin_memory=device.type == "cuda"):
+        for why in batch.unreadable:
+            skips(Unreadable(why))
+        if len(batch.keys):
+            features = model.encode_images(batch.images)
+            if pending is not None:
+                spool.add(pending[0].cpu(), pending[1].keys, pending[1].records)
+            pending = (features, batch)
+        bar.update(len(batch.keys) + len(batch.unreadable))
+    if pending is not None:
+        spool.add(pending[0].cpu(), pending[1].keys, pending[1].records)
+    bar.close()
+    return spool.read()
 
 
 def text_features(model: EvalModel, texts: Sequence[str], encoding: Encoding, tag: str) -> Tensor:
     def compute() -> Tensor:
-        device = next(model.model.parameters()).device
         step = 2 * encoding.batch_size  # texts are cheaper to encode than images
         chunks = [texts[i : i + step] for i in range(0, len(texts), step)]
-        return torch.cat([model.encode_texts(model.tokenizer(list(chunk)).to(device)).cpu() for chunk in chunks])
+        return torch.cat([model.encode_texts(model.tokenizer(list(chunk))).cpu() for chunk in chunks])
 
     digest = hashlib.sha256("\n".join(texts).encode()).hexdigest()
-    return _cached(encoding, f"texts|{model.fingerprint}|{tag}|{digest}", compute)
+    return _cached(encoding, f"texts|{model.fingerprint}|{tag}|{digest}{_precision_key(model.precision)}", compute)

@@ -1,6 +1,11 @@
-"""What an evaluation runs on: a model (our export, or any open_clip config with a local weights file) and
-labelled or captioned images (a packaged set's held-out split, an ImageFolder tree, WebDataset shards, or a CSV
-of image paths and captions)."""
+"""What an evaluation embeds: labelled or captioned images, named by a source (a packaged set's held-out split,
+an ImageFolder tree, WebDataset shards, CLIP_benchmark's ``wds`` layout, or a CSV of image paths and captions).
+
+An :class:`ImageSet` says how its images are read, and reads none of them: a set known by index (a packaged set,
+a folder, a CSV) opens image ``i`` on demand; shards are a :class:`ShardStream` that webdataset reads front to
+back, so that neither kind holds more than the images in flight (:mod:`cloob_core.evaluation.image_loader` reads
+them in data-loader workers). A stream's labels and captions arrive with its samples.
+"""
 
 from __future__ import annotations
 
@@ -8,155 +13,98 @@ import csv
 import io
 import json
 import logging
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-import open_clip
-import torch
-from open_clip.transform import PreprocessCfg, image_transform_v2
+import numpy as np
 from PIL import Image
-from torch import Tensor
 
 from cloob_core import publish, storage
 from cloob_core.config import PACKAGED_SETS, PACKAGED_SOURCES, ConfigError
 from cloob_core.data.manifest import table_file
 from cloob_core.evaluation.class_sets import packaged_class_set, packaged_class_sets
-from cloob_core.io import UnreadableFile, file_digest
-from cloob_core.model.dual_encoder import register_project_configs, without_random_init_warning
-from cloob_core.model.export import load_exported, load_weights, read_state_dict
-from cloob_core.model.files import INFO_FILE
-from cloob_core.threads import plan_threads
+from cloob_core.io import json_digest
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class EvalModel:
-    model: open_clip.CLIP
-    tokenizer: Callable[[Sequence[str]], Tensor]
-    transform: Callable[[Image.Image], Tensor]
-    architecture: str
-    source: str  # what CLIP_benchmark calls "pretrained": where the weights came from
-    fingerprint: str  # identifies the weights, for feature caches
-    inv_tau: float
+class Record(NamedTuple):
+    """What a sample carries besides its image."""
 
-    @torch.no_grad()
-    def encode_images(self, images: Tensor) -> Tensor:
-        return self.model.encode_image(images, normalize=True).float()
-
-    @torch.no_grad()
-    def encode_texts(self, tokens: Tensor) -> Tensor:
-        return self.model.encode_text(tokens, normalize=True).float()
-
-
-def _local_copy(location: str, scratch: Path) -> Path:
-    """An exported model folder on S3 is fetched into ``scratch``; a local one is used in place."""
-    if not storage.is_s3(location):
-        return Path(location)
-    storage.download_tree(location, scratch)
-    return scratch
+    label: int | None = None
+    captions: tuple[str, ...] = ()
+    classname: str | None = None  # a shard sample's own name for its label
 
 
 @dataclass(frozen=True)
-class ModelSource:
-    """A `cloob train` export (``model``, local or s3://), a `cloob train` checkpoint (``checkpoint``: the model as
-    it was at that step), or an open_clip ``architecture`` with ``weights``."""
+class Indexed:
+    """A set read by index: ``open(i)`` decodes image ``i``; labels and captions are known up front."""
 
-    model: str | None = None
-    architecture: str | None = None
-    weights: str | None = None
-    device: str = "cpu"
-    checkpoint: str | None = None
+    size: int
+    open: Callable[[int], Image.Image]  # picklable, for data-loader workers started by spawn
+    labels: Sequence[int] | None = None
+    captions: Sequence[Sequence[str]] | None = None
 
-
-def load_model(source: ModelSource) -> EvalModel:
-    """The model ``source`` names, ready to embed (state dicts read with weights_only=True)."""
-    register_project_configs()
-    torch_device = device_named(source.device)
-    plan_threads(device_type=torch_device.type).apply()  # no workers: every usable core to torch
-    architecture = source.architecture
-    if architecture and architecture not in open_clip.list_models():
-        raise ConfigError(f"unknown architecture {architecture!r}: not one of open_clip's configurations or ours "
-                          "(cloob_core/model/configs)")
-    if source.model:
-        with tempfile.TemporaryDirectory() as scratch:
-            folder = _local_copy(source.model, Path(scratch))
-            if not (folder / INFO_FILE).exists():
-                raise FileNotFoundError(f"{source.model} is not a `cloob train` model folder (no {INFO_FILE})")
-            exported = load_exported(folder)  # its tokenizer is read now: the folder may be a scratch copy
-            fingerprint = file_digest(exported.weights)[:16]
-        net, tokenizer, info = exported.model, exported.tokenizer, exported.info
-        architecture, inv_tau, name = info["architecture"], float(info["inv_tau"]), source.model
-    elif source.checkpoint:
-        return model_from_checkpoint(source.checkpoint, source.device)[0]
-    elif architecture and source.weights:
-        with without_random_init_warning():  # the weights are loaded next
-            net = open_clip.create_model(architecture, pretrained=None)
-        load_weights(net, read_state_dict(source.weights), source.weights)
-        tokenizer = open_clip.get_tokenizer(architecture)
-        fingerprint, name = file_digest(source.weights)[:16], source.weights
-        inv_tau = float(net.logit_scale.detach().exp())
-    else:
-        raise ValueError("give --model (a `cloob train` export), --checkpoint (one of its checkpoints) or "
-                         "--architecture with --weights")
-    return eval_model(net, tokenizer, architecture, name, fingerprint, inv_tau, torch_device)
+    def record(self, index: int) -> Record:
+        return Record(None if self.labels is None else int(self.labels[index]),
+                      tuple(self.captions[index]) if self.captions is not None else ())
 
 
-def model_from_checkpoint(location: str, device: str = "cpu") -> tuple[EvalModel, int]:
-    """The model of a `cloob train` checkpoint (local or s3://; its checksum verified, read with weights_only) and
-    its step: a run as it was at that checkpoint."""
-    from cloob_core.training.checkpoint_file import CHECKSUM_SUFFIX, load
+@dataclass(frozen=True)
+class ShardStream:
+    """WebDataset shards read front to back: ``parse`` turns a sample's fields into its image bytes and record."""
 
-    register_project_configs()
-    saved = load(location)
-    try:
-        architecture, step, state = saved["config"]["model"]["architecture"], int(saved["step"]), saved["model"]
-    except (KeyError, TypeError, ValueError):
-        raise UnreadableFile(f"{location} is not a `cloob train` checkpoint (no config, step or model)") from None
-    with without_random_init_warning():  # the checkpoint's weights are loaded next
-        net = open_clip.create_model(architecture, pretrained=None)
-    load_weights(net, {key.removeprefix("encoder."): value for key, value in state.items()}, location)
-    fingerprint = storage.read_bytes(location + CHECKSUM_SUFFIX).decode().strip()[:16]
-    return eval_model(net, open_clip.get_tokenizer(architecture), architecture, location, fingerprint,
-                      float(net.logit_scale.detach().exp()), device_named(device)), step
-
-
-def eval_model(net: open_clip.CLIP, tokenizer: Callable[[Sequence[str]], Tensor], architecture: str, source: str,
-               fingerprint: str, inv_tau: float, device: torch.device) -> EvalModel:
-    """``net`` on ``device`` in eval mode, with the preprocessing its config asks for: the transform
-    ``open_clip.create_model_and_transforms`` gives for evaluation, from the same config."""
-    net = net.to(device).eval()
-    transform = image_transform_v2(PreprocessCfg(**net.visual.preprocess_cfg), is_train=False)
-    return EvalModel(model=net, tokenizer=tokenizer, transform=transform, architecture=architecture, source=source,
-                     fingerprint=fingerprint, inv_tau=inv_tau)
-
-
-def device_named(name: str) -> torch.device:
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ConfigError(f"--device {name!r} is not a device (cpu, cuda, cuda:1, ...)") from None
-    if device.type == "cuda" and (not torch.cuda.is_available() or (device.index or 0) >= torch.cuda.device_count()):
-        raise ConfigError(f"--device {name}: no such CUDA device is visible")
-    return device
+    urls: tuple[str, ...]
+    location: str
+    parse: Callable[[dict[str, Any]], tuple[bytes, Record]]  # picklable, as ``Indexed.open``
 
 
 @dataclass
 class ImageSet:
-    """Images (opened lazily) with labels and/or captions; ``identity`` names it for caches and reports."""
+    """Images with labels and/or captions, read by ``reader``; ``identity`` names them for caches and reports.
+    ``classnames`` and ``templates`` are the set's (or a class file's); shards may name their classes in their
+    samples instead (see :func:`class_prompts`)."""
 
     name: str
     identity: str
-    opener: Callable[[int], Image.Image]
-    size: int
-    labels: list[int] | None = None
+    reader: Indexed | ShardStream
     classnames: list[str] | None = None
-    captions: list[list[str]] | None = None  # one list of captions per image
     templates: list[str] | None = None
-    skipped: int = 0  # unreadable samples left out when the set was read
+    class_file: str | None = None  # where classnames came from, when a file gave them
+
+
+@dataclass(frozen=True)
+class _EncodedImages:
+    """Images held encoded in memory (a packaged set)."""
+
+    images: Sequence[bytes]
+
+    def __call__(self, index: int) -> Image.Image:
+        return Image.open(io.BytesIO(self.images[index])).convert("RGB")
+
+
+@dataclass(frozen=True)
+class _GreyPixels:
+    """Images held as grey uint8 pixels (scikit-learn's digits)."""
+
+    pixels: np.ndarray
+
+    def __call__(self, index: int) -> Image.Image:
+        return Image.fromarray(self.pixels[index], mode="L").convert("RGB")
+
+
+@dataclass(frozen=True)
+class _ImageFiles:
+    """Image files, opened as torchvision's ImageFolder opens them."""
+
+    paths: Sequence[str]
+
+    def __call__(self, index: int) -> Image.Image:
+        with open(self.paths[index], "rb") as handle:
+            return Image.open(handle).convert("RGB")
 
 
 def read_class_file(path: str | None) -> tuple[list[str] | None, list[str] | None]:
@@ -200,9 +148,8 @@ def packaged_set(name: str, split: str) -> ImageSet:
     data = load_packaged(name, split)
     return ImageSet(
         name=f"{name}-{split}", identity=f"packaged:{name}:{split}",
-        opener=lambda i: Image.open(io.BytesIO(data.images[i])).convert("RGB"), size=len(data),
-        labels=list(data.labels), classnames=list(data.classnames), captions=[[c] for c in data.captions],
-        templates=list(data.templates))
+        reader=Indexed(len(data), _EncodedImages(data.images), list(data.labels), [[c] for c in data.captions]),
+        classnames=list(data.classnames), templates=list(data.templates))
 
 
 def sklearn_digits_set(split: str) -> ImageSet:
@@ -220,9 +167,8 @@ def sklearn_digits_set(split: str) -> ImageSet:
         raise ConfigError(f"sklearn-digits has the splits train and test, not {split!r}")
     pixels = (data.images[parts[split]] * (255 / 16)).round().astype("uint8")
     return ImageSet(name=f"sklearn-digits-{split}", identity=f"sklearn-digits:{split}",
-                    opener=lambda i: Image.fromarray(pixels[i], mode="L").convert("RGB"), size=len(pixels),
-                    labels=[int(v) for v in data.target[parts[split]]], classnames=list(CLASSNAMES),
-                    templates=list(ZERO_SHOT_TEMPLATES))
+                    reader=Indexed(len(pixels), _GreyPixels(pixels), [int(v) for v in data.target[parts[split]]]),
+                    classnames=list(CLASSNAMES), templates=list(ZERO_SHOT_TEMPLATES))
 
 
 def image_folder_set(root: Path, name: str) -> ImageSet:
@@ -230,74 +176,53 @@ def image_folder_set(root: Path, name: str) -> ImageSet:
 
     folder = ImageFolder(str(root))
     return ImageSet(name=name, identity=f"folder:{root.resolve()}:{len(folder)}",
-                    opener=lambda i: folder.loader(folder.samples[i][0]).convert("RGB"), size=len(folder),
-                    labels=[label for _, label in folder.samples], classnames=list(folder.classes))
-
-
-@dataclass
-class _Sample:
-    image: bytes
-    captions: list[str]
-    label: int | None
-    classname: str | None = None
-
-
-def _read_tars(urls: list[str], location: str,
-               parse: Callable[[dict[str, Any]], _Sample]) -> tuple[list[_Sample], int]:
-    """Every sample ``parse`` accepts, its image decoded once to prove it opens; a sample or tar that does not
-    read is left out and counted, as in training. (samples, skipped)"""
-    import webdataset as wds
-
-    from cloob_core.data.shard_files import SkipCounter, register_s3
-
-    register_s3()
-    handler, samples = SkipCounter(), []
-    for raw in wds.DataPipeline(wds.SimpleShardList(urls), wds.tarfile_to_samples(handler=handler)):
-        try:
-            sample = parse(raw)
-            Image.open(io.BytesIO(sample.image)).load()
-        except Exception as err:  # whatever a broken member raises
-            handler(err)
-            continue
-        samples.append(sample)
-    if not samples:
-        raise ConfigError(f"{location}: no readable sample in {len(urls)} shard(s) ({handler.skipped} skipped)")
-    if handler.skipped:
-        log.warning("%s: %d unreadable sample(s) or shard(s) skipped", location, handler.skipped)
-    return samples, handler.skipped
+                    reader=Indexed(len(folder), _ImageFiles([path for path, _ in folder.samples]),
+                                   [label for _, label in folder.samples]),
+                    classnames=list(folder.classes))
 
 
 def _image_of(raw: dict[str, Any]) -> bytes:
-    return next(raw[key] for key in ("jpg", "jpeg", "png", "webp") if key in raw)
+    found = next((raw[key] for key in ("jpg", "jpeg", "png", "webp") if key in raw), None)
+    if found is None:
+        raise ValueError(f"sample {raw.get('__key__')!r} has no image (jpg, jpeg, png or webp)")
+    return found
 
 
-def _image_set(name: str, identity: str, samples: list[_Sample], skipped: int, *, classnames: list[str] | None,
-               templates: list[str] | None = None) -> ImageSet:
-    labels = [s.label for s in samples if s.label is not None]
-    images = [s.image for s in samples]
-    return ImageSet(name=name, identity=f"{identity}:{len(samples)}",
-                    opener=lambda i: Image.open(io.BytesIO(images[i])).convert("RGB"), size=len(samples),
-                    labels=labels if len(labels) == len(samples) else None, classnames=classnames,
-                    captions=[s.captions for s in samples] if all(s.captions for s in samples) else None,
-                    templates=templates, skipped=skipped)
+def _shard_sample(raw: dict[str, Any], label_key: str) -> tuple[bytes, Record]:
+    """A `cloob data` shard's sample: its image, caption (``txt``) and the class field ``label_key`` of its json."""
+    meta = json.loads(raw["json"]) if "json" in raw else {}
+    label = int(meta[label_key]) if label_key in meta else None
+    return _image_of(raw), Record(label, (raw["txt"].decode("utf-8"),) if "txt" in raw else (),
+                                  str(meta["classname"]) if label is not None and "classname" in meta else None)
+
+
+def _wds_sample(raw: dict[str, Any], retrieval: bool) -> tuple[bytes, Record]:
+    """A CLIP_benchmark ``wds`` sample: its image and ``cls``, or (a retrieval set) its captions, one per line."""
+    if retrieval:
+        return _image_of(raw), Record(None, tuple(raw["txt"].decode("utf-8").splitlines()))
+    return _image_of(raw), Record(int(raw["cls"]))
+
+
+def _files_identity(urls: Sequence[str]) -> str:
+    """The shards' sizes and versions (S3 ETags, local size and time): a set rewritten in place is another set
+    to the features cache. Counting the samples would mean reading them."""
+    def version(url: str) -> Any:
+        try:
+            return storage.file_version(url)
+        except Exception:
+            return None
+
+    return json_digest([[url, version(url)] for url in urls])[:16]
 
 
 def shard_set(location: str, label_key: str) -> ImageSet:
     """WebDataset shards from `cloob data`: images, captions, and the class field ``label_key`` of the json."""
     from cloob_core.data.shard_files import shard_list
 
-    def parse(raw: dict[str, Any]) -> _Sample:
-        meta = json.loads(raw["json"]) if "json" in raw else {}
-        label = int(meta[label_key]) if label_key in meta else None
-        return _Sample(_image_of(raw), [raw["txt"].decode("utf-8")] if "txt" in raw else [], label,
-                       str(meta["classname"]) if label is not None and "classname" in meta else None)
-
     urls, _ = shard_list(location)
-    samples, skipped = _read_tars(urls, location, parse)
-    names = {s.label: s.classname for s in samples if s.classname is not None}
-    classnames = [names[i] for i in sorted(names)] if names and sorted(names) == list(range(len(names))) else None
-    return _image_set(Path(location.rstrip("/")).name, f"shards:{location}", samples, skipped,
-                      classnames=classnames)
+    return ImageSet(name=Path(location.rstrip("/")).name,
+                    identity=f"shards:{location}:{label_key}:{_files_identity(urls)}",
+                    reader=ShardStream(tuple(urls), location, partial(_shard_sample, label_key=label_key)))
 
 
 def is_wds_set(location: str, split: str) -> bool:
@@ -326,18 +251,13 @@ def wds_set(location: str, split: str) -> ImageSet:
         raise ConfigError(f"{storage.join(location, split, SHARD_COUNT_FILE)} must hold the number of shards, "
                           f"got {count!r}")
     retrieval = (lines(DATASET_TYPE_FILE) or ["classification"])[0].lower() == "retrieval"
-
-    def parse(raw: dict[str, Any]) -> _Sample:
-        if retrieval:
-            return _Sample(_image_of(raw), raw["txt"].decode("utf-8").splitlines(), None)
-        return _Sample(_image_of(raw), [], int(raw["cls"]))
-
     urls = [storage.join(location, split, f"{i}.tar") for i in range(int(count))]
-    samples, skipped = _read_tars(urls, location, parse)
     templates = lines(TEMPLATES_FILE)
-    return _image_set(f"{Path(location.rstrip('/')).name}-{split}", f"wds:{location}:{split}", samples, skipped,
-                      classnames=None if retrieval else lines(CLASSNAMES_FILE),
-                      templates=[t.replace("{c}", "{}") for t in templates] if templates else None)
+    return ImageSet(name=f"{Path(location.rstrip('/')).name}-{split}",
+                    identity=f"wds:{location}:{split}:{_files_identity(urls)}",
+                    reader=ShardStream(tuple(urls), location, partial(_wds_sample, retrieval=retrieval)),
+                    classnames=None if retrieval else lines(CLASSNAMES_FILE),
+                    templates=[t.replace("{c}", "{}") for t in templates] if templates else None)
 
 
 CSV_COLUMNS = ("image", "caption")  # a captions CSV's columns unless --url-col / --caption-col name others
@@ -358,15 +278,16 @@ def caption_csv_set(path: Path, columns: tuple[str, str] = CSV_COLUMNS) -> Image
     files = list(by_image)
     named = "" if columns == CSV_COLUMNS else f":{image}:{caption}"  # other columns: other images, other features
     return ImageSet(name=path.stem, identity=f"captions:{path.resolve()}{named}:{len(files)}",
-                    opener=lambda i: Image.open(files[i]).convert("RGB"), size=len(files),
-                    captions=[by_image[f] for f in files])
+                    reader=Indexed(len(files), _ImageFiles([str(f) for f in files]),
+                                   captions=[by_image[f] for f in files]))
 
 
 def load_images(source: str, split: str = "test", label_key: str = "label", class_file: str | None = None,
                 csv_columns: tuple[str, str] = CSV_COLUMNS) -> ImageSet:
     """A packaged set or ``sklearn-digits`` (split train/test), CLIP_benchmark's ``wds`` layout
     (``SPLIT/nshards.txt``; local or s3://), a folder (ImageFolder; ``SPLIT/`` inside it if present), shards (a
-    folder with sizes.json, .tar, brace pattern, s3://), or a .csv of image paths and captions."""
+    folder with sizes.json, .tar, brace pattern, s3://), or a .csv of image paths and captions. Nothing is read
+    but the set's listing and class files."""
     if source in PACKAGED_SETS:
         images = packaged_set(source, split)
     elif source == "sklearn-digits":
@@ -388,16 +309,30 @@ def load_images(source: str, split: str = "test", label_key: str = "label", clas
                                 "shards or a captions .csv")
     names, templates = read_class_file(class_file)
     if names is not None:
-        if images.labels is not None and max(images.labels) >= len(names):
-            raise ValueError(f"{class_file} lists {len(names)} class names, the data has label {max(images.labels)}")
-        images.classnames = names
+        images.classnames, images.class_file = names, class_file
     if templates is not None:
         images.templates = templates
-    if images.classnames is not None and images.templates is None:  # an ImageFolder, shards with classes: no dead end
-        images.templates = default_templates()
-        log.warning("%s came with no prompt templates: zero-shot uses CLIP's 7 general ones ('%s', ...); give "
-                    "--classnames FILE with a 'templates' list for your own", images.name, images.templates[0])
     return images
+
+
+def class_prompts(images: ImageSet, labels: Sequence[int],
+                  found: dict[int, str] | None = None) -> tuple[list[str] | None, list[str] | None]:
+    """The class names and prompt templates to classify ``images`` with, once its ``labels`` were read: the set's
+    (or its class file's) names, else the names its samples gave (``found``: label -> name, shards); the set's
+    templates, else CLIP's 7 general ones (said once). A class file with fewer names than the labels is an error."""
+    names = images.classnames
+    if names is None and found and sorted(found) == list(range(len(found))):
+        names = [found[i] for i in range(len(found))]
+    if names is not None and labels and max(labels) >= len(names):
+        where = images.class_file or images.name
+        raise ValueError(f"{where} lists {len(names)} class names, the data has label {max(labels)}")
+    templates = images.templates
+    if names is not None and templates is None:  # an ImageFolder, shards with classes: no dead end
+        templates = default_templates()
+        log.warning("%s came with no prompt templates: zero-shot uses CLIP's 7 general ones ('%s', ...); give "
+                    "--classnames FILE with a 'templates' list for your own", images.name, templates[0])
+        images.templates = templates
+    return names, templates
 
 
 def default_templates() -> list[str]:

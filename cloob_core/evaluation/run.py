@@ -10,12 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from cloob_core import lease, publish, storage
-from cloob_core.evaluation.inputs import ModelSource, load_model
 from cloob_core.evaluation.tasks.common import EvalOptions, EvalResult
 from cloob_core.evaluation.tasks.diagnostics import DiagnosticsTask
 from cloob_core.evaluation.tasks.linear_probe import LinearProbeTask
 from cloob_core.evaluation.tasks.retrieval import RetrievalTask
 from cloob_core.evaluation.tasks.zeroshot import ZeroShotTask
+from cloob_core.model.source import ModelSource, load_model
 
 FEATURE_CACHE = ".cache"  # a task's default feature cache inside its output folder (not part of its results)
 

@@ -21,13 +21,14 @@ from cloob_core.errors import one_line, user_facing
 from cloob_core.evaluation.class_sets import packaged_class_sets
 from cloob_core.evaluation.fingerprint import dataset_fingerprint
 from cloob_core.evaluation.records import COMPLETE, annotate
-from cloob_core.evaluation.run import EvalTask, ModelSource
+from cloob_core.evaluation.run import EvalTask
 from cloob_core.evaluation.suite_error import SuiteError
 from cloob_core.evaluation.tasks.common import EvalOptions
 from cloob_core.evaluation.tasks.diagnostics import DiagnosticsTask
 from cloob_core.evaluation.tasks.linear_probe import LinearProbeTask
 from cloob_core.evaluation.tasks.retrieval import RetrievalTask
 from cloob_core.evaluation.tasks.zeroshot import ZeroShotTask
+from cloob_core.model.source import ModelSource
 
 SPLIT_FOLDERS = ("train", "test", "val", "validation")  # what marks an ImageFolder tree as split into subfolders
 
@@ -172,21 +173,22 @@ def plan_suite(settings: EvalConfig, datasets: Sequence[str] | None = None,
 
 
 def _options(settings: EvalConfig, name: str, cache: Path | None, progress: bool,
-             shared_features: Path | None = None) -> EvalOptions:
+             shared_features: Path | None = None, workers: int | None = None) -> EvalOptions:
     entry = settings.datasets[name]
     return EvalOptions(classnames=entry.classnames, label_key=entry.label_key, name=name, cache=cache,
-                       batch_size=entry.batch_size, progress=progress, shared_features=shared_features)
+                       batch_size=entry.batch_size, progress=progress, shared_features=shared_features,
+                       workers=workers)
 
 
 def evaluate_suite(settings: EvalConfig, model: ModelSource, output: str | Path, *,
                    datasets: Sequence[str] | None = None, tasks: Sequence[str] | None = None,
                    cache: Path | None = None, shared_features: Path | None = None,
-                   progress: bool = True) -> list[DatasetResult]:
+                   progress: bool = True, workers: int | None = None) -> list[DatasetResult]:
     """``cloob eval suite``: each named data set (default: all) on its tasks (or the given ones among them), into
     ``output/<data set>``. Every entry is checked before the model is loaded; the tasks of a data set share its
     features (through ``cache``, or a scratch cache for this call; ``shared_features``: computed ahead by
     :func:`prepare_features`)."""
-    from cloob_core.evaluation.inputs import load_model
+    from cloob_core.model.source import load_model
 
     plan = plan_suite(settings, datasets, tasks)
     fingerprints = {name: dataset_fingerprint(settings.datasets[name]) for name in plan}  # the data as evaluated
@@ -196,7 +198,7 @@ def evaluate_suite(settings: EvalConfig, model: ModelSource, output: str | Path,
         with scratch.folder("cloob-features") as features:
             for name, chosen in plan.items():
                 entry, folder = settings.datasets[name], Path(output) / name
-                options = _options(settings, name, cache or features, progress, shared_features)
+                options = _options(settings, name, cache or features, progress, shared_features, workers)
                 result = DatasetResult(name, folder)
                 # the data set's results appear together when its tasks are done: a run stopped part-way changes
                 # nothing there (results of its other tasks, evaluated before, are kept)
@@ -217,7 +219,7 @@ def prepare_features(settings: EvalConfig, name: str, model: ModelSource, output
     probe), computed once into the cache folder ``output``: the Kubeflow pipelines give it to each of the data
     set's task steps as their shared features. Returns the data set's tasks."""
     from cloob_core.evaluation.features import image_features
-    from cloob_core.evaluation.inputs import load_model
+    from cloob_core.model.source import load_model
 
     tasks = plan_suite(settings, [name])[name]
     splits = settings.datasets[name].splits

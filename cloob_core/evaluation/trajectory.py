@@ -11,9 +11,11 @@ from typing import Any
 
 from cloob_core import lease, storage
 from cloob_core.evaluation.features import Encoding
-from cloob_core.evaluation.inputs import ImageSet, load_images, model_from_checkpoint
+from cloob_core.evaluation.inputs import ImageSet, load_images
 from cloob_core.evaluation.tasks.diagnostics import embedding_diagnostics, matched_features
+from cloob_core.evaluation.tasks.retrieval import caption_pairs
 from cloob_core.io import write_json
+from cloob_core.model.source import model_from_checkpoint
 from cloob_core.training.checkpoint import complete
 
 
@@ -34,13 +36,13 @@ def run_checkpoints(run: str) -> list[str]:
 
 
 def diagnostics_over_training(checkpoints: list[str], images: ImageSet, encoding: Encoding,
-                              device: str = "cpu") -> list[TrajectoryPoint]:
+                              device: str = "auto", precision: str = "auto") -> list[TrajectoryPoint]:
     """The diagnostics of ``images``' matched pairs (each image with its first caption) under each checkpoint:
     the pairs `cloob eval diagnostics` analyses."""
     points = []
     for path in checkpoints:
-        model, step = model_from_checkpoint(path, device)
-        found = embedding_diagnostics(*matched_features(model, images, encoding), model.inv_tau)
+        model, step = model_from_checkpoint(path, device, precision)
+        found = embedding_diagnostics(*matched_features(caption_pairs(model, images, encoding)), model.inv_tau)
         points.append(TrajectoryPoint(step, found.metrics))
     return points
 
@@ -64,12 +66,14 @@ class TrajectoryResult:
 
 
 @lease.holding("output")
-def evaluate_trajectory(run: str, data: str, split: str, output: str | Path, *, device: str = "cpu",
+def evaluate_trajectory(run: str, data: str, split: str, output: str | Path, *, device: str = "auto",
+                        precision: str = "auto", workers: int | None = None,
                         progress: bool = True) -> TrajectoryResult:
     """`cloob eval trajectory`: the diagnostics of ``data``'s ``split`` at every checkpoint of ``run``, into
     ``output/trajectory.json``."""
     images = load_images(data, split)
-    points = diagnostics_over_training(run_checkpoints(run), images, Encoding(progress=progress), device)
+    points = diagnostics_over_training(run_checkpoints(run), images, Encoding(progress=progress, workers=workers),
+                                       device, precision)
     file = write_json(Path(output) / "trajectory.json", {
         "run": run, "data": images.name, "points": [{"step": p.step, **p.metrics} for p in points]})
     lines = [f"step {p.step}: effective eigenvalues image {p.metrics['effective_eigenvalues_image']} text "

@@ -27,14 +27,15 @@ from cloob_core import lease, storage
 from cloob_core.config import CloobConfig, ConfigError, config_from_mapping
 from cloob_core.data.shard_files import shard_list
 from cloob_core.evaluation.features import Encoding, image_features
-from cloob_core.evaluation.inputs import EvalModel, ImageSet, load_images, model_from_checkpoint
-from cloob_core.evaluation.tasks.diagnostics import embedding_diagnostics
+from cloob_core.evaluation.inputs import ImageSet, load_images
+from cloob_core.evaluation.tasks.diagnostics import embedding_diagnostics, matched_features
 from cloob_core.evaluation.tasks.retrieval import caption_pairs, retrieval_metrics
-from cloob_core.evaluation.tasks.zeroshot import class_embeddings, classification_metrics
+from cloob_core.evaluation.tasks.zeroshot import class_embeddings, classification_metrics, ranked_classes
 from cloob_core.evaluation.trajectory import run_checkpoints
 from cloob_core.experiments.grid_report import GridReport, grid_report
 from cloob_core.experiments.grids import Grid, grid_named
 from cloob_core.io import write_json
+from cloob_core.model.source import EvalModel, model_from_checkpoint
 from cloob_core.training.loop import TrainingDiverged, plan_steps, train
 from cloob_core.training.optim import first_restart
 
@@ -67,17 +68,18 @@ def measure(model: EvalModel, sets: Measured) -> dict[str, Any]:
     """One model's figures, as ``<data set>.<metric>``; the diagnostics' spectra are lists."""
     found: dict[str, Any] = {}
     for name, images in sets.zeroshot.items():
-        classes = class_embeddings(model, images.classnames, images.templates, _ENCODING)
-        scores = image_features(model, images, _ENCODING) @ classes.T
-        found[f"{name}.zeroshot_acc1"] = classification_metrics(scores, torch.tensor(images.labels),
-                                                                len(images.classnames))["acc1"]
+        embedded = image_features(model, images, _ENCODING)
+        classnames, templates = ranked_classes(images, embedded)
+        scores = embedded.features @ class_embeddings(model, classnames, templates, _ENCODING).T
+        found[f"{name}.zeroshot_acc1"] = classification_metrics(scores, torch.tensor(embedded.labels),
+                                                                len(classnames))["acc1"]
     for name, images in sets.retrieval.items():
-        image_x, text_y, matches, _ = caption_pairs(model, images, _ENCODING)
-        found.update({f"{name}.{key}": value for key, value in retrieval_metrics(image_x, text_y, matches).items()
+        pairs = caption_pairs(model, images, _ENCODING)
+        found.update({f"{name}.{key}": value for key, value in retrieval_metrics(pairs.image, pairs.text,
+                                                                                 pairs.matches).items()
                       if "recall@" in key})
     for name, images in sets.diagnostics.items():
-        image_x, text_y, _, first = caption_pairs(model, images, _ENCODING)
-        diagnosed = embedding_diagnostics(image_x, text_y[torch.tensor(first)], model.inv_tau)
+        diagnosed = embedding_diagnostics(*matched_features(caption_pairs(model, images, _ENCODING)), model.inv_tau)
         found.update({f"{name}.{key}": value for key, value in diagnosed.metrics.items()})
     return found
 

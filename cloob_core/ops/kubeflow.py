@@ -81,8 +81,8 @@ def validate(params: Params, report_dir: str, manifest: str | None = None,
 def plan_download(params: Params, manifest: str, most: int) -> list[str]:
     """The download fan-out: ``min(most, MAX_DOWNLOAD_GROUPS, shards)`` partitions, each a contiguous range of
     shards, from the manifest's index alone. Decided here, at run time, because the shard count is the data's."""
+    from cloob_core.config.cluster import MAX_DOWNLOAD_GROUPS
     from cloob_core.data.run_manifest import RunManifest
-    from cloob_core.ops.cluster import MAX_DOWNLOAD_GROUPS
 
     shards = RunManifest.open(manifest).shard_count(_config(params).preprocess.shard_size)
     count = max(1, min(most, MAX_DOWNLOAD_GROUPS, shards))
@@ -160,8 +160,8 @@ def train_multinode(params: Params, shards: str, output_dir: str, job: str, run_
     the published result into ``output_dir``, the layout the one-node step writes."""
     from cloob_core import storage
     from cloob_core.config import ConfigError
+    from cloob_core.config.cluster import ClusterSettings
     from cloob_core.ops import trainjob
-    from cloob_core.ops.cluster import ClusterSettings
 
     config = _config(params)  # a bad configuration fails here, before any pod starts
     if not storage.is_s3(shards):
@@ -187,8 +187,8 @@ def plan_evaluation(params: Params) -> list[str]:
 
 def prepare_features(params: Params, dataset: str, model_dir: str, features_dir: str) -> list[str]:
     """The image features of one data set, computed once for all its task steps; returns its tasks."""
-    from cloob_core.evaluation.run import ModelSource
     from cloob_core.evaluation.suite import prepare_features as prepare
+    from cloob_core.model.source import ModelSource
 
     return prepare(_config(params).eval, dataset, ModelSource(model=model_dir), features_dir, progress=False)
 
@@ -197,8 +197,8 @@ def evaluate(params: Params, dataset: str, task: str, model_dir: str, output_dir
              features_dir: str | None = None) -> dict[str, dict[str, Any]]:
     """One task on one data set of the suite, into ``output_dir/<data set>``; its metrics by result name."""
     limit_spinning("coarse")  # before torch loads: a task's math is a few large ops (cloob_core.threads)
-    from cloob_core.evaluation.run import ModelSource
     from cloob_core.evaluation.suite import evaluate_suite
+    from cloob_core.model.source import ModelSource
 
     (result,) = evaluate_suite(_config(params).eval, ModelSource(model=model_dir), output_dir, datasets=[dataset],
                                tasks=[task], shared_features=Path(features_dir) if features_dir else None,

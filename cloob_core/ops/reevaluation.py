@@ -11,9 +11,9 @@ from typing import Any
 from cloob_core import storage
 from cloob_core.config import CloobConfig
 from cloob_core.evaluation.records import Report
-from cloob_core.evaluation.run import ModelSource
 from cloob_core.evaluation.suite import evaluate_suite
 from cloob_core.evaluation.suite_report import SUITE_FILE, suite_report
+from cloob_core.model.source import ModelSource
 from cloob_core.ops.promotion import fetch_production, record_production_metrics
 
 
@@ -24,14 +24,14 @@ class ProductionEvaluation:
     pointer: dict[str, Any]  # production.json as recorded
 
 
-def reevaluate_production(config: CloobConfig, output: str | Path, *, device: str = "cpu",
-                          progress: bool = True) -> ProductionEvaluation:
+def reevaluate_production(config: CloobConfig, output: str | Path, *, device: str = "auto", precision: str = "auto",
+                          workers: int | None = None, progress: bool = True) -> ProductionEvaluation:
     """Fetch production's model from ``promote.store``, evaluate it on the ``eval`` suite into ``output`` (``model/``,
     ``datasets/``, ``report/``) and record its metrics and the suite's fingerprint in the store."""
     output = Path(output)
     fetched = fetch_production(config.promote.store, output / "model")
-    evaluate_suite(config.eval, ModelSource(model=str(output / "model"), device=device), output / "datasets",
-                   progress=progress)
+    evaluate_suite(config.eval, ModelSource(model=str(output / "model"), device=device, precision=precision),
+                   output / "datasets", progress=progress, workers=workers)
     report = suite_report(config.eval, [output / "datasets"], output / "report")
     suite = storage.read_json(output / "report" / SUITE_FILE)
     pointer = record_production_metrics(config.promote, report.metrics, suite, model=fetched["model_id"])

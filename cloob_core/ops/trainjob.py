@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from cloob_core.config import CloobConfig, config_from_mapping
+from cloob_core.config.cluster import ClusterSettings
 from cloob_core.errors import StageError
 from cloob_core.ops import launch
-from cloob_core.ops.cluster import ClusterSettings
 
 log = logging.getLogger(__name__)
 

@@ -25,9 +25,9 @@ import torch
 from cloob_core import storage
 from cloob_core.config import ConfigError
 from cloob_core.io import remove_temporaries, write_text, write_torch
-from cloob_core.training.checkpoint_file import CHECKSUM_SUFFIX, sha256_hex
-from cloob_core.training.checkpoint_file import CheckpointError as CheckpointError  # re-exported, as is load
-from cloob_core.training.checkpoint_file import load as load
+from cloob_core.model.checkpoint_file import CHECKSUM_SUFFIX, sha256_hex
+from cloob_core.model.checkpoint_file import CheckpointError as CheckpointError  # re-exported, as is load
+from cloob_core.model.checkpoint_file import load as load
 from cloob_core.training.streams import Position, carry_positions
 
 log = logging.getLogger(__name__)
@@ -243,9 +243,8 @@ def code_fingerprint() -> str:
     run by ``--resume auto``."""
     package = Path(__file__).resolve().parents[1]
     digest = hashlib.sha256()
-    for path in sorted([package / "config.py", *(file for folder in ("training", "objectives", "model")
-                                                 for file in (package / folder).rglob("*")
-                                                 if file.suffix in (".py", ".json"))]):
+    for path in sorted(file for folder in ("config", "training", "objectives", "model")
+                       for file in (package / folder).rglob("*") if file.suffix in (".py", ".json")):
         digest.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()[:16]
 

@@ -10,15 +10,10 @@ from __future__ import annotations
 
 import logging
 import os
-import re
-import subprocess
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
-
-from cloob_core.config import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -47,63 +42,6 @@ def detect(environ: dict[str, str] | None = None) -> DistEnv:
     if "SLURM_PROCID" in env and int(env.get("SLURM_NTASKS", "1")) > 1:
         return DistEnv(int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]), int(env.get("SLURM_LOCALID", 0)), "SLURM")
     return DistEnv()
-
-
-# The oldest Linux driver each CUDA major version runs on (NVIDIA's CUDA compatibility table).
-MIN_DRIVER = {11: "450.80.02", 12: "525.60.13", 13: "580.65.06"}
-
-
-def choose_device(requested: str, env: DistEnv) -> torch.device:
-    """``cuda`` must be usable, or the run stops in one line saying why; ``auto`` takes the CPU only where no
-    NVIDIA GPU is there to use, and warns where one is but CUDA does not work."""
-    if requested == "cpu":
-        return torch.device("cpu")
-    if torch.cuda.is_available():
-        return torch.device("cuda", env.local_rank % torch.cuda.device_count())
-    if requested == "cuda":
-        raise ConfigError(f"train.device is cuda, but CUDA is unusable here: {cuda_problem()}")
-    if nvidia_driver() is not None or Path("/dev/nvidia0").exists():
-        log.warning("train.device auto: an NVIDIA GPU is here but CUDA is unusable (%s); training on the CPU",
-                    cuda_problem())
-    return torch.device("cpu")
-
-
-def nvidia_driver() -> str | None:
-    """The loaded NVIDIA kernel driver's version, or None."""
-    try:
-        found = re.search(r"Kernel Module\b.*?\s(\d+\.\d+(?:\.\d+)?)\s",
-                          Path("/proc/driver/nvidia/version").read_text())
-        if found:
-            return found.group(1)
-    except OSError:
-        pass
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20, check=False).stdout.split()
-        return out[0] if out else None
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-
-
-def cuda_problem() -> str:
-    """Why torch sees no CUDA device, naming the build and the driver."""
-    build = torch.version.cuda
-    if build is None:
-        return f"torch {torch.__version__} is a CPU-only build; install a CUDA build"
-    needed = MIN_DRIVER.get(int(build.split(".")[0]))
-    need = f", which needs an NVIDIA driver >= {needed}" if needed else ""
-    driver = nvidia_driver()
-    if driver is None:
-        return f"torch {torch.__version__} is a CUDA {build} build{need}, and no NVIDIA driver is loaded"
-    if needed and _version(driver) < _version(needed):
-        return f"torch {torch.__version__} is a CUDA {build} build{need}; the driver here is {driver}"
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    return (f"driver {driver} and torch {torch.__version__} (CUDA {build}) see no GPU"
-            + (f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else ""))
-
-
-def _version(text: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in re.findall(r"\d+", text))
 
 
 def init_process_group(env: DistEnv, device: torch.device) -> None:

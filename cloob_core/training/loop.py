@@ -28,6 +28,7 @@ from cloob_core import lease, storage
 from cloob_core.config import CloobConfig, ConfigError, ShardSource, TrainConfig, config_from_mapping
 from cloob_core.data import caption_fit
 from cloob_core.data.shard_files import missing_shards, shard_list, shards_fingerprint
+from cloob_core.devices import choose_device, resolve_precision
 from cloob_core.errors import StageError
 from cloob_core.io import write_json, write_text
 from cloob_core.model.dual_encoder import build_model, build_tokenizer, lock_towers
@@ -49,7 +50,7 @@ from cloob_core.training.collapse import (
     health_history,
     history_row,
 )
-from cloob_core.training.env import DistEnv, across_ranks, choose_device, detect, init_process_group
+from cloob_core.training.env import DistEnv, across_ranks, detect, init_process_group
 from cloob_core.training.evaluator import Evaluator
 from cloob_core.training.images import Normalize, TrainImages
 from cloob_core.training.monitor import Monitor, Snapshot
@@ -61,7 +62,6 @@ from cloob_core.training.step import (
     StepParts,
     accumulate_gradients,
     optimizer_step,
-    resolve_precision,
     use_fast_kernels,
 )
 from cloob_core.training.streams import (
@@ -135,7 +135,7 @@ class _Setup:
 
 def _build(config: CloobConfig, steps: int, shards: int, identity: dict[str, str], fresh: bool) -> _Setup:
     env = detect()
-    device = choose_device(config.train.device, env)
+    device = choose_device(config.train.device, local_rank=env.local_rank)
     shape = run_shape(config.train, device_type=device.type, ranks=env.world_size, cores_per_rank=core_share(),
                       shards=shards)
     config = config_from_mapping(config.model_dump(), values={"train": {"data_streams": shape.streams,

@@ -21,17 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def resolve_precision(requested: str, device: torch.device) -> str:
-    """``auto``: bf16 autocast on a GPU with bf16 units (Ampere and later; open_clip_train's choice too), fp16
-    with a GradScaler on an older one, fp32 on the CPU; any other value as it is."""
-    if requested != "auto":
-        return requested
-    if device.type != "cuda":
-        return "fp32"
-    return "bf16" if torch.cuda.is_bf16_supported(including_emulation=False) else "fp16"
+from cloob_core.devices import autocast
 
 
 def use_fast_kernels(device: torch.device) -> None:
@@ -54,10 +44,7 @@ class StepParts:
     grad_clip_norm: float | None = None
 
     def autocast(self) -> Any:
-        dtype = AUTOCAST_DTYPES[self.precision]
-        if dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device_type, dtype=dtype)
+        return autocast(self.precision, self.device_type)
 
 
 class StepOutput(NamedTuple):

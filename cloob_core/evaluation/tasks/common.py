@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from cloob_core.evaluation.features import Encoding
-from cloob_core.evaluation.inputs import CSV_COLUMNS, EvalModel, ImageSet, load_images
+from cloob_core.evaluation.inputs import CSV_COLUMNS, ImageSet, load_images
 from cloob_core.evaluation.records import benchmark_record
+from cloob_core.model.source import EvalModel
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ class EvalOptions:
     progress: bool = True
     shared_features: Path | None = None  # features computed ahead, only read
     csv_columns: tuple[str, str] = CSV_COLUMNS  # a captions CSV's image and caption columns (--url-col, --caption-col)
+    workers: int | None = None  # data-loader workers (None: from the thread budget)
 
     def images(self, source: str, split: str) -> ImageSet:
         images = load_images(source, split=split, label_key=self.label_key, class_file=self.classnames,
@@ -35,7 +37,7 @@ class EvalOptions:
 
     @property
     def encoding(self) -> Encoding:
-        return Encoding(self.cache, self.batch_size, self.progress, self.shared_features)
+        return Encoding(self.cache, self.batch_size, self.progress, self.shared_features, self.workers)
 
 
 @dataclass
@@ -46,22 +48,23 @@ class EvalResult:
     lines: list[str] = field(default_factory=list)  # one human-readable line per result
 
 
-def need(images: ImageSet, *fields: str) -> None:
-    """A task's inputs are there, or one line saying what the image set lacks."""
-    missing = [f for f in fields if getattr(images, f) is None]
+def need(name: str, **fields: object) -> None:
+    """A task's inputs (given by name: ``labels=...``) are there, or one line saying what the image set ``name``
+    lacks."""
+    missing = [f for f, value in fields.items() if value is None]
     if missing:
         hints = {"labels": "a class per image (ImageFolder, shards with a class field, a packaged set)",
                  "classnames": "class names (--classnames FILE)", "templates": "prompt templates (--classnames FILE "
                  "with a 'templates' list)", "captions": "captions (shards, a captions .csv, a packaged set)"}
-        raise ValueError(f"{images.name}: this task needs " + "; ".join(hints[f] for f in missing))
+        raise ValueError(f"{name}: this task needs " + "; ".join(hints[f] for f in missing))
 
 
 def task_record(model: EvalModel, images: ImageSet, task: str, metrics: dict[str, Any],
-                warnings: list[str] | None = None) -> dict[str, Any]:
+                warnings: list[str] | None = None, skipped: int = 0) -> dict[str, Any]:
     """The result as CLIP_benchmark writes it; ``warnings`` (what makes a figure less than it seems) beside it,
-    shown in the report."""
-    if images.skipped:  # the figures cover fewer images than the set holds: say so beside them
-        metrics["skipped_unreadable"] = images.skipped
+    shown in the report; ``skipped``: the set's unreadable samples."""
+    if skipped:  # the figures cover fewer images than the set holds: say so beside them
+        metrics["skipped_unreadable"] = skipped
     record = benchmark_record(images.name, model.architecture, model.source, task, metrics)
     if warnings:
         record["warnings"] = list(warnings)

@@ -21,10 +21,11 @@ from torch import Tensor
 
 from cloob_core.evaluation.features import Encoding
 from cloob_core.evaluation.figures import similarity_png, spectra_png
-from cloob_core.evaluation.inputs import EvalModel, ImageSet
+from cloob_core.evaluation.inputs import ImageSet
 from cloob_core.evaluation.records import write_result
 from cloob_core.evaluation.tasks.common import EvalOptions, OneSetTask, task_record
-from cloob_core.evaluation.tasks.retrieval import caption_pairs
+from cloob_core.evaluation.tasks.retrieval import CaptionPairs, caption_pairs
+from cloob_core.model.source import EvalModel
 
 
 @torch.no_grad()
@@ -141,16 +142,16 @@ class DiagnosticsTask(OneSetTask):
                 f"{metrics['ajne_text']:.3f}; p1 {metrics['positive_probability_p1']:.3f}")
 
 
-def matched_features(model: EvalModel, images: ImageSet, encoding: Encoding) -> tuple[torch.Tensor, torch.Tensor]:
+def matched_features(pairs: CaptionPairs) -> tuple[torch.Tensor, torch.Tensor]:
     """Each image's features and its first caption's: the matched pairs the diagnostics analyse."""
-    image_x, text_y, _, first = caption_pairs(model, images, encoding)
-    return image_x, text_y[torch.tensor(first)]
+    return pairs.image, pairs.text[torch.tensor(pairs.first)]
 
 
 def diagnostics(model: EvalModel, images: ImageSet, output: Path, encoding: Encoding,
                 top_k: int = 10) -> dict[str, Any]:
     """The paper's embedding analyses on matched image-caption pairs (the first caption of each image)."""
-    found = embedding_diagnostics(*matched_features(model, images, encoding), model.inv_tau, top_k)
+    pairs = caption_pairs(model, images, encoding)
+    found = embedding_diagnostics(*matched_features(pairs), model.inv_tau, top_k)
     metrics, spectra = found.metrics, found.spectra
     output.mkdir(parents=True, exist_ok=True)
     task = "diagnostics"
@@ -161,5 +162,6 @@ def diagnostics(model: EvalModel, images: ImageSet, output: Path, encoding: Enco
                        found.unmatched.numpy(), top_k,
                        f"{images.name}: matched vs top-{top_k} unmatched"),
     ]
-    write_result(output, task_record(model, images, task, metrics), model.fingerprint, plots)
+    write_result(output, task_record(model, images, task, metrics, skipped=pairs.skipped), model.fingerprint,
+                 plots)
     return metrics

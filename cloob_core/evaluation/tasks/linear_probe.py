@@ -28,11 +28,12 @@ from torch import Tensor
 from cloob_core.config import ConfigError
 from cloob_core.evaluation.features import Encoding, image_features
 from cloob_core.evaluation.figures import per_class_png
-from cloob_core.evaluation.inputs import EvalModel, ImageSet
+from cloob_core.evaluation.inputs import ImageSet
 from cloob_core.evaluation.logistic import TOLERANCE, LogisticSolver, ProbeFit, fit_logistic
 from cloob_core.evaluation.records import write_result
 from cloob_core.evaluation.tasks.common import EvalOptions, EvalResult, need, task_record
 from cloob_core.evaluation.tasks.zeroshot import classification_metrics
+from cloob_core.model.source import EvalModel
 
 log = logging.getLogger(__name__)
 LAMBDA_GRID = torch.logspace(-6, 6, 97, dtype=torch.float64).tolist()
@@ -249,18 +250,20 @@ def linear_probe_task(model: EvalModel, train: ImageSet, test: ImageSet, output:
                        seed: int = 0) -> dict[str, Any]:
     """CLIP's linear probe; its accuracies under CLIP_benchmark's names (``lp_acc1``, ``lp_acc5``,
     ``lp_mean_per_class_recall``), the other figures as zero-shot classification names them."""
-    for images in (train, test, *( [validation] if validation else [])):
-        need(images, "labels")
-    num_classes = max(max(train.labels), max(test.labels)) + 1
-    train_x = image_features(model, train, encoding)
-    train_y = torch.tensor(train.labels)
+    def labelled(images: ImageSet) -> tuple[torch.Tensor, torch.Tensor, int]:
+        embedded = image_features(model, images, encoding)
+        need(images.name, labels=embedded.labels)
+        return embedded.features, torch.tensor(embedded.labels), embedded.skipped
+
+    train_x, train_y, _ = labelled(train)
+    test_x, test_y, skipped = labelled(test)
+    num_classes = int(max(train_y.max(), test_y.max())) + 1
     if few_shot:
         keep = few_shot_indices(train_y, few_shot, torch.Generator().manual_seed(seed))
         train_x, train_y = train_x[keep], train_y[keep]
-    test_x, test_y = image_features(model, test, encoding), torch.tensor(test.labels)
     val_x = val_y = None
     if validation is not None:
-        val_x, val_y = image_features(model, validation, encoding), torch.tensor(validation.labels)
+        val_x, val_y, _ = labelled(validation)
     fit, search = linear_probe(train_x, train_y, num_classes, val_x=val_x, val_y=val_y, seed=seed,
                                refit_with_validation=not few_shot)
     scores = fit.predict_scores(test_x)
@@ -277,5 +280,6 @@ def linear_probe_task(model: EvalModel, train: ImageSet, test: ImageSet, output:
     task = "linear_probe"
     plots = [per_class_png(output / f"{test.name}_{task}_per_class.png", names, metrics["per_class_accuracy"],
                            metrics["chance"], f"{test.name}: linear probe per class (lambda {search.lam:.3g})")]
-    write_result(output, task_record(model, test, task, metrics, search.warnings), model.fingerprint, plots)
+    write_result(output, task_record(model, test, task, metrics, search.warnings, skipped), model.fingerprint,
+                 plots)
     return metrics

@@ -14,15 +14,16 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 from torch import Tensor
 
 from cloob_core.evaluation.features import Encoding, image_features, text_features
-from cloob_core.evaluation.inputs import EvalModel, ImageSet
+from cloob_core.evaluation.inputs import ImageSet, class_prompts
 from cloob_core.evaluation.records import write_result
 from cloob_core.evaluation.tasks.common import EvalOptions, OneSetTask, need, task_record
+from cloob_core.model.source import EvalModel
 
 log = logging.getLogger(__name__)
 KS = (1, 5, 10)
@@ -94,24 +95,36 @@ class RetrievalTask(OneSetTask):
                 + ", ".join(f"{k} {100 * v:.1f}%" for k, v in metrics.items() if "recall@" in k))
 
 
-def caption_pairs(model: EvalModel, images: ImageSet, encoding: Encoding
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
-    """Image features, each distinct caption's features, the (caption, image) matches and each image's first
-    caption: what retrieval scores and the diagnostics pair up."""
-    if images.captions is None and None not in (images.labels, images.classnames, images.templates):
-        # a labelled set without captions (an ImageFolder): its class prompt is every image's caption
-        images.captions = [[images.templates[0].format(images.classnames[label])] for label in images.labels]
-        log.info("%s has no captions: using '%s' with each image's class name", images.name, images.templates[0])
-    need(images, "captions")
-    texts, matches, first = distinct_captions(images.captions)
-    image_x = image_features(model, images, encoding)
+class CaptionPairs(NamedTuple):
+    """What retrieval scores and the diagnostics pair up."""
+
+    image: torch.Tensor  # [N, d] image features
+    text: torch.Tensor  # [T, d] each distinct caption's features
+    matches: torch.Tensor  # the (caption, image) matches
+    first: list[int]  # each image's first caption
+    skipped: int  # the set's unreadable samples
+
+
+def caption_pairs(model: EvalModel, images: ImageSet, encoding: Encoding) -> CaptionPairs:
+    """The set's images and captions embedded, with which caption belongs to which image."""
+    embedded = image_features(model, images, encoding)
+    captions = embedded.captions
+    if captions is None and embedded.labels is not None:
+        classnames, templates = class_prompts(images, embedded.labels, embedded.classnames)
+        if classnames is not None and templates is not None:
+            # a labelled set without captions (an ImageFolder): its class prompt is every image's caption
+            captions = [[templates[0].format(classnames[label])] for label in embedded.labels]
+            log.info("%s has no captions: using '%s' with each image's class name", images.name, templates[0])
+    need(images.name, captions=captions)
+    texts, matches, first = distinct_captions(captions)
     text_y = text_features(model, texts, encoding, f"captions|{images.identity}")
-    return image_x, text_y, matches, first
+    return CaptionPairs(embedded.features, text_y, matches, first, embedded.skipped)
 
 
 def retrieval(model: EvalModel, images: ImageSet, output: Path, encoding: Encoding) -> dict[str, Any]:
-    image_x, text_y, matches, _ = caption_pairs(model, images, encoding)
-    metrics = retrieval_metrics(image_x, text_y, matches)
-    metrics.update(images=len(image_x), captions=len(text_y))
-    write_result(output, task_record(model, images, "zeroshot_retrieval", metrics), model.fingerprint)
+    pairs = caption_pairs(model, images, encoding)
+    metrics = retrieval_metrics(pairs.image, pairs.text, pairs.matches)
+    metrics.update(images=len(pairs.image), captions=len(pairs.text))
+    write_result(output, task_record(model, images, "zeroshot_retrieval", metrics, skipped=pairs.skipped),
+                 model.fingerprint)
     return metrics

@@ -15,11 +15,12 @@ from torch import Tensor
 
 from cloob_core import storage
 from cloob_core.config import ConfigError
-from cloob_core.evaluation.features import Encoding, image_features, text_features
+from cloob_core.evaluation.features import Embedded, Encoding, image_features, text_features
 from cloob_core.evaluation.figures import confusion_png, per_class_png
-from cloob_core.evaluation.inputs import EvalModel, ImageSet
+from cloob_core.evaluation.inputs import ImageSet, class_prompts
 from cloob_core.evaluation.records import benchmark_record, write_result
 from cloob_core.evaluation.tasks.common import EvalOptions, EvalResult, need, task_record
+from cloob_core.model.source import EvalModel
 from cloob_core.objectives.losses import hopfield_retrieval
 
 
@@ -98,29 +99,44 @@ def zeroshot(model: EvalModel, images: ImageSet, output: Path, encoding: Encodin
              hopfield_beta: float | None = None) -> dict[str, Any]:
     """Prompt-ensemble zero-shot classification. With ``hopfield_beta``, image and class embeddings are first
     retrieved from the memory of the evaluated images' embeddings (U_x against U_y, as in Eq. 5)."""
-    need(images, "labels", "classnames", "templates")
-    if len(images.classnames) < 2:
-        raise ValueError(f"{images.name} has {len(images.classnames)} class name(s): zero-shot classification ranks "
-                         "at least two (with one, every answer is right by construction)")
-    features = image_features(model, images, encoding)
-    classes = class_embeddings(model, images.classnames, images.templates, encoding)
+    _at_least_two(images.name, images.classnames)  # where the set names its classes: before any image is read
+    embedded = image_features(model, images, encoding)
+    classnames, templates = ranked_classes(images, embedded)
+    features = embedded.features
+    classes = class_embeddings(model, classnames, templates, encoding)
     if hopfield_beta is not None:
         features, classes = (hopfield_retrieval(features, features, hopfield_beta),
                              hopfield_retrieval(classes, features, hopfield_beta))
-    metrics = classification_metrics(features @ classes.T, torch.tensor(images.labels), len(images.classnames))
+    metrics = classification_metrics(features @ classes.T, torch.tensor(embedded.labels), len(classnames))
     metrics["embeddings"] = "hopfield" if hopfield_beta is not None else "raw"
-    metrics["classnames"] = list(images.classnames)  # the order of per_class_accuracy and the confusion matrix
-    metrics["templates"] = list(images.templates)
+    metrics["classnames"] = list(classnames)  # the order of per_class_accuracy and the confusion matrix
+    metrics["templates"] = list(templates)
     output.mkdir(parents=True, exist_ok=True)
     task = "zeroshot_classification"
     plots = [
-        per_class_png(output / f"{images.name}_{task}_per_class.png", images.classnames,
+        per_class_png(output / f"{images.name}_{task}_per_class.png", classnames,
                       metrics["per_class_accuracy"], metrics["chance"], f"{images.name}: zero-shot per class"),
         confusion_png(output / f"{images.name}_{task}_confusion.png", metrics["confusion_matrix"],
-                      images.classnames, f"{images.name}: zero-shot confusion"),
+                      classnames, f"{images.name}: zero-shot confusion"),
     ]
-    write_result(output, task_record(model, images, task, metrics), model.fingerprint, plots)
+    write_result(output, task_record(model, images, task, metrics, skipped=embedded.skipped), model.fingerprint,
+                 plots)
     return metrics
+
+
+def _at_least_two(name: str, classnames: Sequence[str] | None) -> None:
+    if classnames is not None and len(classnames) < 2:
+        raise ValueError(f"{name} has {len(classnames)} class name(s): zero-shot classification ranks at least two "
+                         "(with one, every answer is right by construction)")
+
+
+def ranked_classes(images: ImageSet, embedded: Embedded) -> tuple[list[str], list[str]]:
+    """The class names and templates zero-shot ranks ``images``' embedded samples by: there, and at least two."""
+    need(images.name, labels=embedded.labels)
+    classnames, templates = class_prompts(images, embedded.labels, embedded.classnames)
+    need(images.name, classnames=classnames, templates=templates)
+    _at_least_two(images.name, classnames)
+    return classnames, templates
 
 
 def mean_over_test_sets(model: EvalModel, test_sets: list[ImageSet], output: Path, name: str) -> dict[str, Any]:

@@ -1,0 +1,148 @@
+"""Where and how the pipeline runs on Kubernetes: the settings fixed when it is compiled (pod resources and
+scheduling are part of the pod spec, not run parameters). One model, read by the pipeline builder and the
+multi-node training job alike; `python -m pipelines compile` has one flag per field, generated from it."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from cloob_core.config.base import ConfigError, describe
+
+MAX_DOWNLOAD_GROUPS = 256  # iterations of the download loop: Argo keeps every node's status in one etcd object
+# NCCL in a multi-node job, unless the settings say otherwise: errors end the job instead of hanging it (torch's
+# async error handling), and NCCL logs its warnings and the transport it chose, which is what to read first when
+# two nodes are slow (NET/IB against NET/Socket).
+NCCL_DEFAULTS = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "NCCL_DEBUG": "WARN", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
+
+
+def cpu_count(quantity: str) -> int:
+    """A Kubernetes CPU quantity ("8", "500m", "2.5") as whole CPUs, rounded up."""
+    text = quantity.strip()
+    value = float(text[:-1]) / 1000 if text.endswith("m") else float(text)
+    return max(1, math.ceil(value))
+
+
+class ClusterSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    data: Literal["acquire", "import"] = Field(
+        "acquire", description="acquire: build the shards in the run; import: train on shards already on S3, given "
+        "as the run parameter shards_uri (e.g. a DVC worktree remote's data/shards)")
+    partitions: int = Field(256, ge=1, description="Most download groups: the run's planning step cuts the shards "
+                            f"into min(this, {MAX_DOWNLOAD_GROUPS}, the shard count) contiguous ranges, one pod each.")
+    download_parallelism: int = Field(32, ge=1, description="Download pods running at once (the loop's "
+                                      "parallelism): size it to the nodes and the sites' politeness, not the data.")
+    shards_store: str = Field(
+        "s3://cloob/shards", min_length=1, description="Where the run builds its shards and its steps read them "
+        "in place (never copied into a pod): an s3:// prefix on a cluster; one folder per manifest and settings.")
+    nodes: int = Field(1, ge=1, description="Training nodes; >1 creates a Training Operator job with `gpus` per node.")
+    gpus: int = Field(1, ge=0, description="GPUs per training node; >1 runs torchrun, one process per GPU.")
+    accelerator: str = Field("nvidia.com/gpu", description="Accelerator resource name.")
+    cpu: str = Field("8", description="CPU request of a training pod without GPUs (with GPUs: cpu_per_gpu).")
+    cpu_per_gpu: int = Field(12, ge=1, description="CPUs a training pod requests per GPU, and the cores its thread "
+                             "budget splits: the data-loader workers decode on them (a ViT-B/32 step on an H100 "
+                             "needs ~4,000 samples/s, ~470 per core at 224 px; docs/performance.md, \"Feeding a "
+                             "GPU\"). Size it to the node: its CPUs over its GPUs, less what the node keeps.")
+    nccl_env: dict[str, str] = Field(
+        default_factory=lambda: dict(NCCL_DEFAULTS), description="Environment of the multi-node job's pods for NCCL "
+        "and torch's NCCL layer (e.g. NCCL_SOCKET_IFNAME=eth0, NCCL_IB_HCA=mlx5); given values replace the "
+        "defaults of the same name (docs/kubernetes.md, \"Several nodes\").")
+    host_network: bool = Field(False, description="Multi-node pods on the node's network (hostNetwork, "
+                               "ClusterFirstWithHostNet DNS): NCCL then reaches the node's fast interfaces; needs a "
+                               "namespace that allows it.")
+    rdma_resources: dict[str, str] = Field(default_factory=dict, description="Extra resources each multi-node pod "
+                                           "asks for, e.g. rdma/rdma_shared_device_a=1 (the NVIDIA network "
+                                           "operator's InfiniBand/RoCE devices); NCCL uses them when present.")
+    memory: str = Field("32Gi", description="Training pod memory request.")
+    shm: str = Field("16Gi", description="Size of the training pods' memory-backed /dev/shm (DataLoader workers).")
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels the training pods need.")
+    gpu_taint: str | None = Field("nvidia.com/gpu", description="Taint key the training pods tolerate ('' for none).")
+    eval_gpus: int | None = Field(
+        None, ge=0, description="GPUs of the evaluation's features step (each data set's images embedded once): "
+        "default 1 where training has GPUs, else 0; 0: a CPU pod. It runs with the training pods' accelerator, "
+        "taint toleration, node selector and /dev/shm, and cpu_per_gpu CPUs per GPU for its data-loader workers.")
+    eval_cpu: str = Field("4", description="CPU request of the evaluation's CPU pods: the features step without a "
+                          "GPU, and the task steps (probe, zero-shot, retrieval on the computed features).")
+    eval_memory: str = Field("16Gi", description="Memory request of every evaluation pod (the features of a data "
+                             "set: N x d floats, 2 GB for 1M images at d=512, and the model).")
+    s3_secret: str | None = Field("cloob-s3", description="Kubernetes secret with the S3 credentials (and endpoint), "
+                                  "given to the steps as environment variables ('' for none, e.g. with IRSA).")
+    service_account: str | None = Field(None, description="Service account of the multi-node job's pods.")
+    job_kind: Literal["pytorchjob", "trainjob"] = Field(
+        "pytorchjob", description="pytorchjob (Training Operator v1) or trainjob (Kubeflow Trainer v2).")
+    job_workdir: str = Field("s3://cloob/jobs", description="s3:// prefix a multi-node job's pods share: the shards' "
+                             "copy, checkpoints, the result.")
+    job_namespace: str | None = Field(None, description="Namespace of the multi-node job (default: the pipeline "
+                                      "pod's own).")
+    job_runtime: str = Field("torch-distributed", description="Trainer v2 ClusterTrainingRuntime of a trainjob.")
+    job_backoff_limit: int = Field(3, ge=0, description="Pod restarts before the job fails; each restart resumes "
+                                   "from the last checkpoint.")
+    job_timeout_s: float = Field(7 * 24 * 3600.0, gt=0, description="Seconds the job may run before it is deleted.")
+    job_poll_s: float = Field(20.0, gt=0, description="Seconds between looks at the job's status.")
+    image: str = Field("", description="The job pods' image; filled with the training image when the pipeline is "
+                       "compiled.")
+
+    @field_validator("nccl_env", mode="before")
+    @classmethod
+    def _over_the_defaults(cls, value: Any) -> Any:
+        return {**NCCL_DEFAULTS, **value} if isinstance(value, dict) else value
+
+    @field_validator("cpu", "eval_cpu")
+    @classmethod
+    def _a_cpu_quantity(cls, value: str) -> str:
+        try:
+            cpu_count(value)
+        except ValueError:
+            raise ValueError(f"not a CPU quantity: {value!r} (e.g. 8, 500m)") from None
+        return value
+
+    @field_validator("gpu_taint", "s3_secret", "service_account", "job_namespace", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: Any) -> Any:
+        return None if value == "" else value
+
+    @model_validator(mode="after")
+    def _job_needs_a_workdir(self) -> ClusterSettings:
+        if self.nodes > 1 and not self.job_workdir.startswith("s3://"):
+            raise ValueError(f"a multi-node job needs a work folder its pods share (an s3:// prefix), not "
+                             f"{self.job_workdir!r}")
+        return self
+
+    def for_cluster(self) -> ClusterSettings:
+        """These settings, checked for pods that share nothing but object storage."""
+        if self.data == "acquire" and not self.shards_store.startswith("s3://"):
+            raise ConfigError(f"cluster settings: shards_store must be an s3:// prefix the pods share, not "
+                              f"{self.shards_store!r}")
+        return self
+
+    @classmethod
+    def from_flags(cls, values: dict[str, Any]) -> ClusterSettings:
+        try:
+            return cls(**values)
+        except ValidationError as err:
+            raise ConfigError(describe(err, "cluster settings")) from None
+
+    def training_cpus(self) -> int:
+        """CPUs a training pod requests: ``cpu_per_gpu`` per GPU, or ``cpu`` (rounded up) without GPUs."""
+        return self.gpus * self.cpu_per_gpu if self.gpus > 0 else cpu_count(self.cpu)
+
+    def features_gpus(self) -> int:
+        """GPUs of the evaluation's features step: ``eval_gpus``, by default 1 where training has GPUs."""
+        if self.eval_gpus is not None:
+            return self.eval_gpus
+        return 1 if self.gpus > 0 else 0
+
+    def features_cpus(self) -> int:
+        """CPUs the features step requests: ``cpu_per_gpu`` per GPU (its workers decode), else ``eval_cpu``."""
+        gpus = self.features_gpus()
+        return gpus * self.cpu_per_gpu if gpus > 0 else cpu_count(self.eval_cpu)
+
+    def to_json(self) -> str:
+        return self.model_dump_json()
+
+    @classmethod
+    def from_json(cls, text: str) -> ClusterSettings:
+        return cls.model_validate_json(text)

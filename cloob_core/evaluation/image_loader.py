@@ -1,0 +1,133 @@
+"""An image set's images, decoded and transformed in data-loader workers and delivered in batches: the one way
+evaluation reads images.
+
+Each sample is decoded once, in a worker. One that does not decode, or a shard that does not read, is left out and
+reported to the main process, which counts it once (:class:`cloob_core.data.shard_files.SkipCounter`, as training
+does). A batch carries each sample's key, its position in the set's order (a shard's samples: shard index and
+position in it), so that features land in that order whatever the number of workers: a stream's shards are dealt to
+the workers in turn, and their batches arrive interleaved. On a GPU the batches are page-locked for an
+asynchronous copy.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from PIL import Image
+from torch import Tensor
+
+from cloob_core.evaluation.inputs import ImageSet, Indexed, Record, ShardStream
+
+log = logging.getLogger(__name__)
+SHARD_STRIDE = 1 << 32  # a stream sample's key: shard index * SHARD_STRIDE + its position in the shard
+
+
+class Unreadable(Exception):
+    """A sample or shard a worker could not read; its message says why."""
+
+
+@dataclass
+class Batch:
+    images: Tensor  # [B, 3, H, W]: the readable samples only
+    keys: Tensor  # [B] int64: each sample's position in the set's order
+    records: list[Record]
+    unreadable: list[str]  # why each sample or shard left out since the previous batch did not read
+
+    def pin_memory(self) -> Batch:  # called by the DataLoader's pinning thread when it pins
+        self.images = self.images.pin_memory()
+        return self
+
+
+_Item = tuple[Tensor | None, int, Record | str]  # (pixels, key, record) or (None, -1, why it did not read)
+
+
+class _IndexedImages(torch.utils.data.Dataset):
+    def __init__(self, reader: Indexed, transform: Callable[[Image.Image], Tensor]):
+        self.reader, self.transform = reader, transform
+
+    def __len__(self) -> int:
+        return self.reader.size
+
+    def __getitem__(self, index: int) -> _Item:
+        try:
+            pixels = self.transform(self.reader.open(index))
+        except Exception as err:  # whatever a broken image raises, in a worker: reported as data
+            return None, -1, f"image {index}: {type(err).__name__}: {err}"
+        return pixels, index, self.reader.record(index)
+
+
+class _StreamedImages(torch.utils.data.IterableDataset):
+    """The stream's shards, read front to back by webdataset's tar reader with a handler that turns what does not
+    read into an item saying so. With at least as many shards as workers, shard i goes to worker i mod W; with
+    fewer (a set of one 10,000-image tar), every worker reads every shard and decodes the samples at positions
+    congruent to its number mod W: reading a tar costs little beside decoding its images."""
+
+    def __init__(self, reader: ShardStream, transform: Callable[[Image.Image], Tensor]):
+        self.reader, self.transform = reader, transform
+
+    def __iter__(self) -> Iterator[_Item]:
+        import io
+
+        import webdataset as wds
+
+        from cloob_core.data.shard_files import register_s3
+
+        register_s3()
+        info = torch.utils.data.get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        by_shard = len(self.reader.urls) >= workers
+        for shard in range(worker, len(self.reader.urls), workers) if by_shard else range(len(self.reader.urls)):
+            url = self.reader.urls[shard]
+            failed: list[str] = []
+
+            def handler(err: Exception, url: str = url, failed: list[str] = failed) -> bool:
+                failed.append(f"{url}: {type(err).__name__}: {str(err)[:300]}")
+                return True
+
+            for position, raw in enumerate(wds.tarfile_samples([{"url": url}], handler=handler)):
+                if not by_shard and position % workers != worker:
+                    failed.clear()  # another worker reports it
+                    continue
+                yield from self._flush(failed)
+                try:
+                    image, record = self.reader.parse(raw)
+                    pixels = self.transform(Image.open(io.BytesIO(image)).convert("RGB"))
+                except Exception as err:  # whatever a broken member raises
+                    yield None, -1, f"{url} sample {raw.get('__key__')!r}: {type(err).__name__}: {str(err)[:300]}"
+                    continue
+                yield pixels, shard * SHARD_STRIDE + position, record
+            if by_shard or worker == 0:
+                yield from self._flush(failed)
+            failed.clear()
+
+    @staticmethod
+    def _flush(failed: list[str]) -> Iterator[_Item]:
+        while failed:
+            yield None, -1, failed.pop(0)
+
+
+def _collate(items: list[_Item]) -> Batch:
+    readable = [item for item in items if item[0] is not None]
+    images = torch.stack([item[0] for item in readable]) if readable else torch.empty(0)
+    return Batch(images, torch.tensor([item[1] for item in readable], dtype=torch.int64),
+                 [item[2] for item in readable], [item[2] for item in items if item[0] is None])
+
+
+def image_batches(images: ImageSet, transform: Callable[[Image.Image], Tensor], *, batch_size: int, workers: int,
+                  pin_memory: bool = False) -> Iterator[Batch]:
+    """``images`` in batches of up to ``batch_size`` readable samples (a stream's last batch of each worker may be
+    short), read by ``workers`` processes (0: in this one)."""
+    reader = images.reader
+    if isinstance(reader, ShardStream):
+        dataset: torch.utils.data.Dataset = _StreamedImages(reader, transform)
+    else:
+        dataset = _IndexedImages(reader, transform)
+    options: dict[str, Any] = {"num_workers": workers, "batch_size": batch_size, "collate_fn": _collate,
+                               "pin_memory": pin_memory}
+    if workers:
+        options.update(prefetch_factor=2, persistent_workers=False)
+    yield from torch.utils.data.DataLoader(dataset, **options)
