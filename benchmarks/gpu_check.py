@@ -20,7 +20,13 @@ Sections:
    and RN50, batch 256, 300 steps on the packaged captioned pairs stored at 224 px; each run's loss against its
    collapsed value, its effective rank and mean cosine, and held-out retrieval R@5 on the 504 test pairs against
    chance (1%). Goals: the loss 0.02 or more below the collapsed value, an image rank above 32, R@5 at least 5x
-   chance. About 3 minutes on an H200.
+   chance. About 3 minutes on an H200;
+9. evaluation against CLIP_benchmark (``benchmarks/bench_eval_input.py``): ``cloob eval zeroshot`` and
+   ``clip_benchmark eval`` on the same ViT-B-32 export (section 8's CLOOB run when it ran, else the seeded initial
+   weights) and the same 10,000 real photos (256-384 px) in CLIP_benchmark's wds layout; images/s, peak memory and
+   top-1 of each. Goals: ours at least CLIP_benchmark's images/s (with its defaults: amp, batch 64, 4 workers) and
+   2,000 images/s. CLIP_benchmark runs from its overlay (.venv-clip-benchmark, scripts/clip_benchmark_env.sh; carry
+   it to a machine without network). About 2 minutes.
 """
 
 from __future__ import annotations
@@ -495,11 +501,42 @@ def models_learn(sizes: Sizes, scratch: Path) -> None:
         raise AssertionError(f"not learning: {', '.join(failed)}")
 
 
+EVAL_IMAGES = {"cuda": 10_000, "cpu": 200}  # section 9's set: the issue's size on a GPU, a smoke run's on the CPU
+
+
+@section("9. evaluation against CLIP_benchmark: zero-shot images/s and top-1 on 10,000 photos (ViT-B-32)")
+def evaluation_against_clip_benchmark(sizes: Sizes, scratch: Path) -> None:
+    import bench_eval_input as bench
+
+    architecture = sizes.models[0]
+    learnt = scratch / f"learn-{architecture}-cloob" / "model"
+    model = learnt if learnt.exists() else bench.export(scratch, architecture, steps=0)
+    count = EVAL_IMAGES[sizes.device]
+    data = bench.build_set(scratch, count)
+    seconds, memory, _, top1 = bench.ours(model, data, scratch / "eval-ours", 256, None)
+    say(f"   {'cloob eval':<12} {count / seconds:8.0f} images/s ({seconds:.1f} s, peak {memory:.0f} MB), top-1 "
+        f"{100 * top1:.2f}% ({'trained' if learnt.exists() else 'initial'} {architecture} weights)")
+    gpu = sizes.device == "cuda"
+    anchors = {"CB defaults": [], "CB matched": ["--batch_size", "256", "--num_workers", str(os.cpu_count() - 1)]
+               + ([] if gpu else ["--no_amp"])}
+    ratios = []
+    for name, options in anchors.items():
+        cb_seconds, cb_memory, _, cb_top1 = bench.clip_benchmark(model, architecture, data, scratch / "cb.json",
+                                                                 options)
+        ratios.append(cb_seconds / seconds)
+        say(f"   {name:<12} {count / cb_seconds:8.0f} images/s ({cb_seconds:.1f} s, peak {cb_memory:.0f} MB), top-1 "
+            f"{100 * cb_top1:.2f}%: ours {cb_seconds / seconds:.2f}x, top-1 {100 * (top1 - cb_top1):+.2f} pt")
+    met = ratios[0] >= 1.0 and count / seconds >= 2000
+    say(f"   goals (ours >= 1.0x CLIP_benchmark's defaults and >= 2,000 images/s): {'met' if met else 'NOT MET'}")
+    if gpu and not met:
+        raise AssertionError("evaluation below its goals")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="every section on the CPU, tiny sizes (CI)")
     parser.add_argument("--out", type=Path, help="also write the result lines to this file")
-    parser.add_argument("--sections", default="1,3,4,5,6,8",
+    parser.add_argument("--sections", default="1,3,4,5,6,8,9",
                         help="which sections to run (1 runs 1-2; 7 only when named; default the others)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -521,7 +558,8 @@ def main() -> int:
                             ("4", lambda: losses_against_matmul(sizes)),
                             ("6", lambda: resume_from_eight(sizes, scratch)),
                             ("7", lambda: stage_variants(sizes, scratch)),
-                            ("8", lambda: models_learn(sizes, scratch))):
+                            ("8", lambda: models_learn(sizes, scratch)),
+                            ("9", lambda: evaluation_against_clip_benchmark(sizes, scratch))):
             if number in chosen:
                 run()
     say(f"gpu_check: {'FAILED: ' + ', '.join(FAILED) if FAILED else 'all sections ran'} in "

@@ -12,7 +12,7 @@ machine OpenMP's spinning threads collapse it (docs/training.md, "Threads"). The
   workers cost about a third of the step's time per sample, and leaving them a core of two was slower (520
   against 640 samples/s, docs/performance.md "The training stage");
 - on a GPU, the step's threads only launch kernels: the workers get the cores, the step what is left (at least 1);
-- evaluation embeds an image set with data-loader workers (:func:`eval_workers`) and the same split.
+- evaluation embeds an image set with data-loader workers (:func:`plan_eval_threads`), torch on the rest.
 
 ``LOKY_MAX_CPU_COUNT`` caps the cores of every stage; ``train.threads`` sets the training step's threads.
 """
@@ -105,10 +105,45 @@ def plan_threads(torch_threads: int = 0, *, workers: int = 0, device_type: str =
     return ThreadBudget(cores=share, torch_threads=threads, workers=workers)
 
 
-def eval_workers(device_type: str, cores: int | None = None, ranks_here: int | None = None) -> int:
-    """Data-loader workers for embedding an image set (decoding and transforming its images): on a GPU, all the
-    share but one core, which launches the kernels; on the CPU one per core of the share, beside torch's threads
-    (decoding is most of the work: on 2 cores, 10,000 photos took 15.5 s with 2 workers, 16.2-16.8 s with 3 or 4,
-    21.3 s with 1 and 24.2 s decoding in the main process; docs/performance.md, "Evaluation input")."""
+def plan_eval_threads(device_type: str, workers: int | None = None, cores: int | None = None,
+                      ranks_here: int | None = None) -> ThreadBudget:
+    """The budget of embedding an image set: data-loader workers decode and transform the images (``workers``;
+    None: on a GPU every core of the share but one, which launches the kernels; on the CPU one per core). On a GPU
+    torch gets the cores the workers leave, at least one; on the CPU it starts with every core of the share, and
+    :class:`CoreBalance` moves cores between the two as the run shows which one it waits for."""
     share = core_share(cores, ranks_here)
-    return max(1, share - 1) if device_type == "cuda" else share
+    if workers is None:
+        workers = max(1, share - 1) if device_type == "cuda" else share
+    threads = max(1, share - workers) if device_type == "cuda" or not workers else share
+    return ThreadBudget(cores=share, torch_threads=threads, workers=workers)
+
+
+@dataclass
+class CoreBalance:
+    """On the CPU, torch's threads beside the data-loader workers, set by what the embedding loop waits for. A small
+    model is decoding-bound: the loop waits for images, and each core torch holds slows the workers down (10,000
+    photos with cloob-tiny on 2 cores: 10.1 s with 1 torch thread beside 2 workers, 13.3-15.3 s with 2); a large
+    one is bound by its forward pass, and the workers idle (1,000 photos with ViT-B-32: 59 s with 2 torch threads,
+    111 s with 1). Every ``window`` batches: the loop waited more than a fifth of the time, one thread fewer; less
+    than a twentieth, one more (up to the share)."""
+
+    cores: int
+    threads: int
+    window: int = 4
+    waited: float = 0.0
+    computed: float = 0.0
+    batches: int = 0
+
+    def record(self, waited: float, computed: float) -> None:
+        import torch
+
+        self.waited, self.computed, self.batches = self.waited + waited, self.computed + computed, self.batches + 1
+        if self.batches < self.window:
+            return
+        waiting = self.waited / max(self.waited + self.computed, 1e-9)
+        threads = self.threads - 1 if waiting > 0.2 else self.threads + 1 if waiting < 0.05 else self.threads
+        threads = min(max(threads, 1), self.cores)
+        if threads != self.threads:
+            log.debug("embedding waited %.0f%% of the time for images: %d torch thread(s)", 100 * waiting, threads)
+            torch.set_num_threads(threads)
+        self.threads, self.waited, self.computed, self.batches = threads, 0.0, 0.0, 0

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,7 @@ from cloob_core.evaluation.image_loader import Batch, Unreadable, image_batches
 from cloob_core.evaluation.inputs import ImageSet, Indexed, Record
 from cloob_core.io import UnreadableFile, read_torch, write_torch
 from cloob_core.model.source import EvalModel
-from cloob_core.threads import eval_workers, plan_threads
+from cloob_core.threads import CoreBalance, plan_eval_threads
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ log = logging.getLogger(__name__)
 class Encoding:
     """How features are computed: the cache folder (None: none), images per batch, progress bars, a folder of
     features computed ahead that is only read (a Kubeflow step's input artifact, shared by a data set's tasks),
-    and the data-loader workers (None: as many as the thread budget gives, :func:`cloob_core.threads.eval_workers`)."""
+    and the data-loader workers (None: as the thread budget gives, :func:`cloob_core.threads.plan_eval_threads`)."""
 
     cache: Path | None = None
     batch_size: int = 256
@@ -158,14 +159,13 @@ def image_features(model: EvalModel, images: ImageSet, encoding: Encoding) -> Em
 
 
 def _embed(model: EvalModel, images: ImageSet, encoding: Encoding) -> Embedded:
-    device = model.device
-    workers = eval_workers(device.type) if encoding.workers is None else encoding.workers
-    plan_threads(workers=workers, device_type=device.type).apply()
+    budget = plan_eval_threads(model.device.type, encoding.workers).apply()
+    balance = CoreBalance(budget.cores, budget.torch_threads) if model.device.type == "cpu" and budget.workers else None
     skips = SkipCounter()
     if encoding.cache is not None:  # the spool beside the cache (a pod's /tmp may be memory)
         encoding.cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryFile(dir=encoding.cache, prefix=".features-") as file:
-        features, records = _embed_into(_Spool(file), model, images, encoding, workers, skips)
+        features, records = _embed_into(_Spool(file), model, images, encoding, budget.workers, skips, balance)
     if not len(records):
         raise ConfigError(f"{images.name}: no readable image ({skips.skipped} unreadable sample(s) or shard(s))")
     labels = [r.label for r in records]
@@ -176,13 +176,19 @@ def _embed(model: EvalModel, images: ImageSet, encoding: Encoding) -> Embedded:
 
 
 def _embed_into(spool: _Spool, model: EvalModel, images: ImageSet, encoding: Encoding, workers: int,
-                skips: SkipCounter) -> tuple[Tensor, list[Record]]:
+                skips: SkipCounter, balance: CoreBalance | None) -> tuple[Tensor, list[Record]]:
     device = model.device
     total = images.reader.size if isinstance(images.reader, Indexed) else None
     bar = tqdm(total=total, desc=f"embed {images.name}", unit="img", disable=not encoding.progress)
     pending: tuple[Tensor, Batch] | None = None  # a GPU batch whose features are not fetched yet
-    for batch in image_batches(images, model.transform, batch_size=encoding.batch_size, workers=workers,
-                               pin_memory=device.type == "cuda"):
+    batches = image_batches(images, model.transform, batch_size=encoding.batch_size, workers=workers,
+                            pin_memory=device.type == "cuda")
+    while True:
+        started = time.perf_counter()
+        batch = next(batches, None)
+        if batch is None:
+            break
+        arrived = time.perf_counter()
         for why in batch.unreadable:
             skips(Unreadable(why))
         if len(batch.keys):
@@ -190,6 +196,8 @@ def _embed_into(spool: _Spool, model: EvalModel, images: ImageSet, encoding: Enc
             if pending is not None:
                 spool.add(pending[0].cpu(), pending[1].keys, pending[1].records)
             pending = (features, batch)
+        if balance is not None:
+            balance.record(arrived - started, time.perf_counter() - arrived)
         bar.update(len(batch.keys) + len(batch.unreadable))
     if pending is not None:
         spool.add(pending[0].cpu(), pending[1].keys, pending[1].records)

@@ -49,6 +49,7 @@ class Evaluator:
     config: CloobConfig
     output: Path
     enabled: bool
+    device: str = "auto"  # the training process's: the evaluation embeds on the same GPU (or the CPU)
     running: _Running | None = None
     waiting: tuple[int, Path] | None = None  # the latest step exported while another was evaluated
     history: dict[int, dict[str, float]] = field(default_factory=dict)
@@ -79,7 +80,7 @@ class Evaluator:
         if not params.exists():
             write_text(params, yaml.safe_dump(self.config.model_dump(), sort_keys=False))
         command = [sys.executable, "-m", "cloob_core.cli", "eval", "suite", "--params", str(params), "--model",
-                   str(folder / "model"), "--output", str(folder / "results"), "--no-progress",
+                   str(folder / "model"), "--output", str(folder / "results"), "--no-progress", "--device", self.device,
                    *(flag for name in self.config.train.eval_datasets for flag in ("--dataset", name))]
         with open(folder / "eval.log", "wb") as sink:
             process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)

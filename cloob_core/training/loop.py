@@ -560,7 +560,7 @@ def _train(config: CloobConfig, output: Path, resume: str | None, progress: bool
         log.info("training %s with %s: %d steps of %d pairs (%d rank(s), %s, %d data streams) from %s",
                  config.model.architecture, setup.parts.objective.name, setup.steps, cfg.batch_size,
                  env.world_size, setup.device, cfg.data_streams, cfg.shards)
-    evaluator = Evaluator(config, output, enabled=env.is_main and cfg.eval_every > 0)
+    evaluator = Evaluator(config, output, enabled=env.is_main and cfg.eval_every > 0, device=str(setup.device))
     started = time.perf_counter()
     try:
         with _StopSignal() as stop:
