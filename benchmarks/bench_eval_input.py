@@ -82,15 +82,16 @@ def make_photo_folder(folder: Path, count: int, seed: int = 0) -> None:
         crop.save(folder / name / f"{index:07d}.jpg", quality=90)
 
 
-def build_set(workdir: Path, count: int) -> Path:
-    """The wds set of ``count`` photos (made once per work folder)."""
-    target = workdir / f"photos{count}"
+def build_set(workdir: Path, count: int, per_tar: int = 1000) -> Path:
+    """The wds set of ``count`` photos, ``per_tar`` to a tar (made once per work folder). CLIP_benchmark deals
+    whole tars to its workers and fails with fewer tars than workers."""
+    target = workdir / (f"photos{count}" if per_tar == 1000 else f"photos{count}-{per_tar}")
     if (target / "test" / "nshards.txt").exists():
         return target
     folder = workdir / f"photos{count}-folder"
     make_photo_folder(folder, count)
     run([sys.executable, "-m", "cloob_core.cli", "data", "eval-set", "--source", str(folder), "--output",
-         str(target), "--shard-size", "1000"])
+         str(target), "--shard-size", str(per_tar)])
     return target
 
 

@@ -512,13 +512,13 @@ def evaluation_against_clip_benchmark(sizes: Sizes, scratch: Path) -> None:
     learnt = scratch / f"learn-{architecture}-cloob" / "model"
     model = learnt if learnt.exists() else bench.export(scratch, architecture, steps=0)
     count = EVAL_IMAGES[sizes.device]
-    data = bench.build_set(scratch, count)
+    data = bench.build_set(scratch, count, per_tar=max(1, count // 32))  # a tar for each of CLIP_benchmark's workers
     seconds, memory, _, top1 = bench.ours(model, data, scratch / "eval-ours", 256, None)
     say(f"   {'cloob eval':<12} {count / seconds:8.0f} images/s ({seconds:.1f} s, peak {memory:.0f} MB), top-1 "
         f"{100 * top1:.2f}% ({'trained' if learnt.exists() else 'initial'} {architecture} weights)")
     gpu = sizes.device == "cuda"
-    anchors = {"CB defaults": [], "CB matched": ["--batch_size", "256", "--num_workers", str(os.cpu_count() - 1)]
-               + ([] if gpu else ["--no_amp"])}
+    matched = ["--batch_size", "256", "--num_workers", str(max(1, (os.cpu_count() or 2) - 1))]
+    anchors = {"CB defaults": [], "CB matched": matched + ([] if gpu else ["--no_amp"])}
     ratios = []
     for name, options in anchors.items():
         cb_seconds, cb_memory, _, cb_top1 = bench.clip_benchmark(model, architecture, data, scratch / "cb.json",

@@ -192,3 +192,36 @@ def test_the_cpu_cores_go_to_whichever_side_the_loop_waits_for(monkeypatch):
     for _ in range(8):  # in between: left as it is
         balance.record(waited=0.1, computed=1.0)
     assert balance.threads == 3
+
+
+@pytest.mark.slow  # ~2 minutes: a short training run and the packaged suite twice
+def test_bf16_autocast_moves_the_packaged_suites_figures_by_an_image_or_two(tmp_path):
+    """What a GPU's default precision does to the figures, measured with the CPU's bf16 autocast: the zero-shot and
+    retrieval figures of the packaged suite within 0.2 points or 3 items of fp32 (docs/evaluation.md, "bf16 against
+    fp32"), and the features really computed in bf16."""
+    from cloob_core.evaluation.suite import evaluate_suite
+    from cloob_core.training.loop import train
+
+    config = load_config(overrides=["train.steps=150", "train.tensorboard=false"])
+    train(config, tmp_path / "run", progress=False)
+    found = {}
+    for precision in ("fp32", "bf16"):
+        source = ModelSource(model=str(tmp_path / "run" / "model"), device="cpu", precision=precision)
+        results = evaluate_suite(config.eval, source, tmp_path / precision, tasks=["zeroshot", "retrieval"],
+                                 progress=False)
+        found[precision] = {name: metrics for result in results for name, metrics in result.metrics.items()}
+    compared = 0
+    for result, metrics in found["fp32"].items():
+        items = metrics.get("images") or sum(map(sum, metrics.get("confusion_matrix", [[1]])))
+        for key, value in metrics.items():
+            if key == "acc1" or "recall@" in key:
+                assert abs(found["bf16"][result][key] - value) <= max(0.002, 3 / items) + 1e-9, (result, key)
+                compared += 1
+    assert compared >= 9  # emoji, tuxpaint and mnist top-1, captioned's six recalls
+    images = load_images("mnist", "test")
+    fp32 = image_features(load_model(ModelSource(model=str(tmp_path / "run" / "model"), device="cpu")), images,
+                          Encoding(progress=False, workers=0))
+    bf16 = image_features(load_model(ModelSource(model=str(tmp_path / "run" / "model"), device="cpu",
+                                                 precision="bf16")), images, Encoding(progress=False, workers=0))
+    assert not torch.equal(fp32.features, bf16.features)
+    assert torch.allclose(fp32.features, bf16.features, atol=0.05)
