@@ -13,6 +13,7 @@ images are never held (docs/evaluation.md, "Memory").
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import tempfile
@@ -63,8 +64,10 @@ class Embedded:
     skipped: int  # samples or shards that did not read
 
     def as_saved(self) -> dict[str, Any]:
-        return {"features": self.features, "labels": self.labels, "captions": self.captions,
-                "classnames": self.classnames, "skipped": self.skipped}
+        return {name: getattr(self, name) for name in _SAVED_FIELDS}
+
+
+_SAVED_FIELDS = frozenset(field.name for field in dataclasses.fields(Embedded))  # a cache entry's keys
 
 
 def _read_cached(path: Path) -> Any:
@@ -151,7 +154,8 @@ def image_features(model: EvalModel, images: ImageSet, encoding: Encoding) -> Em
     # precision they were computed
     others = [key + _precision_key(p) for p in AUTOCAST_DTYPES if p != model.precision]
     saved = _cached(encoding, key + _precision_key(model.precision), compute, shared_keys=others,
-                    valid=lambda value: isinstance(value, dict) and "features" in value)
+                    valid=lambda value: isinstance(value, dict) and set(value) == _SAVED_FIELDS
+                    and isinstance(value["features"], Tensor))
     embedded = Embedded(**saved)
     if embedded.skipped:
         log.warning("%s: %d unreadable sample(s) or shard(s) skipped", images.name, embedded.skipped)
