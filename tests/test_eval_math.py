@@ -396,7 +396,7 @@ def test_a_few_shot_probe_with_a_validation_split_fits_k_images_per_class_only(m
     features = {name: torch.randn(rows, 8, generator=generator) for name, rows in
                 (("train", 60), ("val", 30), ("test", 20))}
     sets = {name: SimpleNamespace(name=name) for name in features}
-    embedded = {name: Embedded(x, [i % 3 for i in range(len(x))], None, {}, 0) for name, x in features.items()}
+    embedded = {name: Embedded(x, [i % 3 for i in range(len(x))], None, {}, 0, "fp32") for name, x in features.items()}
     monkeypatch.setattr(linear_probe, "image_features", lambda model, images, encoding: embedded[images.name])
     fitted_rows = []
     real_fit = linear_probe.fit_logistic

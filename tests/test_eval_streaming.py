@@ -99,7 +99,7 @@ def test_the_zero_shot_record_counts_what_did_not_read(model, damaged_set, tmp_p
     assert main(["eval", "zeroshot", "--model", str(source), "--data", str(root), "--output", str(tmp_path / "o"),
                  "--no-progress", "--workers", "2"]) == 0
     record = json.loads((tmp_path / "o" / "mnist-test_zeroshot_classification.json").read_text())
-    assert record["metrics"]["skipped_unreadable"] == 2
+    assert record["metrics"]["skipped_unreadable"] == 2 and record["precision"] == "fp32"
     assert sum(map(sum, record["metrics"]["confusion_matrix"])) == readable
 
 
@@ -141,9 +141,10 @@ def test_fp32_features_keep_their_cache_keys_and_other_precisions_are_apart(mode
     shared = tmp_path / "bf16"
     computed = image_features(bf16, images, Encoding(cache=shared, progress=False, workers=0))
     assert (shared / f"{hashlib.sha256((key + '|bf16').encode()).hexdigest()[:24]}.pt").exists()
-    # a Kubeflow task step (CPU, fp32) reads the features its GPU step computed in bf16, not computing them again
+    # a Kubeflow task step (CPU, fp32) reads the features its GPU step computed in bf16, not computing them again,
+    # and its records say so
     read = image_features(model, images, Encoding(shared=shared, progress=False, workers=0))
-    assert torch.equal(read.features, computed.features)
+    assert torch.equal(read.features, computed.features) and read.precision == "bf16"
 
 
 def test_the_device_is_auto_and_the_precision_follows_it(model, monkeypatch):

@@ -62,6 +62,7 @@ class Embedded:
     captions: list[list[str]] | None  # None: some sample had no caption
     classnames: dict[int, str]  # label -> name, as a stream's samples named them
     skipped: int  # samples or shards that did not read
+    precision: str  # what the features were computed at (features computed ahead may differ from the model's)
 
     def as_saved(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in _SAVED_FIELDS}
@@ -176,7 +177,7 @@ def _embed(model: EvalModel, images: ImageSet, encoding: Encoding) -> Embedded:
     captions = [list(r.captions) for r in records]
     return Embedded(features, labels if None not in labels else None, captions if all(captions) else None,
                     {r.label: r.classname for r in records if r.classname is not None and r.label is not None},
-                    skips.skipped)
+                    skips.skipped, model.precision)
 
 
 def _embed_into(spool: _Spool, model: EvalModel, images: ImageSet, encoding: Encoding, workers: int,

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from cloob_core.evaluation.features import Encoding
+from cloob_core.evaluation.features import Embedded, Encoding
 from cloob_core.evaluation.inputs import CSV_COLUMNS, ImageSet, load_images
 from cloob_core.evaluation.records import benchmark_record
 from cloob_core.model.source import EvalModel
@@ -60,12 +60,15 @@ def need(name: str, **fields: object) -> None:
 
 
 def task_record(model: EvalModel, images: ImageSet, task: str, metrics: dict[str, Any],
-                warnings: list[str] | None = None, skipped: int = 0) -> dict[str, Any]:
+                warnings: list[str] | None = None, embedded: Embedded | None = None) -> dict[str, Any]:
     """The result as CLIP_benchmark writes it; ``warnings`` (what makes a figure less than it seems) beside it,
-    shown in the report; ``skipped``: the set's unreadable samples."""
-    if skipped:  # the figures cover fewer images than the set holds: say so beside them
-        metrics["skipped_unreadable"] = skipped
+    shown in the report; from ``embedded`` (the set as read), its unreadable samples and the precision its image
+    features were computed at."""
+    if embedded is not None and embedded.skipped:  # the figures cover fewer images than the set holds: say so
+        metrics["skipped_unreadable"] = embedded.skipped
     record = benchmark_record(images.name, model.architecture, model.source, task, metrics)
+    if embedded is not None:
+        record["precision"] = embedded.precision
     if warnings:
         record["warnings"] = list(warnings)
     return record

@@ -162,6 +162,6 @@ def diagnostics(model: EvalModel, images: ImageSet, output: Path, encoding: Enco
                        found.unmatched.numpy(), top_k,
                        f"{images.name}: matched vs top-{top_k} unmatched"),
     ]
-    write_result(output, task_record(model, images, task, metrics, skipped=pairs.skipped), model.fingerprint,
+    write_result(output, task_record(model, images, task, metrics, embedded=pairs.embedded), model.fingerprint,
                  plots)
     return metrics

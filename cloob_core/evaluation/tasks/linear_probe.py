@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from cloob_core.config import ConfigError
-from cloob_core.evaluation.features import Encoding, image_features
+from cloob_core.evaluation.features import Embedded, Encoding, image_features
 from cloob_core.evaluation.figures import per_class_png
 from cloob_core.evaluation.inputs import ImageSet
 from cloob_core.evaluation.logistic import TOLERANCE, LogisticSolver, ProbeFit, fit_logistic
@@ -250,13 +250,13 @@ def linear_probe_task(model: EvalModel, train: ImageSet, test: ImageSet, output:
                        seed: int = 0) -> dict[str, Any]:
     """CLIP's linear probe; its accuracies under CLIP_benchmark's names (``lp_acc1``, ``lp_acc5``,
     ``lp_mean_per_class_recall``), the other figures as zero-shot classification names them."""
-    def labelled(images: ImageSet) -> tuple[torch.Tensor, torch.Tensor, int]:
+    def labelled(images: ImageSet) -> tuple[torch.Tensor, torch.Tensor, Embedded]:
         embedded = image_features(model, images, encoding)
         need(images.name, labels=embedded.labels)
-        return embedded.features, torch.tensor(embedded.labels), embedded.skipped
+        return embedded.features, torch.tensor(embedded.labels), embedded
 
     train_x, train_y, _ = labelled(train)
-    test_x, test_y, skipped = labelled(test)
+    test_x, test_y, tested = labelled(test)
     num_classes = int(max(train_y.max(), test_y.max())) + 1
     if few_shot:
         keep = few_shot_indices(train_y, few_shot, torch.Generator().manual_seed(seed))
@@ -280,6 +280,6 @@ def linear_probe_task(model: EvalModel, train: ImageSet, test: ImageSet, output:
     task = "linear_probe"
     plots = [per_class_png(output / f"{test.name}_{task}_per_class.png", names, metrics["per_class_accuracy"],
                            metrics["chance"], f"{test.name}: linear probe per class (lambda {search.lam:.3g})")]
-    write_result(output, task_record(model, test, task, metrics, search.warnings, skipped), model.fingerprint,
+    write_result(output, task_record(model, test, task, metrics, search.warnings, tested), model.fingerprint,
                  plots)
     return metrics

@@ -19,7 +19,7 @@ from typing import Any, ClassVar, NamedTuple
 import torch
 from torch import Tensor
 
-from cloob_core.evaluation.features import Encoding, image_features, text_features
+from cloob_core.evaluation.features import Embedded, Encoding, image_features, text_features
 from cloob_core.evaluation.inputs import ImageSet, class_prompts
 from cloob_core.evaluation.records import write_result
 from cloob_core.evaluation.tasks.common import EvalOptions, OneSetTask, need, task_record
@@ -102,7 +102,7 @@ class CaptionPairs(NamedTuple):
     text: torch.Tensor  # [T, d] each distinct caption's features
     matches: torch.Tensor  # the (caption, image) matches
     first: list[int]  # each image's first caption
-    skipped: int  # the set's unreadable samples
+    embedded: Embedded  # the image set as read
 
 
 def caption_pairs(model: EvalModel, images: ImageSet, encoding: Encoding) -> CaptionPairs:
@@ -118,13 +118,13 @@ def caption_pairs(model: EvalModel, images: ImageSet, encoding: Encoding) -> Cap
     need(images.name, captions=captions)
     texts, matches, first = distinct_captions(captions)
     text_y = text_features(model, texts, encoding, f"captions|{images.identity}")
-    return CaptionPairs(embedded.features, text_y, matches, first, embedded.skipped)
+    return CaptionPairs(embedded.features, text_y, matches, first, embedded)
 
 
 def retrieval(model: EvalModel, images: ImageSet, output: Path, encoding: Encoding) -> dict[str, Any]:
     pairs = caption_pairs(model, images, encoding)
     metrics = retrieval_metrics(pairs.image, pairs.text, pairs.matches)
     metrics.update(images=len(pairs.image), captions=len(pairs.text))
-    write_result(output, task_record(model, images, "zeroshot_retrieval", metrics, skipped=pairs.skipped),
+    write_result(output, task_record(model, images, "zeroshot_retrieval", metrics, embedded=pairs.embedded),
                  model.fingerprint)
     return metrics

@@ -119,7 +119,7 @@ def zeroshot(model: EvalModel, images: ImageSet, output: Path, encoding: Encodin
         confusion_png(output / f"{images.name}_{task}_confusion.png", metrics["confusion_matrix"],
                       classnames, f"{images.name}: zero-shot confusion"),
     ]
-    write_result(output, task_record(model, images, task, metrics, skipped=embedded.skipped), model.fingerprint,
+    write_result(output, task_record(model, images, task, metrics, embedded=embedded), model.fingerprint,
                  plots)
     return metrics
 
