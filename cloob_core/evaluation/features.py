@@ -131,8 +131,9 @@ class _Spool:
         keys = torch.cat(self.keys) if self.keys else torch.zeros(0, dtype=torch.int64)
         order = torch.argsort(keys, stable=True)  # order[i]: the spool row that goes to position i
         in_order = bool((order == torch.arange(len(order))).all())
-        rank = torch.empty_like(order)
-        rank[order] = torch.arange(len(order))  # rank[j]: the position of spool row j
+        if not in_order:
+            rank = torch.empty_like(order)
+            rank[order] = torch.arange(len(order))  # rank[j]: the position of spool row j
         out = torch.empty(len(keys), self.width)
         self.file.seek(0)
         for start in range(0, len(keys), self.BLOCK):

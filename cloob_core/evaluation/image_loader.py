@@ -111,14 +111,14 @@ class _StreamedImages(torch.utils.data.IterableDataset):
             yield None, -1, failed.pop(0)
 
 
-def _libc() -> ctypes.CDLL | None:
+def _malloc_trim() -> Callable[[int], int] | None:
     try:
-        return ctypes.CDLL("libc.so.6")
-    except OSError:  # not glibc
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc
         return None
 
 
-_LIBC = _libc()
+_MALLOC_TRIM = _malloc_trim()
 
 
 def _collate(items: list[_Item]) -> Batch:
@@ -128,8 +128,8 @@ def _collate(items: list[_Item]) -> Batch:
     (a few hundred KiB) come from the heap after the first, and the heap fragments. Trimming once a batch kept
     workers flat (191-208 MB) and cost nothing measurable; keeping the threshold at 128 KiB did too, but cost 20% of
     the decoding time in page faults."""
-    if _LIBC is not None and hasattr(_LIBC, "malloc_trim"):
-        _LIBC.malloc_trim(0)
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
     readable = [item for item in items if item[0] is not None]
     images = torch.stack([item[0] for item in readable]) if readable else torch.empty(0)
     return Batch(images, torch.tensor([item[1] for item in readable], dtype=torch.int64),
