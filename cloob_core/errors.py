@@ -11,6 +11,8 @@ import errno
 import sys
 import traceback
 
+from cloob_core.redact import redacted
+
 _MAX_LINE = 400
 
 
@@ -71,7 +73,7 @@ def fail(err: BaseException, verbose: bool, exit_code: int, message: str | None 
     """Print why a command failed as one line on stderr (the traceback too with ``--verbose``); the exit code."""
     if verbose:
         traceback.print_exception(err, file=sys.stderr)
-    line = message or one_line(err)
+    line = redacted(message or one_line(err))  # a refusal may quote a URL with credentials (cloob_core.redact)
     if exit_code == 1 and not isinstance(err, StageError):  # not the user's mistake (a failed gate exits 1 too)
         line += " (an internal error; run with --verbose for the traceback, and report it)"
     print(f"{program}: {line}", file=sys.stderr)

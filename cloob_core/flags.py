@@ -40,7 +40,8 @@ def add_model_flags(parser: argparse.ArgumentParser, model: type[BaseModel], pre
         elif typing.get_origin(annotation) is typing.Literal:
             options["choices"] = list(args)
         elif typing.get_origin(annotation) is dict:  # repeatable KEY=VALUE, or one JSON object
-            options.update(type=_mapping, metavar="KEY=VALUE|JSON", action="append")
+            options.update(type=_mapping_of(args[1] if len(args) == 2 else Any), metavar="KEY=VALUE|JSON",
+                           action="append")
         else:
             options["type"] = annotation
             options["metavar"] = name.upper()
@@ -55,13 +56,28 @@ def _word_or(kind: type, words: tuple[str, ...]) -> Any:
     return parse
 
 
-def _mapping(text: str) -> dict[str, Any]:
-    if text.lstrip().startswith("{"):
-        return json.loads(text)
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=VALUE or a JSON object")
-    return {key: yaml.safe_load(value)}
+def _mapping_of(value_type: Any) -> Any:
+    """The parser of one KEY=VALUE (or a JSON object) for a mapping of ``value_type``: with text values the VALUE
+    is kept as written (``rdma/rdma_shared_device_a=1`` is the text "1", ``NCCL_IB_DISABLE=0`` the text "0"),
+    otherwise it is read as YAML."""
+    def parse(text: str) -> dict[str, Any]:
+        if text.lstrip().startswith("{"):
+            try:
+                mapping = json.loads(text)
+            except json.JSONDecodeError as err:
+                raise argparse.ArgumentTypeError(f"{text!r}: not a JSON object ({err})") from None
+            if not isinstance(mapping, dict):
+                raise argparse.ArgumentTypeError(f"{text!r}: not a JSON object")
+            if value_type is str:  # a JSON number or boolean as the text it is in the environment or a label
+                return {key: value if isinstance(value, str) else json.dumps(value) for key, value in mapping.items()}
+            return mapping
+        key, sep, value = text.partition("=")
+        if not sep or not key:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=VALUE or a JSON object")
+        return {key: value if value_type is str else yaml.safe_load(value)}
+
+    parse.__name__ = "KEY=VALUE"  # argparse names the type in its error
+    return parse
 
 
 def flag_values(args: argparse.Namespace, prefix: str) -> dict[str, Any]:

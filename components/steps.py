@@ -74,12 +74,15 @@ def validate_shards(params: str, shards: str, report: Output[Dataset]):
 
 
 @dsl.component(base_image=CUDA_IMAGE, install_kfp_package=False)
-def train(params: str, shards: str, gpus: int, model: Output[Model], metrics: Output[Metrics]):
+def train(params: str, shards: str, gpus: int, workdir: str, run_id: str, model: Output[Model],
+          metrics: Output[Metrics]):
     """`cloob train` on one node, streaming the shards from where they lie; several GPUs run under torchrun,
-    one process each."""
-    from cloob_core.ops import kubeflow
+    one process each. Checkpoints are mirrored to the run's folder of ``workdir``, from which a retry resumes."""
+    from cloob_core import storage
+    from cloob_core.ops import kubeflow, trainjob
 
-    kubeflow.train(params, shards, model.path, gpus, model=model, metrics=metrics)
+    kubeflow.train(params, shards, model.path, gpus, model=model, metrics=metrics,
+                   checkpoints=storage.join(workdir, trainjob.job_name(run_id), "checkpoints"))
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)

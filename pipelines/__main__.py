@@ -118,7 +118,8 @@ def _submit(args: argparse.Namespace) -> int:
     api = client.connect(args.host, args.namespace, args.timeout)
     submitted = client.submit(api, package, experiment=args.experiment, run_name=args.run_name,
                               parameters=parameters, namespace=args.namespace,
-                              enable_caching=False if args.no_cache else None)
+                              enable_caching=False if args.no_cache else None,
+                              service_account=args.service_account)
     print(f"submitted run {submitted.run_id} in experiment {args.experiment} ({submitted.experiment_id})")
     return 0
 
@@ -133,8 +134,10 @@ def _schedule(args: argparse.Namespace) -> int:
     if args.action == "create":
         recurring = client.schedule(api, package, experiment=args.experiment, name=args.name,
                                     cron=args.cron, parameters=parameters, namespace=args.namespace,
-                                    enabled=not args.paused)
-        print(f"created recurring run {recurring} '{args.name}' ({args.cron}, one at a time, no catch-up)")
+                                    enabled=not args.paused, replace=args.replace,
+                                    service_account=args.service_account)
+        print(f"created recurring run {recurring} '{args.name}' ({args.cron}, one at a time, no catch-up)"
+              + (", replacing any earlier one of that name" if args.replace else ""))
     elif args.action == "list":
         for entry in client.list_schedules(api, args.experiment, args.namespace):
             print(f"{entry['id']}  {entry['name']}  {entry['cron']}  {entry['status']}")
@@ -150,11 +153,13 @@ def _run_local(args: argparse.Namespace) -> int:
 
     root = args.root.resolve()
     # kfp.local gives a step no GPU: the training step runs on this machine's CPU unless --gpus says otherwise
-    settings = ClusterSettings.from_flags({"shards_store": str(root / "shards"), "gpus": 0,
-                                           **flag_values(args, "cluster")})
+    settings = ClusterSettings.from_flags({"shards_store": str(root / "shards"), "job_workdir": str(root / "jobs"),
+                                           "gpus": 0, **flag_values(args, "cluster")})
     pipeline = build_evaluation(settings) if args.pipeline == "evaluate" else build(settings)
     parameters = client.run_parameters(args.params, args.set)
-    container = local_run.StepContainer.sharing(settings.shards_store) if args.runner == "docker" else None
+    container = None
+    if args.runner == "docker":
+        container = local_run.StepContainer.sharing(settings.shards_store, settings.job_workdir)
     log = root / "run-local.log"
     with contextlib.nullcontext() if args.show_logs else local_run.output_to(log):
         run = local_run.run_pipeline(pipeline, parameters, root, args.runner, container)
@@ -179,6 +184,9 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dvc-rev", help="git revision of --dvc-path (tag, branch, commit; default: workspace)")
     parser.add_argument("--dvc-repo", help="repository of --dvc-path (default: this one)")
     parser.add_argument("--dvc-remote", help="DVC remote of --dvc-path (default: the default remote)")
+    parser.add_argument("--service-account", help="Kubernetes service account the run's steps run as (default: "
+                        "the endpoint's, e.g. pipeline-runner / default-editor); it needs infra/k8s/base/rbac.yaml "
+                        "for a multi-node run")
 
 
 def _add_endpoint_options(parser: argparse.ArgumentParser) -> None:
@@ -251,6 +259,8 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--name", required=True, help="recurring run name, e.g. nightly-retrain")
     create.add_argument("--cron", required=True, help="six-field cron, seconds first: '0 0 3 * * *' = 03:00 daily")
     create.add_argument("--paused", action="store_true", help="create it disabled")
+    create.add_argument("--replace", action="store_true", help="replace the experiment's recurring run of this "
+                        "name (without it, a second of the same name is refused: the two would overlap)")
     listing = actions.add_parser("list", help="the experiment's recurring runs")
     _add_endpoint_options(listing)
     delete = actions.add_parser("delete", help="delete a recurring run by id")

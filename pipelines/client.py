@@ -166,20 +166,38 @@ class Submitted:
 
 
 def submit(client: Any, package: str, *, experiment: str, run_name: str, parameters: dict[str, str],
-           namespace: str | None = None, enable_caching: bool | None = None) -> Submitted:
+           namespace: str | None = None, enable_caching: bool | None = None,
+           service_account: str | None = None) -> Submitted:
+    """One run; ``service_account``: the account its steps run as (the endpoint's default when None)."""
     result = client.create_run_from_pipeline_package(package, arguments=parameters, run_name=run_name,
                                                      experiment_name=experiment, namespace=namespace,
-                                                     enable_caching=enable_caching)
+                                                     enable_caching=enable_caching, service_account=service_account)
     return Submitted(result.run_id, experiment_id(client, experiment, namespace))
 
 
+class ScheduleExists(StageError):
+    """A recurring run of that name is already in the experiment: a second would run beside it."""
+
+
 def schedule(client: Any, package: str, *, experiment: str, name: str, cron: str, parameters: dict[str, str],
-             namespace: str | None = None, enabled: bool = True) -> str:
+             namespace: str | None = None, enabled: bool = True, replace: bool = False,
+             service_account: str | None = None) -> str:
     """A recurring run on a cron schedule (KFP's six fields, seconds first: ``0 0 3 * * *`` is 03:00 daily),
-    at most one run at a time and no backfill of the times missed while paused or down."""
+    at most one run at a time and no backfill of the times missed while paused or down. ``max_concurrency`` holds
+    per schedule only, so a second schedule of the same name would overlap the first: it is refused, or with
+    ``replace`` the earlier one is deleted once the new one exists."""
+    experiment_key = experiment_id(client, experiment, namespace)
+    earlier = [entry for entry in list_schedules(client, experiment, namespace) if entry["name"] == name]
+    if earlier and not replace:
+        raise ScheduleExists(f"experiment {experiment} already has a recurring run named {name!r} "
+                             f"({', '.join(entry['id'] for entry in earlier)}); a second would run beside it: "
+                             "pass --replace to swap it for this one, or choose another --name")
     recurring = client.create_recurring_run(
-        experiment_id=experiment_id(client, experiment, namespace), job_name=name, cron_expression=cron,
-        max_concurrency=1, no_catchup=True, pipeline_package_path=package, params=parameters, enabled=enabled)
+        experiment_id=experiment_key, job_name=name, cron_expression=cron,
+        max_concurrency=1, no_catchup=True, pipeline_package_path=package, params=parameters, enabled=enabled,
+        service_account=service_account)
+    for entry in earlier:
+        client.delete_recurring_run(entry["id"])
     return recurring.recurring_run_id
 
 

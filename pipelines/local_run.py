@@ -43,18 +43,22 @@ class StepContainer:
     shared: tuple[str, ...] = ()
 
     @classmethod
-    def sharing(cls, store: str) -> StepContainer:
-        """The containers of a run whose shards are built in ``store``: a folder of this machine, made writable
-        for the image's user and mounted into every step (with no network, an S3 store is out of reach)."""
+    def sharing(cls, *stores: str) -> StepContainer:
+        """The containers of a run whose shards and checkpoints are kept in ``stores``: folders of this machine,
+        made writable for the image's user and mounted into every step (with no network, S3 is out of reach)."""
         from cloob_core import storage
 
-        if storage.is_s3(store):
-            raise LocalRunError(f"with --runner docker the steps have no network, so the shards store must be a "
-                                f"folder on this machine, not {store}; or use --runner subprocess")
-        folder = Path(store).resolve()
-        folder.mkdir(parents=True, exist_ok=True)
-        os.chmod(folder, 0o1777)
-        return cls(shared=(str(folder),))
+        folders = []
+        for store in stores:
+            if storage.is_s3(store):
+                raise LocalRunError(f"with --runner docker the steps have no network, so the shards store and the "
+                                    f"job workdir must be folders on this machine, not {store}; or use --runner "
+                                    "subprocess")
+            folder = Path(store).resolve()
+            folder.mkdir(parents=True, exist_ok=True)
+            os.chmod(folder, 0o1777)
+            folders.append(str(folder))
+        return cls(shared=tuple(folders))
 
     def run_args(self) -> dict[str, Any]:
         from docker.types import Mount

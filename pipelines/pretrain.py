@@ -12,7 +12,7 @@ import yaml
 from kfp import dsl, kubernetes
 
 from cloob_core.config.cluster import MAX_DOWNLOAD_GROUPS, ClusterSettings, cpu_count
-from cloob_core.ops.trainjob import PART_OF
+from cloob_core.ops.trainjob import PART_OF, POD_NAME_ENV, POD_UID_ENV
 from components import steps
 from components.images import CUDA_IMAGE
 
@@ -102,8 +102,17 @@ def train_task(params: str, shards: Any, settings: ClusterSettings) -> dsl.Pipel
     if settings.nodes > 1:
         watcher = steps.train_multinode(params=params, shards=shards, job=settings.to_json(),
                                         run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
+        # the job's owner (ops/trainjob.py): deleting the run's pods deletes the job; a retry adopts the job
+        kubernetes.use_field_path_as_env(watcher, env_name=POD_NAME_ENV, field_path="metadata.name")
+        kubernetes.use_field_path_as_env(watcher, env_name=POD_UID_ENV, field_path="metadata.uid")
+        watcher.set_retry(num_retries=settings.train_retries, backoff_duration=f"{settings.train_retry_backoff_s}s")
         return watcher.set_cpu_request("500m").set_memory_request("1Gi")
-    trained = steps.train(params=params, shards=shards, gpus=settings.gpus)
+    trained = steps.train(params=params, shards=shards, gpus=settings.gpus, workdir=settings.job_workdir,
+                          run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
+    for key, value in sorted(settings.nccl_env.items()):  # NCCL joins the GPUs of one node too
+        trained.set_env_variable(key, value)
+    # an evicted or failed pod is retried, and the retry resumes from the checkpoints mirrored to workdir
+    trained.set_retry(num_retries=settings.train_retries, backoff_duration=f"{settings.train_retry_backoff_s}s")
     with_shared_memory(on_training_nodes(sized(trained, settings.training_cpus(), settings.memory), settings,
                                          settings.gpus), settings)
     for key, value in PART_OF.items():  # the PodMonitor in infra/k8s selects training pods by these labels

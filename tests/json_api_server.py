@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -35,6 +37,13 @@ class JsonApiServer:
     def _answer(self, method: str, path: str, query: str, body: dict) -> tuple[int, dict]:
         raise NotImplementedError
 
+    def _fault(self, method: str, path: str) -> str | int | None:
+        """A fault to inject before answering: "reset" (the connection closed with no reply), "hang" (no reply
+        for ``hang_s`` seconds, then the answer), an HTTP status to answer with instead, or None."""
+        return None
+
+    hang_s = 2.0
+
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         server = self
 
@@ -44,9 +53,19 @@ class JsonApiServer:
                 raw = self.rfile.read(length) if length else b""
                 body = json.loads(raw) if raw else {}
                 path, _, query = self.path.partition("?")
+                fault = server._fault(self.command, path)
                 server.requests.append({"method": self.command, "path": path, "query": query, "body": body,
-                                        "authorization": self.headers.get("Authorization")})
-                status, answer = server._answer(self.command, path, query, body)
+                                        "authorization": self.headers.get("Authorization"), "fault": fault})
+                if fault == "reset":
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                if fault == "hang":
+                    time.sleep(server.hang_s)
+                if isinstance(fault, int):
+                    status, answer = fault, {"kind": "Status", "status": "Failure", "code": fault}
+                else:
+                    status, answer = server._answer(self.command, path, query, body)
                 data = json.dumps(answer).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
@@ -54,7 +73,7 @@ class JsonApiServer:
                 self.end_headers()
                 self.wfile.write(data)
 
-            do_GET = do_POST = do_DELETE = _serve
+            do_GET = do_POST = do_DELETE = do_PATCH = _serve
 
             def log_message(self, *args: object) -> None:
                 pass

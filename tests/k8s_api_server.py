@@ -32,8 +32,9 @@ def _free_port() -> int:
 
 class FakeTrainingCluster(JsonApiServer):
     def __init__(self, secrets: dict[str, dict[str, str]] | None = None, run_pods: bool = True,
-                 extra_env: dict[str, str] | None = None) -> None:
+                 extra_env: dict[str, str] | None = None, status_faults: list[str | int] | None = None) -> None:
         self.secrets = secrets or {}
+        self.status_faults = list(status_faults or [])  # injected, one per GET of a job, in order
         self.run_pods = run_pods
         self.extra_env = extra_env or {}
         self.objects: dict[tuple[str, str, str], dict] = {}
@@ -142,6 +143,12 @@ class FakeTrainingCluster(JsonApiServer):
         return {"conditions": conditions}
 
     # -- HTTP ---------------------------------------------------------------------------------------------------
+    def _fault(self, method: str, path: str) -> str | int | None:
+        match = _PATH.fullmatch(path)
+        if method == "GET" and match and match["name"] and self.status_faults:
+            return self.status_faults.pop(0)
+        return None
+
     def _answer(self, method: str, path: str, query: str, body: dict) -> tuple[int, dict]:
         match = _PATH.fullmatch(path)
         if not match:
@@ -160,6 +167,9 @@ class FakeTrainingCluster(JsonApiServer):
             return 404, {"kind": "Status", "status": "Failure", "reason": "NotFound", "code": 404}
         if method == "GET":
             return 200, {**self.objects[key], "status": self._status(key, plural)}
+        if method == "PATCH":  # a JSON merge patch of the metadata (what the watcher patches)
+            self.objects[key]["metadata"].update(body.get("metadata", {}))
+            return 200, self.objects[key]
         if method == "DELETE":
             for process in self.pods.pop(key, []):
                 if process.poll() is None:

@@ -504,3 +504,90 @@ def test_a_dvc_tracked_folder_is_submitted_for_import_by_its_s3_uri(tmp_path, s3
         assert "1 of 2 files differ, e.g. 00000.tar" in capsys.readouterr().err
         assert main([*common, "--dvc-remote", "tree", "--dvc-rev", "v2"]) == 0
         assert len(api.calls("POST", "/apis/v2beta1/runs")) == 2  # nothing sent for the refused ones
+
+
+def test_key_value_flags_keep_their_values_as_text(tmp_path):
+    """`--rdma-resources rdma/rdma_shared_device_a=1`, `--nccl-env NCCL_IB_DISABLE=0`, `--node-selector a=1`: the
+    documented KEY=VALUE forms reach the pods as the text written, not refused as numbers."""
+    compiled = compile_with(tmp_path, "--nodes", "2", "--gpus", "8", "--rdma-resources", "rdma/rdma_shared_device_a=1",
+                            "--nccl-env", "NCCL_IB_DISABLE=0", "--node-selector", "a=1", "--nccl-env",
+                            '{"NCCL_IB_HCA": "mlx5", "NCCL_NET_GDR_LEVEL": 2}')
+    watcher = tasks_of(compiled["spec"])["train-multinode"]
+    job = json.loads(watcher["inputs"]["parameters"]["job"]["runtimeValue"]["constant"])
+    assert job["rdma_resources"] == {"rdma/rdma_shared_device_a": "1"} and job["node_selector"] == {"a": "1"}
+    assert job["nccl_env"]["NCCL_IB_DISABLE"] == "0" and job["nccl_env"]["NCCL_NET_GDR_LEVEL"] == "2"
+
+
+def test_every_cluster_setting_reaches_the_one_node_training_step_or_is_refused(tmp_path, capsys):
+    """One node: the NCCL settings reach the training pod's environment; the host network, RDMA devices and a
+    job service account, which no KFP step can take, are refused in one line instead of dropped."""
+    from pipelines.__main__ import main
+
+    compiled = compile_with(tmp_path, "--gpus", "8", "--nccl-env", "NCCL_SOCKET_IFNAME=eth0")
+    capsys.readouterr()  # the warning on images without a registry
+    env = {e["name"]: e["value"] for e in compiled["spec"]["deploymentSpec"]["executors"]["exec-train"]["container"]
+           ["env"]}
+    assert env["NCCL_SOCKET_IFNAME"] == "eth0" and env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
+    for flags, named in ((["--host-network"], "host_network"), (["--service-account", "cloob-pipeline"],
+                                                                  "service_account"),
+                         (["--rdma-resources", "rdma/x=1"], "rdma_resources")):
+        assert main(["compile", "--output", str(tmp_path / "p.yaml"), "--gpus", "8", *flags]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and "with nodes 1 these apply to no pod" in err and named in err, err
+
+
+def test_the_one_node_training_step_is_retried_and_resumes_from_the_runs_checkpoints(tmp_path):
+    compiled = compile_with(tmp_path, "--gpus", "8", "--job-workdir", "s3://team/jobs", "--train-retries", "5")
+    train = tasks_of(compiled["spec"])["train"]
+    assert train["retryPolicy"]["maxRetryCount"] == 5 and train["retryPolicy"]["backoffDuration"] == "60s"
+    parameters = train["inputs"]["parameters"]
+    assert parameters["workdir"]["runtimeValue"]["constant"] == "s3://team/jobs"
+    assert parameters["run_id"]["runtimeValue"]["constant"] == "{{$.pipeline_job_uuid}}"
+    multi = compile_with(tmp_path, "--nodes", "2", "--gpus", "8")
+    watcher = tasks_of(multi["spec"])["train-multinode"]
+    assert watcher["retryPolicy"]["maxRetryCount"] == 3  # a retried watcher adopts the running job
+    platform = multi["platform"]["exec-train-multinode"]
+    fields = {entry["name"]: entry["fieldPath"] for entry in platform["fieldPathAsEnv"]}
+    assert fields == {"CLOOB_POD_NAME": "metadata.name", "CLOOB_POD_UID": "metadata.uid"}  # the job's owner
+
+
+def test_schedules_refuse_a_second_of_the_same_name_and_impossible_times(package, capsys):
+    from kfp_api_server import KfpApiServer
+
+    from pipelines.__main__ import main
+
+    with KfpApiServer() as api:
+        create = ["schedule", "create", "--host", api.url, "--experiment", "nightly", "--package", str(package),
+                  "--params", str(REPO / "params.yaml"), "--name", "nightly-retrain", *ON_S3]
+        for cron, named in (("0 0 25 * * *", "hours '25' is outside 0-23"), ("0 61 3 * * *", "minutes '61'"),
+                            ("0 0 3 * * 7", "day of week '7' is outside 0-6"), ("0 */0 3 * * *", "step '0'"),
+                            ("0 0 3 31 FOO *", "month 'FOO'")):
+            assert main([*create, "--cron", cron]) == 2
+            assert named in capsys.readouterr().err
+        assert not api.recurring
+        assert main([*create, "--cron", "0 0 3 * * MON-FRI"]) == 0
+        (first,) = api.recurring
+        assert main([*create, "--cron", "0 0 4 * * *"]) == 2
+        err = capsys.readouterr().err
+        assert f"already has a recurring run named 'nightly-retrain' ({first})" in err and "--replace" in err
+        assert list(api.recurring) == [first]
+        assert main([*create, "--cron", "@daily", "--replace", "--service-account", "cloob-pipeline"]) == 0
+        (second,) = api.recurring
+        assert second != first and api.recurring[second]["trigger"]["cron_schedule"]["cron"] == "@daily"
+        assert api.recurring[second]["service_account"] == "cloob-pipeline"
+
+
+def test_a_refusal_never_prints_credentials_and_an_https_source_is_no_local_file(package, capsys):
+    from kfp_api_server import KfpApiServer
+
+    from pipelines.__main__ import main
+
+    with KfpApiServer() as api:
+        submit = ["submit", "--host", api.url, "--run-name", "x", "--package", str(package), "--params",
+                  str(REPO / "params.yaml"), *ON_S3]
+        source = "https://user:PASSW0RD@example.com/m.csv?token=TOK123"
+        assert main([*submit, "--set", f"acquire.source={source}"]) == 0  # a pod can fetch it
+        capsys.readouterr()
+        assert main([*submit, "--set", "acquire.source=file://u:PASSW0RD@host/m.csv?sig=SIG9"]) == 2
+        err = capsys.readouterr().err
+    assert "acquire.source 'file://host/m.csv?sig=REDACTED'" in err and "PASSW0RD" not in err, err

@@ -11,8 +11,8 @@ from import_graph import ROOT, module_imports
 
 # Lowest first; a module may import its own layer and the ones below it.
 LAYERS = (
-    ("cloob_core", "cloob_core.errors", "cloob_core.io", "cloob_core.storage", "cloob_core.pushgateway",
-     "cloob_core.flags", "cloob_core.plots"),
+    ("cloob_core", "cloob_core.errors", "cloob_core.redact", "cloob_core.io", "cloob_core.storage",
+     "cloob_core.pushgateway", "cloob_core.flags", "cloob_core.plots"),
     ("cloob_core.config", "cloob_core.objectives.names", "cloob_core.objectives"),
     ("cloob_core.objectives.", "cloob_core.model", "cloob_core.data", "cloob_core.devices"),
     ("cloob_core.training", "cloob_core.evaluation"),

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,8 +39,6 @@ def test_without_a_docker_engine_the_run_stops_with_one_line(tmp_path):
 def test_a_local_shards_store_is_mounted_into_every_step_and_an_s3_one_is_refused(tmp_path):
     """The containers have no network, so the store the shards are built in is a host folder mounted into each
     step at its own path, writable by the image's user."""
-    import pytest
-
     from pipelines.local_run import LocalRunError, StepContainer
 
     container = StepContainer.sharing(str(tmp_path / "store"))
@@ -47,5 +46,44 @@ def test_a_local_shards_store_is_mounted_into_every_step_and_an_s3_one_is_refuse
     assert mount["Source"] == mount["Target"] == str(tmp_path / "store") and mount["Type"] == "bind"
     assert (tmp_path / "store").stat().st_mode & 0o7777 == 0o1777
     assert container.run_args()["network_mode"] == "none"
-    with pytest.raises(LocalRunError, match="shards store must be a folder on this machine, not s3://b/shards"):
+    with pytest.raises(LocalRunError, match="must be folders on this machine, not s3://b/shards"):
         StepContainer.sharing("s3://b/shards")
+
+
+@pytest.mark.slow  # ~3 minutes: the whole pretrain pipeline as subprocesses, its training step killed once
+def test_a_killed_training_step_is_retried_and_resumes_from_its_mirrored_checkpoint(tmp_path):
+    """The one-node training step under run-local, killed with SIGKILL once its first checkpoint is mirrored to the
+    job workdir: kfp.local retries it (as Argo would an evicted pod), and the retry, in a fresh output folder,
+    continues from that checkpoint instead of step 0; the run goes on to its report."""
+    import json
+    import signal
+    import time
+
+    import psutil
+
+    root = tmp_path / "root"
+    command = [sys.executable, "-m", "pipelines", "run-local", "--runner", "subprocess", "--root", str(root),
+               "--set", "train.epochs=5", "--set", "train.checkpoint_every=10", "--set",
+               f"promote.store={tmp_path / 'store'}", "--partitions", "2", "--train-retries", "1",
+               "--train-retry-backoff-s", "0"]
+    run = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           env={**os.environ, "OMP_NUM_THREADS": "1"})
+    killed = None
+    deadline = time.monotonic() + 600
+    while killed is None and run.poll() is None and time.monotonic() < deadline:
+        if list(root.glob("jobs/cloob-train-*/checkpoints/step-*")):
+            for child in psutil.Process(run.pid).children(recursive=True):
+                if "--function_to_execute" in child.cmdline() and "train" in child.cmdline():
+                    killed = child.pid
+                    os.kill(child.pid, signal.SIGKILL)
+        time.sleep(0.2)
+    out, err = run.communicate(timeout=900)
+    assert killed is not None, (out, err[-2000:])
+    assert run.returncode == 0, err[-2000:]
+    log = (root / "run-local.log").read_text()
+    assert "Retrying" in log or "retry" in log.lower(), log[-3000:]
+    (metrics_file,) = root.glob("cloob-pretrain-evaluate-*/train/model/metrics.json")
+    metrics = json.loads(metrics_file.read_text())
+    assert metrics["resumed_from_step"] >= 10, metrics  # from the mirrored checkpoint, not from step 0
+    assert metrics["steps"] == 79  # 5 epochs of 2,046 pairs at batch 128
+    assert "suite.zeroshot_acc1" in out

@@ -261,3 +261,135 @@ def test_the_job_pods_request_cpus_per_gpu_and_carry_nccl_settings():
     plain = trainjob.manifest(settings(nodes=2, gpus=8), "n", config, "s3://w/n")
     pod = plain["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
     assert "hostNetwork" not in pod and pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "8"}
+
+
+def test_the_watcher_waits_out_api_faults_and_never_deletes_a_running_job(tmp_path, monkeypatch):
+    """Status polls that hang past their deadline, are reset, or answer 5xx/429 (through the real kubernetes
+    client) are asked again; the job runs to its end and is not deleted. The job carries its own deadline."""
+    faults: list[str | int] = ["hang", "reset", 500, 503, 429, "hang", 502, 504]
+    with FakeTrainingCluster(extra_env=_stub_python(tmp_path / "bin", "sleep 4\nexit 0\n"),
+                             status_faults=faults) as cluster:
+        cluster.hang_s = 1.0
+        monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig(tmp_path / "kubeconfig")))
+        job = settings(nodes=2, gpus=0, job_poll_s=0.05, job_api_timeout_s=0.3, job_timeout_s=3600)
+        body = trainjob.manifest(job, "cloob-train-api", job_config(), "s3://w")
+        assert trainjob.run(body, job).startswith("Succeeded")
+    assert [r["fault"] for r in cluster.requests if r["fault"]] == faults  # every fault was met
+    assert not cluster.calls("DELETE", ".*")
+    assert cluster.requests[0]["body"]["spec"]["runPolicy"]["activeDeadlineSeconds"] == 3600
+
+
+class _FlakyApi:
+    """The calls the watcher makes, answered from a script: what the issue's reproduction did (a read time-out on
+    the third poll), then more."""
+
+    def __init__(self, polls: list[object]):
+        self.polls, self.calls = polls, []
+
+    def create_namespaced_custom_object(self, *args, **kwargs):
+        self.calls.append("create")
+
+    def get_namespaced_custom_object(self, *args, **kwargs):
+        self.calls.append("get")
+        answer = self.polls.pop(0)
+        if isinstance(answer, BaseException):
+            raise answer
+        return {"status": {"conditions": [{"type": answer, "status": "True"}]}}
+
+    def delete_namespaced_custom_object(self, *args, **kwargs):
+        self.calls.append("DELETE")
+
+
+def _api_error(status: int) -> Exception:
+    from kubernetes.client.exceptions import ApiException
+
+    return ApiException(status=status, reason="fault")
+
+
+def test_a_read_timeout_on_a_status_poll_does_not_delete_the_job():
+    from urllib3.exceptions import ProtocolError, ReadTimeoutError
+
+    job = settings(nodes=2, gpus=0, job_poll_s=0.01, job_namespace="ml")
+    api = _FlakyApi(["Running", "Running", ReadTimeoutError(None, "/", "read timed out"),
+                     ProtocolError("Connection aborted.", ConnectionResetError(104, "reset")), _api_error(503),
+                     ConnectionRefusedError(111, "refused"), "Running", "Succeeded"])
+    trainjob.run(trainjob.manifest(job, "cloob-train-x", job_config(), "s3://w"), job, api=api)
+    assert api.calls == ["create"] + ["get"] * 8  # no DELETE
+
+    failing = _FlakyApi(["Running", _api_error(500), "Failed"])
+    with pytest.raises(JobFailed, match="failed"):
+        trainjob.run(trainjob.manifest(job, "cloob-train-y", job_config(), "s3://w"), job, api=failing)
+    assert failing.calls[-1] == "DELETE"  # seen failing: deleted
+
+    gone = _FlakyApi(["Running", _api_error(404)])
+    with pytest.raises(JobFailed, match="deleted outside this run"):
+        trainjob.run(trainjob.manifest(job, "cloob-train-z", job_config(), "s3://w"), job, api=gone)
+    assert "DELETE" not in gone.calls
+
+    refused = _FlakyApi(["Running", _api_error(403)])
+    with pytest.raises(JobFailed, match=r"refused its status .*HTTP 403.* left to its deadline"):
+        trainjob.run(trainjob.manifest(job, "cloob-train-w", job_config(), "s3://w"), job, api=refused)
+    assert "DELETE" not in refused.calls  # not seen failing: its activeDeadlineSeconds bounds it
+
+
+def test_polls_failing_until_the_deadline_delete_the_job():
+    job = settings(nodes=2, gpus=0, job_poll_s=0.05, job_timeout_s=0.3, job_namespace="ml")
+    api = _FlakyApi([TimeoutError("timed out")] * 50)
+    with pytest.raises(JobFailed, match="did not finish in 0 s"):
+        trainjob.run(trainjob.manifest(job, "cloob-train-d", job_config(), "s3://w"), job, api=api)
+    assert api.calls[-1] == "DELETE"
+
+
+def test_a_retried_watcher_adopts_its_runs_job_and_becomes_a_second_owner(tmp_path, monkeypatch):
+    import urllib.request
+
+    namespace_file = tmp_path / "namespace"
+    namespace_file.write_text("team-a")
+    monkeypatch.setattr(trainjob, "_NAMESPACE_FILE", namespace_file)  # as in a pod of namespace team-a
+    with FakeTrainingCluster(extra_env=_stub_python(tmp_path / "bin", "sleep 2\nexit 0\n")) as cluster:
+        monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig(tmp_path / "kubeconfig")))
+        monkeypatch.setattr(trainjob, "_custom_objects_api", _kubeconfig_api)
+        job = settings(nodes=2, gpus=0, job_poll_s=0.05, job_namespace="team-a")
+        body = trainjob.manifest(job, "cloob-train-adopt", job_config(), "s3://w")
+        first = {**body, "metadata": {**body["metadata"], "ownerReferences": [
+            {"apiVersion": "v1", "kind": "Pod", "name": "watcher-1", "uid": "uid-1"}]}}
+        request = urllib.request.Request(f"{cluster.url}/apis/kubeflow.org/v1/namespaces/team-a/pytorchjobs",
+                                         data=json.dumps(first).encode(), method="POST",
+                                         headers={"Content-Type": "application/json"})
+        urllib.request.urlopen(request).read()  # what the first watcher pod created before it was evicted
+        monkeypatch.setenv(trainjob.POD_NAME_ENV, "watcher-2")
+        monkeypatch.setenv(trainjob.POD_UID_ENV, "uid-2")
+        assert trainjob.run(body, job).startswith("Succeeded")
+        owners = cluster.objects[("team-a", "pytorchjobs", "cloob-train-adopt")]["metadata"]["ownerReferences"]
+    assert [owner["uid"] for owner in owners] == ["uid-1", "uid-2"]
+    assert len(cluster.calls("POST", ".*")) == 2 and len(cluster.pods) == 1  # one job, not a second one
+    assert not cluster.calls("DELETE", ".*")
+
+
+def _kubeconfig_api():
+    from kubernetes import client, config
+
+    config.load_kube_config(config_file=os.environ["KUBECONFIG"])
+    return client.CustomObjectsApi()
+
+
+def test_a_watcher_in_the_jobs_namespace_owns_it(tmp_path, monkeypatch):
+    namespace_file = tmp_path / "namespace"
+    namespace_file.write_text("ml")
+    monkeypatch.setattr(trainjob, "_NAMESPACE_FILE", namespace_file)
+    monkeypatch.setenv(trainjob.POD_NAME_ENV, "watcher")
+    monkeypatch.setenv(trainjob.POD_UID_ENV, "uid-w")
+    created = []
+
+    class Api(_FlakyApi):
+        def create_namespaced_custom_object(self, group, version, namespace, plural, body, **kwargs):
+            created.append(body)
+
+    job = settings(nodes=2, gpus=0, job_poll_s=0.01, job_namespace="ml")
+    trainjob.run(trainjob.manifest(job, "cloob-train-o", job_config(), "s3://w"), job, api=Api(["Succeeded"]))
+    assert created[0]["metadata"]["ownerReferences"] == [{"apiVersion": "v1", "kind": "Pod", "name": "watcher",
+                                                          "uid": "uid-w", "controller": False,
+                                                          "blockOwnerDeletion": False}]
+    other = settings(nodes=2, gpus=0, job_poll_s=0.01, job_namespace="elsewhere")  # no cross-namespace owner
+    trainjob.run(trainjob.manifest(other, "cloob-train-p", job_config(), "s3://w"), other, api=Api(["Succeeded"]))
+    assert "ownerReferences" not in created[1]["metadata"]

@@ -47,9 +47,9 @@ class ClusterSettings(BaseModel):
                              "needs ~4,000 samples/s, ~470 per core at 224 px; docs/performance.md, \"Feeding a "
                              "GPU\"). Size it to the node: its CPUs over its GPUs, less what the node keeps.")
     nccl_env: dict[str, str] = Field(
-        default_factory=lambda: dict(NCCL_DEFAULTS), description="Environment of the multi-node job's pods for NCCL "
-        "and torch's NCCL layer (e.g. NCCL_SOCKET_IFNAME=eth0, NCCL_IB_HCA=mlx5); given values replace the "
-        "defaults of the same name (docs/kubernetes.md, \"Several nodes\").")
+        default_factory=lambda: dict(NCCL_DEFAULTS), description="Environment of the training pods (one node or a "
+        "multi-node job's) for NCCL and torch's NCCL layer (e.g. NCCL_SOCKET_IFNAME=eth0, NCCL_IB_HCA=mlx5); given "
+        "values replace the defaults of the same name (docs/kubernetes.md, \"Several nodes\").")
     host_network: bool = Field(False, description="Multi-node pods on the node's network (hostNetwork, "
                                "ClusterFirstWithHostNet DNS): NCCL then reaches the node's fast interfaces; needs a "
                                "namespace that allows it.")
@@ -70,18 +70,28 @@ class ClusterSettings(BaseModel):
                              "set: N x d floats, 2 GB for 1M images at d=512, and the model).")
     s3_secret: str | None = Field("cloob-s3", description="Kubernetes secret with the S3 credentials (and endpoint), "
                                   "given to the steps as environment variables ('' for none, e.g. with IRSA).")
-    service_account: str | None = Field(None, description="Service account of the multi-node job's pods.")
+    service_account: str | None = Field(None, description="Service account of the multi-node job's pods (the "
+                                        "pipeline's own steps run as the run's: `submit --service-account`).")
     job_kind: Literal["pytorchjob", "trainjob"] = Field(
         "pytorchjob", description="pytorchjob (Training Operator v1) or trainjob (Kubeflow Trainer v2).")
-    job_workdir: str = Field("s3://cloob/jobs", description="s3:// prefix a multi-node job's pods share: the shards' "
-                             "copy, checkpoints, the result.")
+    job_workdir: str = Field("s3://cloob/jobs", description="s3:// prefix where a training run keeps what must "
+                             "outlive its pods, in a folder per run: its checkpoints (a retried pod resumes from "
+                             "them) and a multi-node job's result.")
+    train_retries: int = Field(3, ge=0, description="Retries of the training step (one node: its pod; several: the "
+                               "job's watcher, which adopts the running job). A retried pod resumes from the run's "
+                               "last checkpoint in job_workdir (--resume auto).")
+    train_retry_backoff_s: int = Field(60, ge=0, description="Seconds before the first retry of the training step "
+                                       "(doubling after each).")
     job_namespace: str | None = Field(None, description="Namespace of the multi-node job (default: the pipeline "
                                       "pod's own).")
     job_runtime: str = Field("torch-distributed", description="Trainer v2 ClusterTrainingRuntime of a trainjob.")
     job_backoff_limit: int = Field(3, ge=0, description="Pod restarts before the job fails; each restart resumes "
                                    "from the last checkpoint.")
     job_timeout_s: float = Field(7 * 24 * 3600.0, gt=0, description="Seconds the job may run before it is deleted.")
-    job_poll_s: float = Field(20.0, gt=0, description="Seconds between looks at the job's status.")
+    job_poll_s: float = Field(20.0, gt=0, description="Seconds between looks at the job's status; after an API "
+                              "fault, the first wait before asking again (doubling, at most 5 minutes).")
+    job_api_timeout_s: float = Field(60.0, gt=0, description="Deadline of each Kubernetes API call of the job's "
+                                     "watcher (the client sets none); one that passes is retried, never ends the job.")
     image: str = Field("", description="The job pods' image; filled with the training image when the pipeline is "
                        "compiled.")
 
@@ -111,11 +121,32 @@ class ClusterSettings(BaseModel):
                              f"{self.job_workdir!r}")
         return self
 
+    @model_validator(mode="after")
+    def _only_what_reaches_a_pod(self) -> ClusterSettings:
+        """Settings that only a multi-node job's pods can take, refused for one node rather than dropped: a KFP
+        step has no host network or extra resources, and runs as the run's service account."""
+        if self.nodes > 1:
+            return self
+        unusable = []
+        if self.host_network:
+            unusable.append("host_network (a KFP step cannot join the node's network)")
+        if self.rdma_resources:
+            unusable.append("rdma_resources (a KFP step takes one accelerator resource; RDMA matters across nodes)")
+        if self.service_account:
+            unusable.append("service_account (a KFP step runs as the run's service account: give it to `submit` "
+                            "or `schedule create` as --service-account)")
+        if unusable:
+            raise ValueError(f"with nodes 1 these apply to no pod: {'; '.join(unusable)}")
+        return self
+
     def for_cluster(self) -> ClusterSettings:
         """These settings, checked for pods that share nothing but object storage."""
         if self.data == "acquire" and not self.shards_store.startswith("s3://"):
             raise ConfigError(f"cluster settings: shards_store must be an s3:// prefix the pods share, not "
                               f"{self.shards_store!r}")
+        if not self.job_workdir.startswith("s3://"):
+            raise ConfigError(f"cluster settings: job_workdir must be an s3:// prefix (a retried training pod "
+                              f"resumes from the checkpoints kept there), not {self.job_workdir!r}")
         return self
 
     @classmethod

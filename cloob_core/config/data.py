@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from cloob_core.config.base import _Section
+from cloob_core.redact import SECRET_QUERY_PARAMS
 
 
 class PreprocessConfig(_Section):
@@ -56,14 +57,6 @@ class PreprocessConfig(_Section):
             raise ValueError(f"preprocess.max_side {self.max_side} is below preprocess.image_size {self.image_size}: "
                              "the resized images could never reach the target; raise it or set it to null")
         return self
-
-
-# Query parameters that carry credentials in the URLs of common stores and CDNs: bearer tokens, API keys, S3 / GCS /
-# Azure / CloudFront signatures and session credentials.
-SECRET_QUERY_PARAMS = ("token", "access_token", "id_token", "refresh_token", "auth", "authorization", "sig",
-                       "signature", "x-amz-signature", "x-amz-credential", "x-amz-security-token",
-                       "x-goog-signature", "x-goog-credential", "key", "api_key", "apikey", "api-key", "password",
-                       "passwd", "secret", "client_secret", "policy", "key-pair-id", "session", "sessionid", "jwt")
 
 
 class DownloadConfig(_Section):

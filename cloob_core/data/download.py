@@ -49,7 +49,6 @@ from cloob_core.data.plan import (
     retry_round,
     settings_of,
 )
-from cloob_core.data.redact import Redactor
 from cloob_core.data.run_manifest import RunManifest
 from cloob_core.data.sources import HttpSource, Source, packaged_source
 from cloob_core.data.summary import OutputSummary, format_summary, merge_stats, summarize
@@ -66,6 +65,7 @@ from cloob_core.data.writer import (
 from cloob_core.errors import StageError
 from cloob_core.io import json_bytes
 from cloob_core.pushgateway import push_download_summary
+from cloob_core.redact import Redactor
 from cloob_core.threads import usable_cores
 
 log = logging.getLogger(__name__)

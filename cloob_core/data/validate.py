@@ -36,13 +36,13 @@ from cloob_core.config import CloobConfig, ConfigError
 from cloob_core.data import caption_fit, engine
 from cloob_core.data.acquire import opened
 from cloob_core.data.packaged import URL_PATTERN as PACKAGED_URL
-from cloob_core.data.redact import Redactor
 from cloob_core.data.run_manifest import RunManifest
 from cloob_core.data.shard_files import summary_file
 from cloob_core.data.summary import summarize
 from cloob_core.data.writer import read_records, tar_samples
 from cloob_core.errors import StageError
 from cloob_core.io import json_bytes, parse_json
+from cloob_core.redact import Redactor
 
 log = logging.getLogger(__name__)
 _SAMPLE_PARTS = {"jpg", "txt", "json"}

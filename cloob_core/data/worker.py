@@ -19,10 +19,10 @@ from typing import Any
 from cloob_core.config import PreprocessConfig
 from cloob_core.data.imaging import caption_refusal, process_image
 from cloob_core.data.manifest import ManifestRow
-from cloob_core.data.redact import Redactor
 from cloob_core.data.sources import Source
 from cloob_core.data.writer import ShardWriter
 from cloob_core.io import naming_full_disk
+from cloob_core.redact import Redactor
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ class ShardJob:
 class RowOutcome:
     row: int
     key: str
-    url: str  # as recorded: redacted (cloob_core.data.redact)
+    url: str  # as recorded: redacted (cloob_core.redact)
     reason: str | None = None
     detail: str = ""
     sha256: str | None = None

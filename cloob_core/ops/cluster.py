@@ -14,8 +14,9 @@ def unreachable_locations(config: CloobConfig, *, acquires: bool = True, evaluat
     pipeline reads ``acquire.source`` / the suite's sources (an imported-shards pipeline acquires nothing)."""
     from cloob_core.evaluation.class_sets import packaged_class_sets
 
-    def local(value: str) -> bool:
-        return not value.startswith("s3://")
+    def local(value: str) -> bool:  # a path, or a file:// URL; s3://, https:// and the like a pod can reach
+        scheme = _SCHEME.match(value)
+        return scheme is None or scheme.group(1).lower() == "file"
 
     found = []
     if acquires and config.acquire.source not in PACKAGED_SETS and local(config.acquire.source):
@@ -39,17 +40,60 @@ def check_reachable(config: CloobConfig, *, acquires: bool = True, evaluates: bo
                           "and name them there (--set KEY=s3://…)")
 
 
-_CRON_FIELD = re.compile(r"^[0-9A-Za-z*?/,#LW-]+$")
+_SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.\-]*)://")
+
+
+_MONTHS = ("JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC")
+_DAYS = ("SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT")
+# KFP's scheduler parses crons with robfig/cron: six fields, seconds first, each with its range and names.
+_CRON_FIELDS = (("seconds", 0, 59, ()), ("minutes", 0, 59, ()), ("hours", 0, 23, ()), ("day of month", 1, 31, ()),
+                ("month", 1, 12, _MONTHS), ("day of week", 0, 6, _DAYS))
+_DESCRIPTORS = ("@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly")
+_EVERY = re.compile(r"^@every\s+(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+$")
 
 
 def check_cron(expression: str) -> str:
-    """A KFP cron expression: six fields, seconds first (``0 0 3 * * *`` is 03:00 daily), or a one-line error; the
-    API would refuse a crontab's five only after the upload."""
-    fields = expression.split()
+    """A KFP cron expression: six fields, seconds first (``0 0 3 * * *`` is 03:00 daily), each checked against its
+    range (``*``, ``?``, values, names, ``a-b`` ranges, ``/step``, lists), or a descriptor (``@daily``, ``@every
+    6h``); else a one-line error naming the field. The API would refuse it only after the upload, or accept an hour
+    25 that never comes."""
+    text = expression.strip()
+    if text in _DESCRIPTORS or _EVERY.match(text):
+        return expression
+    fields = text.split()
     if len(fields) == 5:
         raise ConfigError(f"--cron {expression!r} has 5 fields; KFP's cron has six, seconds first: "
                           f"'0 {expression}'")
-    if len(fields) != 6 or not all(_CRON_FIELD.match(field) for field in fields):
+    if len(fields) != 6:
         raise ConfigError(f"--cron {expression!r} is not a six-field cron expression (seconds minutes hours "
-                          "day-of-month month day-of-week), e.g. '0 0 3 * * *'")
+                          "day-of-month month day-of-week), e.g. '0 0 3 * * *', or a descriptor such as @daily")
+    for field, (name, low, high, names) in zip(fields, _CRON_FIELDS, strict=True):
+        problem = _cron_field_problem(field, low, high, names)
+        if problem:
+            raise ConfigError(f"--cron {expression!r}: {name} {field!r} {problem} (e.g. '0 0 3 * * *': 03:00 "
+                              "daily)")
     return expression
+
+
+def _cron_field_problem(field: str, low: int, high: int, names: tuple[str, ...]) -> str | None:
+    def value(word: str) -> int | None:
+        if word.upper() in names:
+            return names.index(word.upper()) + low
+        return int(word) if word.isdigit() else None
+
+    for part in field.split(","):
+        span, slash, step = part.partition("/")
+        if slash and not (step.isdigit() and int(step) > 0):
+            return f"has a step {step!r} that is not a positive whole number"
+        if span in ("*", "?"):
+            continue
+        first, dash, last = span.partition("-")
+        bounds = [value(first), value(last) if dash else value(first)]
+        if None in bounds:
+            return f"has {span!r}, which is neither a number nor a name" + (f" ({', '.join(names)})" if names else "")
+        start, end = bounds
+        if not (low <= start <= high and low <= end <= high):
+            return f"is outside {low}-{high}"
+        if start > end:
+            return f"has the range {span!r} going backwards"
+    return None

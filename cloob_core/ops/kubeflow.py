@@ -131,21 +131,26 @@ def _record_training(result: dict[str, Any], shards: str, model: Any = None, met
 
 
 def train(params: Params, shards: str, output_dir: str, gpus: int = 0, model: Any = None,
-          metrics: Any = None) -> dict[str, Any]:
+          metrics: Any = None, checkpoints: str | None = None) -> dict[str, Any]:
     """Training on this node, streaming the shards from ``shards`` (a folder or ``s3://`` prefix): in process for
     one device; with several GPUs, torchrun starts one `cloob train` process per GPU (each a rank of the same
     stage function) on the configuration validated here. A step given GPUs trains on them or fails in one line,
-    never on its CPU (:func:`launch.on_gpus`)."""
+    never on its CPU (:func:`launch.on_gpus`). ``checkpoints``: where each checkpoint is mirrored, and where a
+    retry of the step (a fresh pod, an empty output folder) resumes from (``--resume auto``: only this run's)."""
     from cloob_core.ops import launch
     from cloob_core.training.loop import train as train_stage
 
-    config = launch.on_gpus(_config(params, values={"train": {"shards": shards}}), gpus)  # fails here, not per rank
+    values: dict[str, Any] = {"shards": shards}
+    if checkpoints:
+        values["checkpoint_sync"] = checkpoints
+    config = launch.on_gpus(_config(params, values={"train": values}), gpus)  # fails here, not per rank
     config.train.check_shape(max(gpus, 1))
     if gpus <= 1:
-        return _record_training(train_stage(config, output_dir, progress=False).metrics, shards, model, metrics)
+        return _record_training(train_stage(config, output_dir, resume="auto", progress=False).metrics, shards,
+                                model, metrics)
     with tempfile.TemporaryDirectory() as tmp:
         params_file = write_text(Path(tmp) / launch.PARAMS_FILE, launch.config_text(config))
-        command = launch.torchrun_train(str(params_file), output_dir, processes=gpus)
+        command = launch.torchrun_train(str(params_file), output_dir, processes=gpus, extra=["--resume", "auto"])
         log.info("running %s", " ".join(command))
         code = subprocess.run(command, env=os.environ.copy(), check=False).returncode
     if code != 0:

@@ -8,13 +8,21 @@ nothing but object storage: they read the shards from S3, mirror checkpoints the
 it. The run's parameters travel as an environment variable (they hold no secrets; S3 credentials come from a
 Kubernetes secret, by reference).
 
-The caller needs RBAC to create, get and delete the job kind in its namespace: infra/k8s/base/rbac.yaml.
+The caller needs RBAC to create, get, patch and delete the job kind in its namespace: infra/k8s/base/rbac.yaml.
+
+The watcher survives its API: a status poll that times out, is reset or answers 5xx/429 is retried with backoff
+and never ends the job; it deletes the job only when it saw it fail, when the job's time is up, or when it is
+cancelled. Two things bound an orphan's life if the watcher dies for good: the job's own ``activeDeadlineSeconds``
+(the job timeout) and an owner reference to the watcher pod (same namespace only: Kubernetes forbids cross-namespace
+owners), so deleting the pipeline run's pods deletes the job. A retried watcher pod adopts the job of its run
+(same name) and adds itself as a second owner, rather than creating a second job.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import shlex
@@ -42,7 +50,11 @@ WORKSPACE = "/workspace"  # an emptyDir in each pod: the image's user may write 
 METRICS_PORT = 9400
 PART_OF = {"app.kubernetes.io/part-of": "cloob-pipelines", "app.kubernetes.io/component": "train"}
 SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL")
-API_TIMEOUT_S = 60  # each Kubernetes API call (the client sets no deadline of its own)
+TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})  # an API server's answers worth asking again
+CREATE_ATTEMPTS = 6  # creating (and deleting) the job: at most this many tries over transient faults
+MAX_BACKOFF_S = 300.0
+# The watcher pod's identity, from the downward API (pipelines/pretrain.py sets them): the job's owner.
+POD_NAME_ENV, POD_UID_ENV = "CLOOB_POD_NAME", "CLOOB_POD_UID"
 _NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
@@ -123,9 +135,10 @@ def manifest(settings: ClusterSettings, name: str, config: CloobConfig, workdir:
     command = ["/bin/sh", "-c", worker_script(settings, workdir)]
     params_text = launch.config_text(config)
     volumes, mounts = _volumes(settings)
-    metadata = {"name": name, "labels": dict(PART_OF)}
+    metadata: dict[str, Any] = {"name": name, "labels": dict(PART_OF)}
     if settings.job_namespace:
         metadata["namespace"] = settings.job_namespace
+    deadline = math.ceil(settings.job_timeout_s)  # the job ends itself then, watched or not
     port = [{"name": "metrics", "containerPort": METRICS_PORT}]
     if settings.job_kind == "pytorchjob":
         container = {"name": "pytorch", "image": settings.image, "command": command, "workingDir": WORKSPACE,
@@ -138,10 +151,12 @@ def manifest(settings: ClusterSettings, name: str, config: CloobConfig, workdir:
             replicas["Worker"] = {"replicas": settings.nodes - 1, "restartPolicy": "OnFailure",
                                   "template": json.loads(json.dumps(template))}
         spec = {"nprocPerNode": str(max(settings.gpus, 1)),
-                "runPolicy": {"backoffLimit": settings.job_backoff_limit, "cleanPodPolicy": "None"},
+                "runPolicy": {"backoffLimit": settings.job_backoff_limit, "cleanPodPolicy": "None",
+                              "activeDeadlineSeconds": deadline},
                 "pytorchReplicaSpecs": replicas}
     else:
         spec = {"runtimeRef": {"name": settings.job_runtime, "apiGroup": group, "kind": "ClusterTrainingRuntime"},
+                "activeDeadlineSeconds": deadline,  # Trainer >= v2.2; an earlier one's schema prunes it
                 "trainer": {"image": settings.image, "command": command, "env": _env(settings, params_text),
                             "numNodes": settings.nodes, "numProcPerNode": max(settings.gpus, 1),
                             "resourcesPerNode": _resources(settings)},
@@ -195,7 +210,7 @@ def current_namespace(default: str = "default") -> str:
     return (active or {}).get("context", {}).get("namespace") or default
 
 
-class _Cancelled(Exception):
+class _Cancelled(BaseException):  # not an Exception: no handler of an API fault may swallow it
     pass
 
 
@@ -204,51 +219,171 @@ def _raise_cancelled(signum: int, _frame: Any) -> None:
 
 
 def run(body: dict[str, Any], settings: ClusterSettings, api: Any = None) -> str:
-    """Create the job and wait for it to end. Failure, time-out or cancellation (SIGTERM, as when the pipeline
-    run is stopped) deletes the job, so no GPU node stays held by an orphan."""
+    """Create the job (or adopt this run's, made by an earlier try of the watcher) and wait for it to end. A job
+    seen failing, one past ``job_timeout_s`` and one whose watcher is cancelled (SIGTERM, as when the pipeline run
+    is stopped) are deleted, so no GPU node stays held by an orphan; API faults are waited out, never a reason to
+    delete."""
     group, version, plural, kind = KINDS[settings.job_kind]
     api = api or _custom_objects_api()
     namespace = settings.job_namespace or current_namespace()
     name = body["metadata"]["name"]
-    api.create_namespaced_custom_object(group, version, namespace, plural, body, _request_timeout=API_TIMEOUT_S)
-    log.info("created %s %s/%s: %d node(s) x %d GPU(s)", kind, namespace, name, settings.nodes,
-             settings.gpus)
+    where = f"{kind} {namespace}/{name}"
+    timeout = settings.job_api_timeout_s
+    owner = _watcher_pod(namespace)
+    if owner:
+        body = {**body, "metadata": {**body["metadata"], "ownerReferences": [owner]}}
     previous = signal.signal(signal.SIGTERM, _raise_cancelled) if _main_thread() else None
-    finished, last = False, ""
+    delete = True  # unless the job ended by itself, or is not ours to end
     deadline = time.monotonic() + settings.job_timeout_s
     try:
+        if _create(api, (group, version, namespace, plural), body, settings):
+            log.info("created %s: %d node(s) x %d GPU(s)", where, settings.nodes, settings.gpus)
+        else:
+            log.info("%s exists (an earlier try of this step created it): watching it", where)
+            if owner:
+                _add_owner(api, (group, version, namespace, plural, name), owner, settings)
+        last, faults = "", 0
         while True:
-            status = api.get_namespaced_custom_object(group, version, namespace, plural, name,
-                                                      _request_timeout=API_TIMEOUT_S).get("status")
+            try:
+                status = api.get_namespaced_custom_object(group, version, namespace, plural, name,
+                                                          _request_timeout=timeout).get("status")
+            except Exception as err:
+                if _status_code(err) == 404:
+                    delete = False
+                    raise JobFailed(f"{where} no longer exists: it was deleted outside this run") from None
+                if not transient(err):
+                    delete = False  # it may be running: its activeDeadlineSeconds ends it
+                    raise JobFailed(f"{where}: the API refused its status ({_describe(err)}); the job is left "
+                                    f"to its deadline of {settings.job_timeout_s:.0f} s") from None
+                faults += 1
+                wait = _backoff(settings, faults)
+                log.warning("%s: status poll failed (%s); the job is left running, asking again in %.0f s",
+                            where, _describe(err), wait)
+                _sleep_until(wait, deadline, settings, where)
+                continue
+            faults = 0
             state, text = outcome(settings.job_kind, status)
             if text != last:
-                log.info("%s %s: %s", kind, name, text)
+                log.info("%s: %s", where, text)
                 last = text
             if state == "succeeded":
-                finished = True
+                delete = False
                 return text
             if state == "failed":
-                raise JobFailed(f"{kind} {namespace}/{name} failed: {text} (kubectl -n {namespace} logs -l "
+                raise JobFailed(f"{where} failed: {text} (kubectl -n {namespace} logs -l "
                                 f"training.kubeflow.org/job-name={name})")
-            if time.monotonic() > deadline:
-                raise JobFailed(f"{kind} {namespace}/{name} did not finish in {settings.job_timeout_s:.0f} s")
-            time.sleep(settings.job_poll_s)
+            _sleep_until(settings.job_poll_s, deadline, settings, where)
     except _Cancelled as err:
-        raise JobFailed(f"{kind} {namespace}/{name} cancelled ({err})") from None
+        raise JobFailed(f"{where} cancelled ({err})") from None
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-        if not finished:
-            _delete(api, group, version, namespace, plural, name)
+        if delete:
+            _delete(api, (group, version, namespace, plural, name), settings)
 
 
-def _delete(api: Any, group: str, version: str, namespace: str, plural: str, name: str) -> None:
+def transient(err: BaseException) -> bool:
+    """A fault of the connection or the API server that asking again may get past: a timeout, a reset or refused
+    connection, HTTP 408/429/5xx."""
+    code = _status_code(err)
+    if code is not None:
+        return code in TRANSIENT_STATUS or code == 0  # 0: the client's own connection failure
+    module = type(err).__module__.split(".")[0]
+    return module == "urllib3" or isinstance(err, (ConnectionError, TimeoutError))
+
+
+def _status_code(err: BaseException) -> int | None:
+    status = getattr(err, "status", None)
+    return status if type(err).__name__ == "ApiException" and isinstance(status, int) else None
+
+
+def _describe(err: BaseException) -> str:
+    code = _status_code(err)
+    if code:
+        return f"HTTP {code} {getattr(err, 'reason', '') or ''}".strip()
+    return " ".join(f"{type(err).__name__}: {err}".split())[:200]
+
+
+def _backoff(settings: ClusterSettings, attempt: int) -> float:
+    """Seconds before try ``attempt`` + 1: the poll interval, doubling, at most 5 minutes."""
+    return min(settings.job_poll_s * 2 ** (attempt - 1), max(MAX_BACKOFF_S, settings.job_poll_s))
+
+
+def _sleep_until(seconds: float, deadline: float, settings: ClusterSettings, where: str) -> None:
+    if time.monotonic() + seconds > deadline:
+        time.sleep(max(0.0, deadline - time.monotonic()))
+        raise JobFailed(f"{where} did not finish in {settings.job_timeout_s:.0f} s")
+    time.sleep(seconds)
+
+
+def _retried(call: Any, what: str, settings: ClusterSettings) -> Any:
+    """``call()``, tried again over transient faults (at most :data:`CREATE_ATTEMPTS` tries)."""
+    for attempt in range(1, CREATE_ATTEMPTS + 1):
+        try:
+            return call()
+        except Exception as err:
+            if not transient(err) or attempt == CREATE_ATTEMPTS:
+                raise
+            wait = _backoff(settings, attempt)
+            log.warning("%s failed (%s); trying again in %.0f s", what, _describe(err), wait)
+            time.sleep(wait)
+    raise AssertionError("unreachable")
+
+
+def _create(api: Any, where: tuple[str, str, str, str], body: dict[str, Any], settings: ClusterSettings) -> bool:
+    """Create the job; False when it exists already (an earlier try of this step, or a reply lost after the API
+    server created it)."""
+    group, version, namespace, plural = where
     try:
-        api.delete_namespaced_custom_object(group, version, namespace, plural, name,
-                                            body={"propagationPolicy": "Foreground"}, _request_timeout=API_TIMEOUT_S)
+        _retried(lambda: api.create_namespaced_custom_object(group, version, namespace, plural, body,
+                                                             _request_timeout=settings.job_api_timeout_s),
+                 f"creating {body['metadata']['name']}", settings)
+    except Exception as err:
+        if _status_code(err) == 409:
+            return False
+        raise
+    return True
+
+
+def _watcher_pod(namespace: str) -> dict[str, Any] | None:
+    """An owner reference to the pod this runs in (from the downward API), where it may own the job: in the
+    job's own namespace."""
+    name, uid = os.environ.get(POD_NAME_ENV), os.environ.get(POD_UID_ENV)
+    if not (name and uid) or not _NAMESPACE_FILE.is_file() or _NAMESPACE_FILE.read_text().strip() != namespace:
+        return None
+    return {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid, "controller": False,
+            "blockOwnerDeletion": False}
+
+
+def _add_owner(api: Any, where: tuple[str, str, str, str, str], owner: dict[str, Any],
+               settings: ClusterSettings) -> None:
+    """This watcher as one more owner of an adopted job: the garbage collector deletes it once every owner is
+    gone, so the earlier watcher pod's removal does not take the job with it."""
+    group, version, namespace, plural, name = where
+    try:
+        current = _retried(lambda: api.get_namespaced_custom_object(group, version, namespace, plural, name,
+                                                                    _request_timeout=settings.job_api_timeout_s),
+                           f"reading {name}", settings)
+        owners = [ref for ref in current.get("metadata", {}).get("ownerReferences", []) if ref["uid"] != owner["uid"]]
+        _retried(lambda: api.patch_namespaced_custom_object(
+            group, version, namespace, plural, name, {"metadata": {"ownerReferences": [*owners, owner]}},
+            _request_timeout=settings.job_api_timeout_s), f"adding this pod as an owner of {name}", settings)
+    except Exception as err:  # the job still has its first owner and its deadline
+        log.warning("could not add this pod as an owner of %s/%s: %s", namespace, name, _describe(err))
+
+
+def _delete(api: Any, where: tuple[str, str, str, str, str], settings: ClusterSettings) -> None:
+    group, version, namespace, plural, name = where
+    try:
+        _retried(lambda: api.delete_namespaced_custom_object(group, version, namespace, plural, name,
+                                                             body={"propagationPolicy": "Foreground"},
+                                                             _request_timeout=settings.job_api_timeout_s),
+                 f"deleting {name}", settings)
         log.info("deleted %s/%s", namespace, name)
     except Exception as err:  # reported; the job's failure is the error that matters
-        log.warning("could not delete %s/%s: %s", namespace, name, err)
+        if _status_code(err) != 404:
+            log.warning("could not delete %s/%s (its activeDeadlineSeconds still ends it): %s", namespace, name,
+                        _describe(err))
 
 
 def _main_thread() -> bool:

@@ -14,7 +14,7 @@ from hostile import cli
 from image_server import ImageServer
 
 from cloob_core.config import SECRET_QUERY_PARAMS
-from cloob_core.data.redact import Redactor
+from cloob_core.redact import Redactor
 
 SECRETS = ("hunter2", "tok3n-value", "AKIAEXAMPLESIG", "s3cr3t-key", "letmein")
 FAST = ["--set", "validation.min_success_ratio=0", "--set", "download.allow_private_network=true", "--set",

@@ -1,4 +1,4 @@
-"""Credentials never leave the process: URLs as the stages record them.
+"""Credentials never leave the process: URLs as the stages record them, and every error line a command prints.
 
 A manifest URL may carry credentials: user info (``https://user:secret@host/…``) or a token in its query
 (``?token=…``, a pre-signed S3 URL's ``X-Amz-Signature``). The fetch uses the URL as given; every record and log
@@ -16,6 +16,12 @@ from typing import Any
 from urllib.parse import unquote_plus, urlsplit, urlunsplit
 
 REDACTED = "REDACTED"
+# Query parameters that carry credentials in the URLs of common stores and CDNs: bearer tokens, API keys, S3 / GCS /
+# Azure / CloudFront signatures and session credentials.
+SECRET_QUERY_PARAMS = ("token", "access_token", "id_token", "refresh_token", "auth", "authorization", "sig",
+                       "signature", "x-amz-signature", "x-amz-credential", "x-amz-security-token",
+                       "x-goog-signature", "x-goog-credential", "key", "api_key", "apikey", "api-key", "password",
+                       "passwd", "secret", "client_secret", "policy", "key-pair-id", "session", "sessionid", "jwt")
 _URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.\-]*://[^\s'\"<>\]\)]+")
 _USERINFO = re.compile(r"(?<=://)[^/@\s'\"]+@")
 
@@ -69,3 +75,13 @@ class Redactor:
         if isinstance(value, list | tuple):
             return [self.value(item) for item in value]
         return value
+
+
+def redacted(text: str) -> str:
+    """``text`` with the user info of its URLs removed and the values of their :data:`SECRET_QUERY_PARAMS`
+    replaced: what a refusal or failure line may print, whatever it quotes. Unlike :meth:`Redactor.text`, a bare
+    ``key=value`` outside a URL is left alone (a line may quote a flag's ``KEY=VALUE`` form)."""
+    return _USERINFO.sub("", _URL.sub(lambda match: _DEFAULT.url(match.group(0)), text))
+
+
+_DEFAULT = Redactor.of(SECRET_QUERY_PARAMS)
