@@ -97,10 +97,12 @@ def test_the_pod_monitor_selects_the_training_pods_and_their_metrics_port(render
     selector = monitor["spec"]["selector"]["matchLabels"]
     settings = ClusterSettings(image="i", job_workdir="s3://w", nodes=2)
     config = trainjob.job_config(CloobConfig(), "s3://d", "s3://w")
-    pod = trainjob.manifest(settings, "n", config, "s3://w")["spec"]["pytorchReplicaSpecs"]["Master"]["template"]
+    replicas = trainjob.manifest(settings, "n", config, "s3://w")["spec"]["pytorchReplicaSpecs"]
+    pod = replicas["Master"]["template"]
     assert selector.items() <= pod["metadata"]["labels"].items()
     ports = {port["name"] for port in pod["spec"]["containers"][0]["ports"]}
     assert {endpoint["port"] for endpoint in monitor["spec"]["podMetricsEndpoints"]} <= ports
+    assert "ports" not in replicas["Worker"]["template"]["spec"]["containers"][0]  # only rank 0 serves metrics
     (service_monitor,) = by_kind(documents, "ServiceMonitor")
     services = {doc["metadata"]["name"]: doc for doc in by_kind(documents, "Service")}
     gateway = services["cloob-pushgateway"]
@@ -135,7 +137,7 @@ def test_alert_rules_pass_promtool_and_their_unit_tests():
     promtool, monitoring = tool("promtool"), INFRA / "monitoring"
     check = subprocess.run([promtool, "check", "rules", "alerts.rules.yml"], cwd=monitoring, capture_output=True,
                            text=True)
-    assert check.returncode == 0 and "SUCCESS: 6 rules found" in check.stdout, check.stdout + check.stderr
+    assert check.returncode == 0 and "SUCCESS: 10 rules found" in check.stdout, check.stdout + check.stderr
     tested = subprocess.run([promtool, "test", "rules", str(monitoring / "alerts.test.yml")], capture_output=True,
                             text=True)
     assert tested.returncode == 0, tested.stdout + tested.stderr

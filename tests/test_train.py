@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import socket
@@ -274,7 +275,33 @@ def test_metrics_are_pushed_to_a_pushgateway(shards, tmp_path, pushgateway):
     train(config, tmp_path, progress=False)
     assert len(received) == 3  # two checkpoints and the end
     path, body = received[-1]
-    assert path == "/metrics/job/cloob-train" and "cloob_train_steps_total 4.0" in body
+    assert "cloob_train_steps_total 4.0" in body
+    # grouped by run and rank: concurrent runs keep their own series on the gateway
+    assert re.fullmatch(r"/metrics/job/cloob-train/rank/0/run/[A-Za-z0-9_.-]+-[0-9a-f]{8}", path), path
+    other = load_config(overrides=[f"train.shards={shards}", "train.steps=2", "train.batch_size=32",
+                                   "train.workers=0", "train.tensorboard=false", f"train.pushgateway={address}"])
+    train(other, tmp_path / "second", progress=False)
+    assert received[-1][0] != path
+
+
+def test_a_diverging_run_records_its_loss_and_divergence_before_it_ends(shards, tmp_path, pushgateway):
+    """The alerts on a NaN loss and on divergence read what the run pushed: before TrainingDiverged ends the
+    process, the loss gauge and cloob_train_diverged are set and pushed."""
+    from cloob_core.training.loop import TrainingDiverged
+
+    address, received = pushgateway
+    config = load_config(overrides=[f"train.shards={shards}", "train.steps=12", "train.batch_size=32",
+                                    "train.workers=0", "train.tensorboard=false", "train.checkpoint_every=2",
+                                    "train.log_every=1", "optim.lr=1e8", "optim.warmup_steps=0",
+                                    f"train.pushgateway={address}"])
+    with pytest.raises(TrainingDiverged):
+        train(config, tmp_path, progress=False)
+    bodies = [body for _, body in received]
+    assert any("cloob_train_diverged 1.0" in body for body in bodies)
+    last = bodies[-1]
+    assert "cloob_train_diverged 1.0" in last
+    loss = re.search(r"^cloob_train_loss (\S+)$", last, re.M).group(1)
+    assert loss in ("NaN", "+Inf", "-Inf"), loss
 
 
 def test_a_restricted_negative_run_resumes_exactly_with_its_schedule_and_queue(shards, tmp_path):

@@ -147,9 +147,10 @@ def manifest(settings: ClusterSettings, name: str, config: CloobConfig, workdir:
         template = {"metadata": {"labels": dict(PART_OF)},
                     "spec": {"containers": [container], "volumes": volumes, **_scheduling(settings)}}
         replicas = {"Master": {"replicas": 1, "restartPolicy": "OnFailure", "template": template}}
-        if settings.nodes > 1:
-            replicas["Worker"] = {"replicas": settings.nodes - 1, "restartPolicy": "OnFailure",
-                                  "template": json.loads(json.dumps(template))}
+        if settings.nodes > 1:  # only rank 0 (the Master) serves metrics: the Workers declare no port to scrape
+            worker = json.loads(json.dumps(template))
+            del worker["spec"]["containers"][0]["ports"]
+            replicas["Worker"] = {"replicas": settings.nodes - 1, "restartPolicy": "OnFailure", "template": worker}
         spec = {"nprocPerNode": str(max(settings.gpus, 1)),
                 "runPolicy": {"backoffLimit": settings.job_backoff_limit, "cleanPodPolicy": "None",
                               "activeDeadlineSeconds": deadline},

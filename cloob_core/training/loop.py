@@ -53,7 +53,7 @@ from cloob_core.training.collapse import (
 from cloob_core.training.env import DistEnv, across_ranks, detect, init_process_group
 from cloob_core.training.evaluator import Evaluator
 from cloob_core.training.images import Normalize, TrainImages
-from cloob_core.training.monitor import Monitor, Snapshot
+from cloob_core.training.monitor import Monitor, Snapshot, run_label
 from cloob_core.training.optim import build_optimizer, build_scheduler, plan_schedule
 from cloob_core.training.resumption import auto_resume, resolve_resume
 from cloob_core.training.shape import run_shape
@@ -359,11 +359,14 @@ def _measure_health(setup: _Setup, stepped: StepOutput) -> torch.Tensor:
     return embedding_health(image_features, text_features)
 
 
-def _check_finite(setup: _Setup, state: TrainingState, window: _Window, output: Path) -> None:
-    """Before anything is saved: the window's loss and every parameter must be finite (one host sync)."""
+def _check_finite(setup: _Setup, state: TrainingState, window: _Window, output: Path, monitor: Monitor) -> None:
+    """Before anything is saved: the window's loss and every parameter must be finite (one host sync). A run that
+    diverged says so to its monitoring first (the loss gauge, ``cloob_train_diverged``, a push), so the alert
+    fires although the process ends right after."""
     finite = torch.stack([window.loss.isfinite(),
                           *(p.isfinite().all() for p in setup.parts.model.parameters())]).all()
     if not bool(finite):
+        monitor.diverged(state.step, float(window.loss) / max(window.steps, 1))
         kept = checkpoint.latest(str(output / "checkpoints"))
         raise TrainingDiverged(
             f"training diverged by step {state.step}: the loss or the parameters are no longer finite (window "
@@ -425,7 +428,7 @@ def _run_steps(config: CloobConfig, setup: _Setup, batches: Iterator[Batch], sta
         window.errors += batch.skipped
         monitor.advance()
         if state.step % cfg.checkpoint_every == 0 or state.step == setup.steps:
-            _check_finite(setup, state, window, output)
+            _check_finite(setup, state, window, output, monitor)
         if logging_step:
             lr = parts.optimizer.param_groups[0]["lr"]
             inv_tau = float(parts.model.inv_tau.detach())
@@ -434,7 +437,7 @@ def _run_steps(config: CloobConfig, setup: _Setup, batches: Iterator[Batch], sta
                                     collapsed_loss=parts.objective.collapsed_loss(cfg.batch_size, inv_tau))
             last_loss = snapshot.loss  # the one host sync, once per window
             if not math.isfinite(last_loss):
-                _check_finite(setup, state, window, output)
+                _check_finite(setup, state, window, output, monitor)
             state.history.append(history_row(state.step, last_loss, lr, snapshot.health))
             monitor.update(snapshot, window.steps, window.steps * cfg.batch_size, window.errors)
             window = _Window(device)
@@ -555,7 +558,8 @@ def _train(config: CloobConfig, output: Path, resume: str | None, progress: bool
     batches = _batches(config, setup, mix.per_stream, state) if state.step < setup.steps else (b for b in ())
     monitor = Monitor(enabled=env.is_main, total_steps=setup.steps, start_step=start_step, output=output,
                       progress=progress, tensorboard=cfg.tensorboard, metrics_port=cfg.metrics_port,
-                      metrics_host=cfg.metrics_host, pushgateway=cfg.pushgateway).start()
+                      metrics_host=cfg.metrics_host, pushgateway=cfg.pushgateway,
+                      run=run_label(cfg.checkpoint_sync or str(output.resolve()))).start()
     if env.is_main:
         log.info("training %s with %s: %d steps of %d pairs (%d rank(s), %s, %d data streams) from %s",
                  config.model.architecture, setup.parts.objective.name, setup.steps, cfg.batch_size,

@@ -42,6 +42,7 @@ class Monitor:
     metrics_port: int = 0
     metrics_host: str = "127.0.0.1"
     pushgateway: str | None = None
+    run: str = "local"  # the Pushgateway grouping key's run (:func:`run_label`): concurrent runs keep their own
     _bar: Any = None
     _writer: Any = None
     _server: Any = None
@@ -89,6 +90,8 @@ class Monitor:
                             registry=registry),
             "collapsed": Gauge("cloob_train_collapsed", "1 once the collapse detector has called the run collapsed",
                                registry=registry),
+            "diverged": Gauge("cloob_train_diverged", "1 once the loss or the parameters stopped being finite (the "
+                              "run then ends)", registry=registry),
         }
         if self.metrics_port:
             self._server, _thread = start_http_server(self.metrics_port, addr=self.metrics_host, registry=registry)
@@ -150,14 +153,25 @@ class Monitor:
             self._metrics["eval_step"].set(step)
             self.push()
 
+    def diverged(self, step: int, loss: float) -> None:
+        """The run diverged at ``step`` and is about to end: its loss (NaN or infinite) and the gauge the alerts
+        read, recorded and pushed before the process goes."""
+        if self._metrics:
+            self._metrics["loss"].set(loss)
+            self._metrics["diverged"].set(1)
+            self._metrics["progress"].set(step / max(self.total_steps, 1))
+            self.push()
+
     def checkpointed(self) -> None:
         if self._metrics:
             self._metrics["checkpoint"].set(time.time())
             self.push()
 
     def push(self) -> None:
+        """This run's metrics to the Pushgateway, under its own group (job cloob-train, its run, rank 0: only the
+        main rank monitors), so concurrent runs do not overwrite each other."""
         if self._registry is not None:
-            pushgateway.push(self.pushgateway, "cloob-train", self._registry)
+            pushgateway.push(self.pushgateway, "cloob-train", self._registry, {"run": self.run, "rank": "0"})
 
     def close(self) -> None:
         if self._bar is not None:
@@ -168,3 +182,15 @@ class Monitor:
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
+
+
+def run_label(location: str) -> str:
+    """A run's name in its metrics' grouping key: stable across restarts of the run (it comes from where the run
+    keeps its checkpoints: the S3 mirror on a cluster, else the output folder), distinct between runs, and short.
+    ``s3://b/jobs/cloob-train-abc/checkpoints`` -> ``cloob-train-abc-checkpoints-1a2b3c4d``."""
+    import hashlib
+    import re
+
+    tail = "-".join(part for part in location.rstrip("/").split("/")[-2:] if part)
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", tail).strip("-")[-48:] or "run"
+    return f"{slug}-{hashlib.sha1(location.encode()).hexdigest()[:8]}"
