@@ -39,6 +39,9 @@ def add_model_flags(parser: argparse.ArgumentParser, model: type[BaseModel], pre
             options["action"] = argparse.BooleanOptionalAction
         elif typing.get_origin(annotation) is typing.Literal:
             options["choices"] = list(args)
+        elif typing.get_origin(annotation) is list:  # repeatable, one item each
+            item = args[0] if args and args[0] in (str, int, float) else _yaml_value  # e.g. a shard source mapping
+            options.update(type=item, metavar=name.upper(), action="append")
         elif typing.get_origin(annotation) is dict:  # repeatable KEY=VALUE, or one JSON object
             options.update(type=_mapping_of(args[1] if len(args) == 2 else Any), metavar="KEY=VALUE|JSON",
                            action="append")
@@ -46,6 +49,13 @@ def add_model_flags(parser: argparse.ArgumentParser, model: type[BaseModel], pre
             options["type"] = annotation
             options["metavar"] = name.upper()
         group.add_argument("--" + name.replace("_", "-"), **options)
+
+
+def _yaml_value(text: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise argparse.ArgumentTypeError(f"{text!r}: not YAML ({' '.join(str(err).split())[:120]})") from None
 
 
 def _word_or(kind: type, words: tuple[str, ...]) -> Any:
@@ -82,10 +92,12 @@ def _mapping_of(value_type: Any) -> Any:
 
 def flag_values(args: argparse.Namespace, prefix: str) -> dict[str, Any]:
     """The flags of :func:`add_model_flags` that were given, as ``{field: value}`` (a repeated mapping flag's
-    items merged)."""
+    items merged, a repeated list flag's items in order)."""
     values = {}
     for dest, value in vars(args).items():
         head, _, name = dest.partition("__")
         if head == prefix and value is not None:
-            values[name] = {k: v for item in value for k, v in item.items()} if isinstance(value, list) else value
+            if isinstance(value, list) and all(isinstance(item, dict) for item in value):  # KEY=VALUE flags
+                value = {k: v for item in value for k, v in item.items()}
+            values[name] = value
     return values

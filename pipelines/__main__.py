@@ -156,7 +156,11 @@ def _run_local(args: argparse.Namespace) -> int:
     settings = ClusterSettings.from_flags({"shards_store": str(root / "shards"), "job_workdir": str(root / "jobs"),
                                            "gpus": 0, **flag_values(args, "cluster")})
     pipeline = build_evaluation(settings) if args.pipeline == "evaluate" else build(settings)
-    parameters = client.run_parameters(args.params, args.set)
+    overrides = list(args.set)
+    if not any(item.split("=", 1)[0].strip() == "promote.store" for item in overrides):
+        # a local run promotes into its own registry, never into the DVC pipeline's (params.yaml's promote.store)
+        overrides.append(f"promote.store={root / 'registry'}")
+    parameters = client.run_parameters(args.params, overrides)
     container = None
     if args.runner == "docker":
         container = local_run.StepContainer.sharing(settings.shards_store, settings.job_workdir)
@@ -165,10 +169,9 @@ def _run_local(args: argparse.Namespace) -> int:
         run = local_run.run_pipeline(pipeline, parameters, root, args.runner, container)
     print(f"run {run.name} finished ({args.runner}); its outputs: {run}"
           + ("" if args.show_logs else f"; the steps' output: {log}"))
-    if args.pipeline == "pretrain":
-        suite = local_run.final_metrics(run).get("suite", {})
-        for name, value in sorted(suite.items()):
-            print(f"  suite.{name:<24} {100 * value:.2f}%")
+    suite = local_run.final_metrics(run).get("suite", {})  # the model trained, or production re-evaluated
+    for name, value in sorted(suite.items()):
+        print(f"  suite.{name:<24} {100 * value:.2f}%")
     return 0
 
 
@@ -239,7 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
                       "input and logs) here rather than into ROOT/run-local.log")
     here.add_argument("--params", default="params.yaml", help="configuration of the run (default params.yaml)")
     here.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                      help="override one value (repeatable)")
+                      help="override one value (repeatable); promote.store defaults to ROOT/registry, apart from the "
+                      "DVC pipeline's")
     add_model_flags(here, ClusterSettings, "cluster", "cluster settings (cloob_core.config.cluster.ClusterSettings)",
                     skip=("image",))
     here.set_defaults(func=_run_local)

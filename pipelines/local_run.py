@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from cloob_core.errors import StageError
+from cloob_core.ops.trainjob import IMAGE_UID
 
 Runner = Literal["subprocess", "docker"]
-IMAGE_USER = "10001:10001"  # infra/images/Dockerfile's USER
+IMAGE_USER = f"{IMAGE_UID}:{IMAGE_UID}"  # infra/images/Dockerfile's USER
 IMAGE_HOME = "/home/cloob"
 
 

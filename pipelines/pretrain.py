@@ -12,7 +12,7 @@ import yaml
 from kfp import dsl, kubernetes
 
 from cloob_core.config.cluster import MAX_DOWNLOAD_GROUPS, ClusterSettings, cpu_count
-from cloob_core.ops.trainjob import PART_OF, POD_NAME_ENV, POD_UID_ENV
+from cloob_core.ops.trainjob import IMAGE_UID, PART_OF, POD_NAME_ENV, POD_UID_ENV, SECRET_KEYS
 from components import steps
 from components.images import CUDA_IMAGE
 
@@ -21,15 +21,19 @@ from components.images import CUDA_IMAGE
 DEFAULT_PARAMS = json.dumps(yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text("utf-8")))
 
 
-def with_s3_credentials(task: dsl.PipelineTask, secret: str | None) -> dsl.PipelineTask:
-    """S3 credentials (and endpoint, for MinIO) from a Kubernetes secret, as environment variables: never as
-    pipeline parameters, so they stay out of the run's recorded inputs. Optional, for clusters with IRSA."""
-    if not secret:
-        return task
-    return kubernetes.use_secret_as_env(
-        task, secret_name=secret, optional=True,
-        secret_key_to_env={"AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY": "AWS_SECRET_ACCESS_KEY",
-                           "AWS_ENDPOINT_URL": "AWS_ENDPOINT_URL"})
+def on_cluster(task: dsl.PipelineTask, settings: ClusterSettings, s3: bool = True) -> dsl.PipelineTask:
+    """What every step's pod gets: the image's non-root user (a namespace under Pod Security "restricted" admits it;
+    the compiler adds no privilege escalation, all capabilities dropped and the runtime's seccomp profile), the
+    registry's pull secrets, and with ``s3`` the S3 credentials (and endpoint, for MinIO) from the Kubernetes secret
+    as environment variables: never as pipeline parameters, so they stay out of the run's recorded inputs. The
+    secret is required: a misspelled name stops the pod at its start, not a step at its first read."""
+    kubernetes.set_security_context(task, run_as_user=IMAGE_UID, run_as_group=IMAGE_UID, run_as_non_root=True)
+    if settings.image_pull_secrets:
+        kubernetes.set_image_pull_secrets(task, list(settings.image_pull_secrets))
+    if s3 and settings.s3_secret:
+        kubernetes.use_secret_as_env(task, secret_name=settings.s3_secret, optional=False,
+                                     secret_key_to_env={key: key for key in SECRET_KEYS})
+    return task
 
 
 def build(settings: ClusterSettings | None = None):
@@ -44,15 +48,15 @@ def build(settings: ClusterSettings | None = None):
         settings = settings.model_copy(update={"image": CUDA_IMAGE})
 
     def train_and_promote(params: str, shards: Any) -> None:
-        shard_gate = with_s3_credentials(steps.validate_shards(params=params, shards=shards), settings.s3_secret)
+        shard_gate = on_cluster(steps.validate_shards(params=params, shards=shards), settings)
         trained = train_task(params, shards, settings)
         trained.after(shard_gate)
         trained.set_caching_options(False)  # a retraining run must train, even on unchanged inputs
-        with_s3_credentials(trained, settings.s3_secret)
+        on_cluster(trained, settings)
         reported = evaluate_and_report(params, trained.outputs["model"], settings)
         gate = steps.promote(params=params, model=trained.outputs["model"], report=reported.outputs["folder"])
         gate.set_caching_options(False)  # production may have moved since a cached decision
-        with_s3_credentials(gate, settings.s3_secret)
+        on_cluster(gate, settings)
 
     if settings.data == "import":
         @dsl.pipeline(name="cloob-pretrain-evaluate-imported",
@@ -65,19 +69,16 @@ def build(settings: ClusterSettings | None = None):
     @dsl.pipeline(name="cloob-pretrain-evaluate",
                   description="CLOOB pretraining and evaluation: data gate, sharded download, training, report.")
     def pretrain_evaluate(params: str = DEFAULT_PARAMS):
-        acquired = with_s3_credentials(steps.acquire(params=params, store=settings.shards_store),
-                                       settings.s3_secret)
+        acquired = on_cluster(steps.acquire(params=params, store=settings.shards_store), settings)
         acquired.set_caching_options(False)  # the source (a URL or bucket) can change under the same name
         # The shards' folder; the partitions read it from the manifest's metadata instead (kfp.local 2.17 hands a
         # ParallelFor body the loop item in place of any task-output parameter passed into it).
         shards = acquired.outputs["Output"]
-        gate = with_s3_credentials(steps.validate_manifest(params=params, manifest=acquired.outputs["manifest"]),
-                                   settings.s3_secret)
+        gate = on_cluster(steps.validate_manifest(params=params, manifest=acquired.outputs["manifest"]), settings)
         # the loop's items are planned at run time from the manifest's index: at most 256 contiguous ranges of
         # shards, so Argo's node status stays far below etcd's object limit whatever the data (docs/kubernetes.md)
-        planned = with_s3_credentials(steps.plan_download(params=params, manifest=acquired.outputs["manifest"],
-                                                          most=min(settings.partitions, MAX_DOWNLOAD_GROUPS)),
-                                      settings.s3_secret)
+        planned = on_cluster(steps.plan_download(params=params, manifest=acquired.outputs["manifest"],
+                                                          most=min(settings.partitions, MAX_DOWNLOAD_GROUPS)), settings)
         planned.after(gate)
         planned.set_caching_options(False)
         with dsl.ParallelFor(items=planned.output,
@@ -87,9 +88,8 @@ def build(settings: ClusterSettings | None = None):
             downloaded.after(gate)
             downloaded.set_retry(num_retries=3, backoff_duration="60s", backoff_factor=2)
             downloaded.set_caching_options(False)  # it resumes: finished shards in the folder are skipped
-            with_s3_credentials(downloaded, settings.s3_secret)
-        merged = with_s3_credentials(steps.merge_shards(shards=shards, parts=dsl.Collected(downloaded.output)),
-                                     settings.s3_secret)
+            on_cluster(downloaded, settings)
+        merged = on_cluster(steps.merge_shards(shards=shards, parts=dsl.Collected(downloaded.output)), settings)
         merged.set_caching_options(False)  # rebuilt from what the folder holds now
         train_and_promote(params, merged.outputs["Output"])
 
@@ -150,8 +150,7 @@ def evaluate_and_report(params: str, model: Any, settings: ClusterSettings) -> d
     fanned out: per data set, its image features once (on a GPU where the settings give one), then one task per
     data set x task on them (CPU pods; retried: they only read), the task results collected per data set; then
     the report over all data sets."""
-    s3_secret = settings.s3_secret
-    planned = with_s3_credentials(steps.plan_evaluation(params=params), s3_secret)
+    planned = on_cluster(steps.plan_evaluation(params=params), settings)
     with dsl.ParallelFor(items=planned.output) as dataset:
         features = steps.prepare_features(params=params, dataset=dataset, model=model)
         features.set_display_name("eval features")
@@ -159,32 +158,34 @@ def evaluate_and_report(params: str, model: Any, settings: ClusterSettings) -> d
         with_shared_memory(sized(features, settings.features_cpus(), settings.eval_memory), settings)
         if settings.features_gpus() > 0:  # else a CPU pod, off the GPU nodes
             on_training_nodes(features, settings, settings.features_gpus())
-        with_s3_credentials(features, s3_secret)
+        on_cluster(features, settings)
         with dsl.ParallelFor(items=features.outputs["Output"]) as task:
             evaluated = steps.evaluate(params=params, task=task, model=model, features=features.outputs["features"])
             evaluated.set_display_name("eval task")
             evaluated.set_retry(num_retries=2, backoff_duration="30s")
             sized(evaluated, cpu_count(settings.eval_cpu), settings.eval_memory)
-            with_s3_credentials(evaluated, s3_secret)
-        collected = steps.collect_dataset(dataset=dataset, parts=dsl.Collected(evaluated.outputs["results"]))
+            on_cluster(evaluated, settings)
+        collected = on_cluster(steps.collect_dataset(dataset=dataset,
+                                                     parts=dsl.Collected(evaluated.outputs["results"])), settings,
+                               s3=False)
         collected.set_display_name("eval data set")
-    return steps.report(params=params, model=model, datasets=dsl.Collected(collected.outputs["results"]))
+    return on_cluster(steps.report(params=params, model=model, datasets=dsl.Collected(collected.outputs["results"])),
+                      settings, s3=False)
 
 
 def build_evaluation(settings: ClusterSettings | None = None):
     """Scheduled re-evaluation of the production model: the same evaluations, and production's stored metrics
     refreshed so the next promotion compares both models on the same sets."""
     settings = settings or ClusterSettings()
-    s3_secret = settings.s3_secret
 
     @dsl.pipeline(name="cloob-evaluate-production",
                   description="Re-evaluate the production model of promote.store and record its metrics.")
     def evaluate_production(params: str = DEFAULT_PARAMS):
-        current = with_s3_credentials(steps.production_model(params=params), s3_secret)
+        current = on_cluster(steps.production_model(params=params), settings)
         current.set_caching_options(False)  # the pointer moves
         reported = evaluate_and_report(params, current.outputs["model"], settings)
         recorded = steps.record_production_metrics(params=params, report=reported.outputs["folder"])
         recorded.set_caching_options(False)
-        with_s3_credentials(recorded, s3_secret)
+        on_cluster(recorded, settings)
 
     return evaluate_production

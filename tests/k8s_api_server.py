@@ -35,6 +35,7 @@ class FakeTrainingCluster(JsonApiServer):
                  extra_env: dict[str, str] | None = None, status_faults: list[str | int] | None = None) -> None:
         self.secrets = secrets or {}
         self.status_faults = list(status_faults or [])  # injected, one per GET of a job, in order
+        self.unstartable: dict[tuple[str, str, str], str] = {}  # jobs whose pods cannot start, and why
         self.run_pods = run_pods
         self.extra_env = extra_env or {}
         self.objects: dict[tuple[str, str, str], dict] = {}
@@ -105,7 +106,7 @@ class FakeTrainingCluster(JsonApiServer):
             ref = entry["valueFrom"]["secretKeyRef"]
             value = self.secrets.get(ref["name"], {}).get(ref["key"])
             if value is None and not ref.get("optional"):
-                raise KeyError(f"secret {ref['name']}/{ref['key']} missing")
+                raise KeyError(f"secret \"{ref['name']}\" not found (key {ref['key']})")
             if value is not None:
                 resolved[entry["name"]] = value
         return resolved
@@ -114,6 +115,13 @@ class FakeTrainingCluster(JsonApiServer):
         nodes = self._containers(plural, body)
         port = _free_port()
         processes, logs = [], []
+        try:
+            for _command, env, _nproc in nodes:
+                self._resolve(env)
+        except KeyError as err:  # as the kubelet does: the pod is not started, the job stays pending
+            self.unstartable[key] = f"CreateContainerConfigError: {err.args[0]}"
+            self.pods[key], self.logs[key] = [], []
+            return
         for rank, (command, env, nproc) in enumerate(nodes):
             workspace = Path(self._scratch.name, key[2], f"node-{rank}")
             workspace.mkdir(parents=True)
@@ -129,7 +137,8 @@ class FakeTrainingCluster(JsonApiServer):
         self.pods[key], self.logs[key] = processes, logs
 
     def _status(self, key: tuple[str, str, str], plural: str) -> dict:
-        conditions = [{"type": "Created", "status": "True", "reason": "JobCreated"}]
+        conditions = [{"type": "Created", "status": "True", "reason": "JobCreated",
+                       "message": self.unstartable.get(key, "")}]
         processes = self.pods.get(key, [])
         codes = [p.poll() for p in processes]
         if any(code not in (None, 0) for code in codes):

@@ -28,7 +28,7 @@ def photos(tmp_path_factory) -> Path:
 
 def suite_params(path: Path, datasets: dict, aggregates: dict | None = None, promote: dict | None = None) -> Path:
     params = {"eval": {"datasets": datasets, **({"aggregates": aggregates} if aggregates is not None else {})},
-              "promote": promote or {"metric": "suite.zeroshot_acc1", "guards": {}}}
+              "promote": promote or {"metric": "suite.zeroshot_acc1", "guards": {}, "min_first": {}}}
     path.write_text(yaml.safe_dump(params, sort_keys=False))
     return path
 

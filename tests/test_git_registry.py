@@ -15,7 +15,7 @@ import yaml
 from reports import report_of
 
 BIN = Path(sys.executable).parent
-GATE = ["--store", "store", "--metric", "mnist_zeroshot_classification.acc1", "--guards", "{}"]
+GATE = ["--store", "store", "--metric", "mnist_zeroshot_classification.acc1", "--guards", "{}", "--min-first", "{}"]
 DVC_YAML = {"artifacts": {"cloob-model": {"path": "models/train/model", "type": "model"}},
             "stages": {"train": {"cmd": "rm -rf models/train/model && mkdir -p models/train && cp -r src "
                                         "models/train/model", "deps": ["src"], "outs": ["models/train/model"]}}}

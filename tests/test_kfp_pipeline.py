@@ -591,3 +591,20 @@ def test_a_refusal_never_prints_credentials_and_an_https_source_is_no_local_file
         assert main([*submit, "--set", "acquire.source=file://u:PASSW0RD@host/m.csv?sig=SIG9"]) == 2
         err = capsys.readouterr().err
     assert "acquire.source 'file://host/m.csv?sig=REDACTED'" in err and "PASSW0RD" not in err, err
+
+
+@pytest.mark.parametrize("pipeline", ["pretrain", "evaluate"])
+def test_every_step_runs_as_the_images_user_pulls_with_the_secrets_given_and_requires_its_s3_secret(tmp_path,
+                                                                                                   pipeline):
+    """Pod Security "restricted" admits every step (non-root, the image's user); a private registry's pull secret
+    reaches every step; the S3 secret is required, so a misspelled one stops the pod before it runs."""
+    compiled = compile_with(tmp_path, "--pipeline", pipeline, "--gpus", "8", "--image-pull-secrets", "regcred",
+                            "--image-pull-secrets", "mirror")
+    executors = compiled["spec"]["deploymentSpec"]["executors"]
+    assert set(compiled["platform"]) == set(executors)  # every step has its platform settings
+    for name, platform in compiled["platform"].items():
+        assert platform["securityContext"] == {"runAsUser": "10001", "runAsGroup": "10001", "runAsNonRoot": True}, name
+        for secret in platform.get("secretAsEnv", []):
+            assert secret["optional"] is False, name
+        assert [secret["secretName"] for secret in platform["imagePullSecret"]] == ["regcred", "mirror"], name
+    assert sum(1 for platform in compiled["platform"].values() if "secretAsEnv" in platform) >= 4

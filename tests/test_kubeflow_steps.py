@@ -72,7 +72,7 @@ def test_a_failing_gate_raises_its_report_and_a_bad_configuration_its_key(tmp_pa
     with pytest.raises(StageError, match=r"unknown task \['zero-shot'\]"):
         kubeflow.evaluate(PARAMS, "mnist", "zero-shot", str(tmp_path / "model"), str(tmp_path / "eval"))
     missing = {**PARAMS, "eval": {"datasets": {"imagenet": {"source": str(tmp_path / "imagenet")}}},
-               "promote": {"metric": "suite.zeroshot_acc1", "guards": {}}}
+               "promote": {"metric": "suite.zeroshot_acc1", "guards": {}, "min_first": {}}}
     with pytest.raises(StageError, match=r"eval.datasets.imagenet: source .* does not exist"):
         kubeflow.plan_evaluation(json.dumps(missing))  # before any model is loaded
 

@@ -54,7 +54,8 @@ def test_a_local_shards_store_is_mounted_into_every_step_and_an_s3_one_is_refuse
 def test_a_killed_training_step_is_retried_and_resumes_from_its_mirrored_checkpoint(tmp_path):
     """The one-node training step under run-local, killed with SIGKILL once its first checkpoint is mirrored to the
     job workdir: kfp.local retries it (as Argo would an evicted pod), and the retry, in a fresh output folder,
-    continues from that checkpoint instead of step 0; the run goes on to its report."""
+    continues from that checkpoint instead of step 0; the run goes on to its report, and its gate, in the run's own
+    registry, does not promote a model that short."""
     import json
     import signal
     import time
@@ -63,9 +64,10 @@ def test_a_killed_training_step_is_retried_and_resumes_from_its_mirrored_checkpo
 
     root = tmp_path / "root"
     command = [sys.executable, "-m", "pipelines", "run-local", "--runner", "subprocess", "--root", str(root),
-               "--set", "train.epochs=5", "--set", "train.checkpoint_every=10", "--set",
-               f"promote.store={tmp_path / 'store'}", "--partitions", "2", "--train-retries", "1",
-               "--train-retry-backoff-s", "0"]
+               "--set", "train.epochs=5", "--set", "train.checkpoint_every=10", "--partitions", "2",
+               "--train-retries", "1", "--train-retry-backoff-s", "0"]
+    dvc_registry = sorted((ROOT / "models" / "registry").rglob("*")) if (ROOT / "models" / "registry").is_dir() \
+        else []
     run = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                            env={**os.environ, "OMP_NUM_THREADS": "1"})
     killed = None
@@ -87,3 +89,7 @@ def test_a_killed_training_step_is_retried_and_resumes_from_its_mirrored_checkpo
     assert metrics["resumed_from_step"] >= 10, metrics  # from the mirrored checkpoint, not from step 0
     assert metrics["steps"] == 79  # 5 epochs of 2,046 pairs at batch 128
     assert "suite.zeroshot_acc1" in out
+    # a short run's model is not promoted (promote.min_first), and a local run's gate uses its own registry
+    assert "does not reach promote.min_first: suite.retrieval_recall@5" in log
+    assert (root / "registry").is_dir() and not (root / "registry" / "production.json").exists()
+    assert (sorted((ROOT / "models" / "registry").rglob("*")) if dvc_registry else []) == dvc_registry

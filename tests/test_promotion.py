@@ -32,9 +32,10 @@ def metrics(top1: float, probe: float, rank: float = 10.0) -> dict:
             "mnist_zeroshot_retrieval": {"text_retrieval_mean_rank": rank}}
 
 
-def settings(store: str, guards: dict[str, float] | None = None) -> PromoteConfig:
+def settings(store: str, guards: dict[str, float] | None = None, min_first: dict[str, float] | None = None
+             ) -> PromoteConfig:
     return PromoteConfig(store=store, metric=METRIC, min_improvement=0.01, guards={GUARD: 0.02} if guards is None
-                         else guards)
+                         else guards, min_first=min_first or {})
 
 
 def test_first_model_is_promoted_then_only_a_better_one(tmp_path):
@@ -121,10 +122,30 @@ def test_cli_reports_a_failed_gate_as_a_normal_outcome(tmp_path, capsys):
         report = report_of(model(tmp_path / name, ord(name)), metrics(top1, 0.8), tmp_path / f"{name}_report")
         code = main(["promote", "--model", str(tmp_path / name), "--metrics", str(report), "--output",
                      str(tmp_path / f"{name}_decision.json"),
-                     "--store", str(store), "--metric", METRIC, "--guards", json.dumps({GUARD: 0.02})])
+                     "--store", str(store), "--metric", METRIC, "--guards", json.dumps({GUARD: 0.02}),
+                     "--min-first", "{}"])
         assert code == 0
     assert "NOT PROMOTED" in capsys.readouterr().out.splitlines()[-1]
     assert json.loads((tmp_path / "b_decision.json").read_text())["promoted"] is False
+
+
+def test_a_first_model_under_the_floor_is_not_promoted(tmp_path):
+    """With no production to beat, promote.min_first decides: a smoke run's model stays out of production."""
+    store = str(tmp_path / "store")
+    floors = {METRIC: 0.3, "mnist_zeroshot_retrieval.text_retrieval_mean_rank": 20.0}
+    smoke = model(tmp_path / "smoke", 1)
+    low = promotion.decide_and_publish(smoke, metrics(0.12, 0.5), settings(store, min_first=floors))
+    assert not low.promoted and promotion.read_production(store) is None
+    assert low.reason == (f"no production model yet, and the candidate does not reach promote.min_first: {METRIC} = "
+                          "0.12 (under 0.3)")
+    ranked = promotion.decide_and_publish(smoke, metrics(0.5, 0.5, rank=35.0), settings(store, min_first=floors))
+    assert not ranked.promoted and "text_retrieval_mean_rank = 35 (above 20)" in ranked.reason  # lower is better
+    good = promotion.decide_and_publish(smoke, metrics(0.5, 0.5), settings(store, min_first=floors))
+    assert good.promoted and good.reason == "no production model yet"
+    default = PromoteConfig(store=str(tmp_path / "other"))  # the default floor: suite R@5 of 10%
+    with pytest.raises(promotion.PromotionError, match=r"promote\.min_first suite\.retrieval_recall@5: "
+                                                       "not in the candidate's metrics"):
+        promotion.decide_and_publish(smoke, metrics(0.5, 0.5), default)
 
 
 def test_promotion_on_an_s3_store(tmp_path, s3_bucket):

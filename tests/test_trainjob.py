@@ -169,7 +169,7 @@ def _stub_python(folder: Path, body: str) -> dict[str, str]:
 def test_a_failed_job_raises_with_its_condition_and_is_deleted(tmp_path, monkeypatch):
     with FakeTrainingCluster(extra_env=_stub_python(tmp_path / "bin", "exit 3\n")) as cluster:
         monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig(tmp_path / "kubeconfig")))
-        job = settings(nodes=2, gpus=0, job_namespace="team-a", job_poll_s=0.1)
+        job = settings(nodes=2, gpus=0, job_namespace="team-a", job_poll_s=0.1, s3_secret="")
         # the job fails when a pod fails; the other may not have exited yet (None), as on a real cluster
         with pytest.raises(JobFailed, match=r"failed: Failed: PodFailed exit codes \[(3, (3|None)|None, 3)\]"):
             trainjob.run(trainjob.manifest(job, "cloob-train-f", job_config(), "s3://w"), job)
@@ -182,7 +182,7 @@ def test_a_failed_job_raises_with_its_condition_and_is_deleted(tmp_path, monkeyp
 def test_a_job_past_its_time_limit_is_deleted_and_its_pods_stopped(tmp_path, monkeypatch):
     with FakeTrainingCluster(extra_env=_stub_python(tmp_path / "bin", "sleep 60\n")) as cluster:
         monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig(tmp_path / "kubeconfig", namespace="ns-b")))
-        job = settings(job_kind="trainjob", nodes=2, gpus=0, job_timeout_s=1.0, job_poll_s=0.1)
+        job = settings(job_kind="trainjob", nodes=2, gpus=0, job_timeout_s=1.0, job_poll_s=0.1, s3_secret="")
         with pytest.raises(JobFailed, match="did not finish in 1 s"):
             trainjob.run(trainjob.manifest(job, "cloob-train-t", job_config(), "s3://w"), job)
         assert cluster.requests[-1]["method"] == "DELETE"
@@ -272,7 +272,7 @@ def test_the_watcher_waits_out_api_faults_and_never_deletes_a_running_job(tmp_pa
                              status_faults=faults) as cluster:
         cluster.hang_s = 1.0
         monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig(tmp_path / "kubeconfig")))
-        job = settings(nodes=2, gpus=0, job_poll_s=0.05, job_api_timeout_s=0.3, job_timeout_s=3600)
+        job = settings(nodes=2, gpus=0, job_poll_s=0.05, job_api_timeout_s=0.3, job_timeout_s=3600, s3_secret="")
         body = trainjob.manifest(job, "cloob-train-api", job_config(), "s3://w")
         assert trainjob.run(body, job).startswith("Succeeded")
     assert [r["fault"] for r in cluster.requests if r["fault"]] == faults  # every fault was met
@@ -350,7 +350,7 @@ def test_a_retried_watcher_adopts_its_runs_job_and_becomes_a_second_owner(tmp_pa
     with FakeTrainingCluster(extra_env=_stub_python(tmp_path / "bin", "sleep 2\nexit 0\n")) as cluster:
         monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig(tmp_path / "kubeconfig")))
         monkeypatch.setattr(trainjob, "_custom_objects_api", _kubeconfig_api)
-        job = settings(nodes=2, gpus=0, job_poll_s=0.05, job_namespace="team-a")
+        job = settings(nodes=2, gpus=0, job_poll_s=0.05, job_namespace="team-a", s3_secret="")
         body = trainjob.manifest(job, "cloob-train-adopt", job_config(), "s3://w")
         first = {**body, "metadata": {**body["metadata"], "ownerReferences": [
             {"apiVersion": "v1", "kind": "Pod", "name": "watcher-1", "uid": "uid-1"}]}}
@@ -394,3 +394,38 @@ def test_a_watcher_in_the_jobs_namespace_owns_it(tmp_path, monkeypatch):
     other = settings(nodes=2, gpus=0, job_poll_s=0.01, job_namespace="elsewhere")  # no cross-namespace owner
     trainjob.run(trainjob.manifest(other, "cloob-train-p", job_config(), "s3://w"), other, api=Api(["Succeeded"]))
     assert "ownerReferences" not in created[1]["metadata"]
+
+
+def test_a_missing_secret_keeps_the_pods_from_starting_and_the_job_is_deleted_at_its_deadline(tmp_path,
+                                                                                              monkeypatch):
+    """The S3 secret is required: a misspelled name stops the pods at their start (as the kubelet does, with
+    CreateContainerConfigError), not a step at its first read of S3 with no credentials."""
+    body = trainjob.manifest(settings(nodes=2, gpus=0), "cloob-train-s", job_config(), "s3://w")
+    refs = [e["valueFrom"]["secretKeyRef"] for e in body["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+            ["containers"][0]["env"] if "valueFrom" in e and "secretKeyRef" in e["valueFrom"]]
+    assert refs and all(ref["optional"] is False for ref in refs)
+    with FakeTrainingCluster(secrets={"cloob-s3-typo": {}}) as cluster:
+        monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig(tmp_path / "kubeconfig")))
+        job = settings(nodes=2, gpus=0, job_poll_s=0.05, job_timeout_s=1.0, job_namespace="team-a")
+        with pytest.raises(JobFailed, match="did not finish in 1 s"):
+            trainjob.run(body, job)
+        assert cluster.unstartable and not any(cluster.pods.values())
+    assert cluster.requests[-1]["method"] == "DELETE"
+
+
+def test_the_job_pods_are_admitted_under_pod_security_restricted_and_pull_from_a_private_registry():
+    for kind in trainjob.KINDS:
+        job = settings(job_kind=kind, nodes=2, image_pull_secrets=["regcred"])
+        body = trainjob.manifest(job, "cloob-train-r", job_config(), "s3://w")
+        if kind == "pytorchjob":
+            pods = [replica["template"]["spec"] for replica in body["spec"]["pytorchReplicaSpecs"].values()]
+        else:
+            pods = [override["spec"] for override in body["spec"]["podTemplateOverrides"]]
+        for pod in pods:
+            assert pod["securityContext"]["runAsNonRoot"] is True
+            assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+            assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+            for container in pod["containers"]:
+                assert container["securityContext"]["allowPrivilegeEscalation"] is False
+                assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+            assert not pod.get("hostNetwork")

@@ -69,7 +69,10 @@ class ClusterSettings(BaseModel):
     eval_memory: str = Field("16Gi", description="Memory request of every evaluation pod (the features of a data "
                              "set: N x d floats, 2 GB for 1M images at d=512, and the model).")
     s3_secret: str | None = Field("cloob-s3", description="Kubernetes secret with the S3 credentials (and endpoint), "
-                                  "given to the steps as environment variables ('' for none, e.g. with IRSA).")
+                                  "given to the steps as environment variables; required: a pod whose secret is "
+                                  "missing does not start ('' for none, e.g. with IRSA).")
+    image_pull_secrets: list[str] = Field(default_factory=list, description="Secrets (docker-registry type) with "
+                                          "which every pod pulls its image from a private registry.")
     service_account: str | None = Field(None, description="Service account of the multi-node job's pods (the "
                                         "pipeline's own steps run as the run's: `submit --service-account`).")
     job_kind: Literal["pytorchjob", "trainjob"] = Field(

@@ -21,6 +21,12 @@ class PromoteConfig(_Section):
         default_factory=lambda: {"suite.linear_probe_acc1": 0.01},
         description="Metrics that may not regress by more than their tolerance (RESULT.KEY: tolerance). Keys ending "
         "in _rank count lower as better.")
+    min_first: dict[str, float] = Field(
+        default_factory=lambda: {"suite.retrieval_recall@5": 0.10},
+        description="Floors a first production model must reach (RESULT.KEY: least value; keys ending in _rank: "
+        "most value): with no production to beat, a smoke run (a few dozen steps, suite R@5 under 5% on the "
+        "packaged suite) is refused rather than promoted. Set them to what your suite's first model must reach; "
+        "{} promotes any first model.")
     registry_stage: str | None = Field("prod", description="In a git repository whose dvc.yaml declares the model "
                                        "folder as an artifact, a promotion is also recorded as this GTO stage "
                                        "(DVC's model registry), once the commit holds the weights (null: no record).")

@@ -95,6 +95,8 @@ def decide(candidate: dict[str, float], production: dict[str, float] | None, set
     """The gate's decision; ``*_suite``: the digests of the suites each side's metrics were computed on."""
     unproduced = [f"promote.{'metric' if key == settings.metric else 'guards'} {key}"
                   for key in (settings.metric, *settings.guards) if key not in candidate]
+    if production is None:
+        unproduced += [f"promote.min_first {key}" for key in settings.min_first if key not in candidate]
     if unproduced:
         raise PromotionError(f"{'; '.join(unproduced)}: not in the candidate's metrics, its evaluation did not "
                              f"produce it (it has {', '.join(sorted(candidate)[:8])}"
@@ -108,7 +110,15 @@ def decide(candidate: dict[str, float], production: dict[str, float] | None, set
         decision.reason = f"the candidate's {', '.join(broken)}: a non-finite metric is never promotable"
         return decision
     if production is None:
-        decision.promoted, decision.reason = True, "no production model yet"
+        short = [f"{key} = {candidate[key]:.4g} ({'above' if _lower_is_better(key) else 'under'} {floor:g})"
+                 for key, floor in settings.min_first.items()
+                 if not math.isfinite(candidate[key])
+                 or (candidate[key] > floor if _lower_is_better(key) else candidate[key] < floor)]
+        if short:
+            decision.reason = (f"no production model yet, and the candidate does not reach promote.min_first: "
+                               f"{'; '.join(short)}")
+        else:
+            decision.promoted, decision.reason = True, "no production model yet"
         return decision
     if candidate_suite != production_suite:
         decision.reason = (f"production's metrics were computed on another evaluation suite "

@@ -53,6 +53,11 @@ SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL")
 TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})  # an API server's answers worth asking again
 CREATE_ATTEMPTS = 6  # creating (and deleting) the job: at most this many tries over transient faults
 MAX_BACKOFF_S = 300.0
+IMAGE_UID = 10001  # the user infra/images/Dockerfile runs as: every pod runs as it, never as root
+# Pod Security "restricted": non-root, the runtime's seccomp profile, no privilege escalation, no capabilities.
+POD_SECURITY = {"runAsNonRoot": True, "runAsUser": IMAGE_UID, "runAsGroup": IMAGE_UID, "fsGroup": IMAGE_UID,
+                "seccompProfile": {"type": "RuntimeDefault"}}
+CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "runAsNonRoot": True}
 # The watcher pod's identity, from the downward API (pipelines/pretrain.py sets them): the job's owner.
 POD_NAME_ENV, POD_UID_ENV = "CLOOB_POD_NAME", "CLOOB_POD_UID"
 _NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
@@ -95,7 +100,7 @@ def _env(settings: ClusterSettings, params_text: str) -> list[dict[str, Any]]:
     env += [{"name": key, "value": value} for key, value in sorted(settings.nccl_env.items())]
     if settings.s3_secret:
         env += [{"name": key, "valueFrom": {"secretKeyRef": {"name": settings.s3_secret, "key": key,
-                                                             "optional": True}}} for key in SECRET_KEYS]
+                                                             "optional": False}}} for key in SECRET_KEYS]
     return env
 
 
@@ -117,7 +122,11 @@ def _volumes(settings: ClusterSettings) -> tuple[list[dict], list[dict]]:
 
 
 def _scheduling(settings: ClusterSettings) -> dict[str, Any]:
-    spec: dict[str, Any] = {}
+    """Where and as whom the pods run: node selection, the GPU taint, the account, the network, the pod's
+    security context and the registry's pull secrets."""
+    spec: dict[str, Any] = {"securityContext": dict(POD_SECURITY)}
+    if settings.image_pull_secrets:
+        spec["imagePullSecrets"] = [{"name": name} for name in settings.image_pull_secrets]
     if settings.node_selector:
         spec["nodeSelector"] = dict(settings.node_selector)
     if settings.gpu_taint:
@@ -143,7 +152,7 @@ def manifest(settings: ClusterSettings, name: str, config: CloobConfig, workdir:
     if settings.job_kind == "pytorchjob":
         container = {"name": "pytorch", "image": settings.image, "command": command, "workingDir": WORKSPACE,
                      "env": _env(settings, params_text), "resources": _resources(settings), "volumeMounts": mounts,
-                     "ports": port}
+                     "securityContext": dict(CONTAINER_SECURITY), "ports": port}
         template = {"metadata": {"labels": dict(PART_OF)},
                     "spec": {"containers": [container], "volumes": volumes, **_scheduling(settings)}}
         replicas = {"Master": {"replicas": 1, "restartPolicy": "OnFailure", "template": template}}
@@ -164,7 +173,8 @@ def manifest(settings: ClusterSettings, name: str, config: CloobConfig, workdir:
                 "podTemplateOverrides": [{
                     "targetJobs": [{"name": "node"}],
                     "metadata": {"labels": dict(PART_OF)},
-                    "spec": {"volumes": volumes, "containers": [{"name": "node", "volumeMounts": mounts}],
+                    "spec": {"volumes": volumes, "containers": [{"name": "node", "volumeMounts": mounts,
+                                                                  "securityContext": dict(CONTAINER_SECURITY)}],
                              **_scheduling(settings)}}]}
     return {"apiVersion": f"{group}/{version}", "kind": kind, "metadata": metadata, "spec": spec}
 

@@ -14,7 +14,7 @@ from reports import report_of
 
 METRIC = "mnist_zeroshot_classification.acc1"
 GUARD = "mnist_linear_probe.lp_acc1"
-SETTINGS = ["--metric", METRIC, "--min-improvement", "0.005", "--guards", f"{GUARD}=0.01"]
+SETTINGS = ["--metric", METRIC, "--min-improvement", "0.005", "--guards", f"{GUARD}=0.01", "--min-first", "{}"]
 
 def candidate(folder: Path, top1: float) -> tuple[Path, Path]:
     """A model folder with its own weights, and a report whose metric is ``top1``."""

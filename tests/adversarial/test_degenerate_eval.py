@@ -26,7 +26,7 @@ def suite_params(tmp_path: Path, datasets: dict, aggregates: dict | None = None)
     first = next(iter(datasets))
     result = "linear_probe.lp_acc1" if "linear-probe" in datasets[first]["tasks"] else "zeroshot_classification.acc1"
     path.write_text(yaml.safe_dump({"eval": {"datasets": datasets, "aggregates": aggregates or {}},
-                                    "promote": {"metric": f"{first}_{result}", "guards": {}}}))
+                                    "promote": {"metric": f"{first}_{result}", "guards": {}, "min_first": {}}}))
     return path
 
 

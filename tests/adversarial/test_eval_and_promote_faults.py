@@ -104,7 +104,7 @@ def _candidate(tmp_path: Path, top1: object) -> tuple[Path, Path]:
     return model, report_of(model, {"mnist_zeroshot_classification": {"acc1": top1}}, tmp_path / "report")
 
 
-PROMOTE = ["--metric", "mnist_zeroshot_classification.acc1", "--guards", "{}"]
+PROMOTE = ["--metric", "mnist_zeroshot_classification.acc1", "--guards", "{}", "--min-first", "{}"]
 
 
 def test_a_nan_candidate_is_not_promoted_and_production_is_untouched(capsys, tmp_path):

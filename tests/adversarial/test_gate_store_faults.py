@@ -166,7 +166,7 @@ def test_recording_productions_metrics_survives_a_lost_reply(capsys, tmp_path, s
     store = f"s3://{s3_bucket}/reeval"
     first = gate(capsys, store, tmp_path / "first", 0.5)
     fault_proxy.add("error-after", key="/reeval/production.json")
-    settings = PromoteConfig(store=store, metric=SETTINGS[1], guards={})
+    settings = PromoteConfig(store=store, metric=SETTINGS[1], guards={}, min_first={})
     pointer = promotion.record_production_metrics(settings, {"mnist_zeroshot_classification": {"acc1": 0.45},
                                                              "mnist_linear_probe": {"lp_acc1": 0.8}})
     stored = promotion.read_production(store)

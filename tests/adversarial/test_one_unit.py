@@ -46,7 +46,8 @@ def evaluated(tmp_path_factory):
     root = tmp_path_factory.mktemp("evaluated")
     params = root / "params.yaml"
     params.write_text(yaml.safe_dump({"eval": {"datasets": SUITE, "aggregates": {}},
-                                      "promote": {"metric": METRIC, "guards": {}, "min_improvement": 0.0}}))
+                                      "promote": {"metric": METRIC, "guards": {}, "min_improvement": 0.0,
+                                                  "min_first": {}}}))
     folders = {}
     for name, seed in (("a", 1), ("b", 2)):
         torch.manual_seed(seed)
@@ -77,7 +78,7 @@ def report_state(report: Path, clean: dict[str, Path]) -> str:
 def gate_on(report: Path, model: Path, store: Path, moments: Path):
     """The next step: the promotion gate of ``model`` on ``report``; its outcome."""
     return run(["promote", "--model", model, "--metrics", report / "metrics.json", "--store", store, "--metric",
-                METRIC, "--guards", "{}", "--min-improvement", "0"], moments)
+                METRIC, "--guards", "{}", "--min-first", "{}", "--min-improvement", "0"], moments)
 
 
 @pytest.mark.parametrize("every", EVERY)
@@ -259,7 +260,7 @@ def test_the_gate_killed_at_any_write_then_run_again_tells_one_story(tmp_path, e
     first, first_report = candidate(tmp_path / "first", 0.5)
     store = tmp_path / "store"
     settings = ["--metric", "mnist_zeroshot_classification.acc1", "--min-improvement", "0.005", "--guards",
-                "mnist_linear_probe.lp_acc1=0.01"]
+                "mnist_linear_probe.lp_acc1=0.01", "--min-first", "{}"]
     assert run(["promote", "--model", first, "--metrics", first_report, "--store", store, *settings],
                tmp_path / "m").code == 0
     clean = copy(store, tmp_path / "clean")

@@ -41,7 +41,8 @@ def test_scheduled_promotions_under_faults_and_kills_tell_one_story(tmp_path, fa
     rng = random.Random(43)
     store = f"s3://{s3_bucket}/registry"
     report = tmp_path / "report"  # the pipeline's report folder, as each run leaves it
-    gate_args = ["--store", store, "--metric", METRIC, "--guards", "{}", "--min-improvement", str(MIN_IMPROVEMENT)]
+    gate_args = ["--store", store, "--metric", METRIC, "--guards", "{}", "--min-first", "{}",
+                 "--min-improvement", str(MIN_IMPROVEMENT)]
     gates: list[Gate] = []
     seen: dict[str, float] = {}  # model id -> its metric, for every model a gate decided on
     moments = tmp_path / "moments"
