@@ -8,6 +8,7 @@ kubernetes-validate (the dev extra). Without one a test is skipped here, but fai
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -189,3 +190,33 @@ def test_the_build_script_tags_the_images_the_components_use():
     renamed = subprocess.run([str(INFRA / "images" / "build.sh"), "--dry-run"], capture_output=True, text=True,
                              env={**env, "CLOOB_IMAGE_CUDA": "registry.internal/ml/cloob:gpu"}, check=True).stdout
     assert "-t registry.internal/ml/cloob:gpu ." in renamed
+
+
+def monitoring_validators() -> dict[str, object]:
+    """A strict validator per Prometheus Operator kind, from infra/monitoring/crd_schemas.yaml."""
+    import jsonschema
+
+    schemas = yaml.safe_load((INFRA / "monitoring" / "crd_schemas.yaml").read_text())
+    definitions = schemas.pop("definitions")
+    return {kind: jsonschema.Draft7Validator({**schema, "definitions": definitions})
+            for kind, schema in schemas.items()}
+
+
+def test_the_monitoring_resources_validate_against_their_schemas(rendered):
+    """PodMonitor, ServiceMonitor and PrometheusRule, which kubernetes-validate has no schema for, against ours:
+    strict, so a misspelled field fails here instead of being pruned by the API server."""
+    _, documents = rendered
+    validators = monitoring_validators()
+    monitoring = [doc for doc in documents if doc["apiVersion"].startswith("monitoring.coreos.com")]
+    assert {doc["kind"] for doc in monitoring} == {"PodMonitor", "ServiceMonitor", "PrometheusRule"}
+    for doc in monitoring:
+        errors = [f"{list(error.path)}: {error.message}" for error in validators[doc["kind"]].iter_errors(doc)]
+        assert not errors, (doc["kind"], errors)
+    (monitor,) = by_kind(documents, "PodMonitor")
+    broken = json.loads(json.dumps(monitor))
+    broken["spec"]["podMetricsEndpoints"][0]["intervall"] = "30s"
+    assert list(validators["PodMonitor"].iter_errors(broken))
+    (rules,) = by_kind(documents, "PrometheusRule")
+    broken = json.loads(json.dumps(rules))
+    broken["spec"]["groups"][0]["rules"][0]["for"] = "5 minutes"
+    assert list(validators["PrometheusRule"].iter_errors(broken))
