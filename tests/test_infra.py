@@ -220,3 +220,25 @@ def test_the_monitoring_resources_validate_against_their_schemas(rendered):
     broken = json.loads(json.dumps(rules))
     broken["spec"]["groups"][0]["rules"][0]["for"] = "5 minutes"
     assert list(validators["PrometheusRule"].iter_errors(broken))
+
+
+def test_the_steps_credentials_are_not_minios_root(rendered):
+    """Standalone: MinIO's administrator credentials (cloob-minio-root) reach only MinIO and its set-up Job; the
+    steps' secret cloob-s3 is a MinIO user whose policy allows the cloob bucket and nothing else."""
+    overlay, documents = rendered
+    if overlay != "standalone":  # no MinIO there: the cluster's own S3
+        assert not by_kind(documents, "Job") and "cloob-minio-root" not in json.dumps(documents)
+        return
+    (minio,) = [doc for doc in by_kind(documents, "Deployment") if doc["metadata"]["name"] == "cloob-minio"]
+    env = minio["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert {entry["valueFrom"]["secretKeyRef"]["name"] for entry in env} == {"cloob-minio-root"}
+    (setup,) = by_kind(documents, "Job")
+    container = setup["spec"]["template"]["spec"]["containers"][0]
+    values = {entry["name"]: entry.get("value") for entry in container["env"]}
+    policy = json.loads(values["BUCKET_POLICY"])
+    (statement,) = policy["Statement"]
+    assert statement["Resource"] == ["arn:aws:s3:::cloob", "arn:aws:s3:::cloob/*"] and statement["Effect"] == "Allow"
+    script = container["args"][0]
+    assert 'mc admin user add cloob "$AWS_ACCESS_KEY_ID"' in script
+    assert "mc admin policy attach cloob cloob-pipeline" in script
+    assert subprocess.run(["sh", "-n", "-c", script]).returncode == 0  # parses as shell
