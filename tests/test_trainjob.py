@@ -429,3 +429,19 @@ def test_the_job_pods_are_admitted_under_pod_security_restricted_and_pull_from_a
                 assert container["securityContext"]["allowPrivilegeEscalation"] is False
                 assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
             assert not pod.get("hostNetwork")
+
+
+def test_efa_pods_ask_for_their_devices_and_nccl_uses_libfabric():
+    """p5 / p4d nodes talk over EFA: each pod asks for vpc.amazonaws.com/efa and NCCL gets libfabric's EFA
+    settings beneath the given nccl_env; one node has no use for EFA and is refused in one line."""
+    job = settings(nodes=2, gpus=8, efa_devices=32, nccl_env={"FI_EFA_USE_DEVICE_RDMA": "0"})
+    body = trainjob.manifest(job, "cloob-train-efa", job_config(), "s3://w")
+    container = body["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": "8", "vpc.amazonaws.com/efa": "32"}
+    env = {entry["name"]: entry.get("value") for entry in container["env"]}
+    assert env["FI_PROVIDER"] == "efa" and env["FI_EFA_FORK_SAFE"] == "1"
+    assert env["FI_EFA_USE_DEVICE_RDMA"] == "0" and env["NCCL_DEBUG"] == "WARN"  # the given value wins
+    plain = trainjob.manifest(settings(nodes=2, gpus=8), "cloob-train-p", job_config(), "s3://w")
+    assert "FI_PROVIDER" not in json.dumps(plain)
+    with pytest.raises(ValueError, match="efa_devices"):
+        settings(nodes=1, efa_devices=4)

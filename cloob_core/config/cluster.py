@@ -16,6 +16,10 @@ MAX_DOWNLOAD_GROUPS = 256  # iterations of the download loop: Argo keeps every n
 # async error handling), and NCCL logs its warnings and the transport it chose, which is what to read first when
 # two nodes are slow (NET/IB against NET/Socket).
 NCCL_DEFAULTS = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "NCCL_DEBUG": "WARN", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
+# NCCL over AWS EFA through the aws-ofi-nccl plugin: libfabric's EFA provider, GPUDirect RDMA (p4d, p5), and
+# fork safety (the data loader forks its workers after libfabric registered memory).
+EFA_NCCL_ENV = {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1"}
+EFA_RESOURCE = "vpc.amazonaws.com/efa"
 
 
 def cpu_count(quantity: str) -> int:
@@ -56,6 +60,11 @@ class ClusterSettings(BaseModel):
     rdma_resources: dict[str, str] = Field(default_factory=dict, description="Extra resources each multi-node pod "
                                            "asks for, e.g. rdma/rdma_shared_device_a=1 (the NVIDIA network "
                                            "operator's InfiniBand/RoCE devices); NCCL uses them when present.")
+    efa_devices: int = Field(0, ge=0, description="AWS EFA devices each multi-node pod asks for "
+                             "(vpc.amazonaws.com/efa: 4 on p4d.24xlarge, 32 on p5.48xlarge), with libfabric's EFA "
+                             "settings for NCCL (FI_PROVIDER=efa, FI_EFA_USE_DEVICE_RDMA=1, FI_EFA_FORK_SAFE=1) "
+                             "beneath nccl_env; the image needs libfabric and the aws-ofi-nccl plugin "
+                             "(docs/kubernetes.md, \"EFA\").")
     memory: str = Field("32Gi", description="Training pod memory request.")
     shm: str = Field("16Gi", description="Size of the training pods' memory-backed /dev/shm (DataLoader workers).")
     node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels the training pods need.")
@@ -135,6 +144,8 @@ class ClusterSettings(BaseModel):
             unusable.append("host_network (a KFP step cannot join the node's network)")
         if self.rdma_resources:
             unusable.append("rdma_resources (a KFP step takes one accelerator resource; RDMA matters across nodes)")
+        if self.efa_devices:
+            unusable.append("efa_devices (a KFP step takes one accelerator resource; EFA matters across nodes)")
         if self.service_account:
             unusable.append("service_account (a KFP step runs as the run's service account: give it to `submit` "
                             "or `schedule create` as --service-account)")
@@ -173,6 +184,17 @@ class ClusterSettings(BaseModel):
         """CPUs the features step requests: ``cpu_per_gpu`` per GPU (its workers decode), else ``eval_cpu``."""
         gpus = self.features_gpus()
         return gpus * self.cpu_per_gpu if gpus > 0 else cpu_count(self.eval_cpu)
+
+    def job_nccl_env(self) -> dict[str, str]:
+        """The multi-node pods' NCCL environment: with EFA, its libfabric settings beneath ``nccl_env``."""
+        return {**(EFA_NCCL_ENV if self.efa_devices else {}), **self.nccl_env}
+
+    def job_extra_resources(self) -> dict[str, str]:
+        """What each multi-node pod asks for beside its GPUs: the RDMA devices and the EFA devices."""
+        extra = dict(self.rdma_resources)
+        if self.efa_devices:
+            extra[EFA_RESOURCE] = str(self.efa_devices)
+        return extra
 
     def to_json(self) -> str:
         return self.model_dump_json()

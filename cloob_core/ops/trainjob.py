@@ -97,7 +97,7 @@ def _env(settings: ClusterSettings, params_text: str) -> list[dict[str, Any]]:
                                  # up, not the node's cores (a request sets no cgroup quota to read)
                                  {"name": "LOKY_MAX_CPU_COUNT",
                                   "valueFrom": {"resourceFieldRef": {"resource": "requests.cpu", "divisor": "1"}}}]
-    env += [{"name": key, "value": value} for key, value in sorted(settings.nccl_env.items())]
+    env += [{"name": key, "value": value} for key, value in sorted(settings.job_nccl_env().items())]
     if settings.s3_secret:
         env += [{"name": key, "valueFrom": {"secretKeyRef": {"name": settings.s3_secret, "key": key,
                                                              "optional": False}}} for key in SECRET_KEYS]
@@ -106,7 +106,7 @@ def _env(settings: ClusterSettings, params_text: str) -> list[dict[str, Any]]:
 
 def _resources(settings: ClusterSettings) -> dict[str, Any]:
     resources: dict[str, Any] = {"requests": {"cpu": str(settings.training_cpus()), "memory": settings.memory}}
-    limits = dict(settings.rdma_resources)
+    limits = settings.job_extra_resources()
     if settings.gpus > 0:
         limits[settings.accelerator] = str(settings.gpus)
     if limits:
