@@ -54,7 +54,7 @@ def build(settings: ClusterSettings | None = None):
         trained.set_caching_options(False)  # a retraining run must train, even on unchanged inputs
         on_cluster(trained, settings)
         reported = evaluate_and_report(params, trained.outputs["model"], settings)
-        gate = steps.promote(params=params, model=trained.outputs["model"], report=reported.outputs["folder"])
+        gate = small(steps.promote(params=params, model=trained.outputs["model"], report=reported.outputs["folder"]))
         gate.set_caching_options(False)  # production may have moved since a cached decision
         on_cluster(gate, settings)
 
@@ -120,6 +120,14 @@ def train_task(params: str, shards: Any, settings: ClusterSettings) -> dsl.Pipel
     return trained
 
 
+SMALL_STEP = ("500m", "1Gi")  # planning, collecting, reporting, promoting: JSON and small files
+
+
+def small(task: dsl.PipelineTask) -> dsl.PipelineTask:
+    """The requests of a step that reads and writes only small files (a namespace's quota may demand requests)."""
+    return task.set_cpu_request(SMALL_STEP[0]).set_memory_request(SMALL_STEP[1])
+
+
 def sized(task: dsl.PipelineTask, cpus: int, memory: str) -> dsl.PipelineTask:
     """CPU and memory requests, and the thread budget's cores (a request sets no quota for it to read)."""
     task.set_cpu_request(str(cpus)).set_memory_request(memory).set_env_variable("LOKY_MAX_CPU_COUNT", str(cpus))
@@ -150,7 +158,7 @@ def evaluate_and_report(params: str, model: Any, settings: ClusterSettings) -> d
     fanned out: per data set, its image features once (on a GPU where the settings give one), then one task per
     data set x task on them (CPU pods; retried: they only read), the task results collected per data set; then
     the report over all data sets."""
-    planned = on_cluster(steps.plan_evaluation(params=params), settings)
+    planned = on_cluster(small(steps.plan_evaluation(params=params)), settings)
     with dsl.ParallelFor(items=planned.output) as dataset:
         features = steps.prepare_features(params=params, dataset=dataset, model=model)
         features.set_display_name("eval features")
@@ -165,12 +173,12 @@ def evaluate_and_report(params: str, model: Any, settings: ClusterSettings) -> d
             evaluated.set_retry(num_retries=2, backoff_duration="30s")
             sized(evaluated, cpu_count(settings.eval_cpu), settings.eval_memory)
             on_cluster(evaluated, settings)
-        collected = on_cluster(steps.collect_dataset(dataset=dataset,
-                                                     parts=dsl.Collected(evaluated.outputs["results"])), settings,
-                               s3=False)
+        collected = on_cluster(small(steps.collect_dataset(dataset=dataset,
+                                                           parts=dsl.Collected(evaluated.outputs["results"]))),
+                               settings, s3=False)
         collected.set_display_name("eval data set")
-    return on_cluster(steps.report(params=params, model=model, datasets=dsl.Collected(collected.outputs["results"])),
-                      settings, s3=False)
+    reported = steps.report(params=params, model=model, datasets=dsl.Collected(collected.outputs["results"]))
+    return on_cluster(small(reported), settings, s3=False)
 
 
 def build_evaluation(settings: ClusterSettings | None = None):
@@ -181,10 +189,10 @@ def build_evaluation(settings: ClusterSettings | None = None):
     @dsl.pipeline(name="cloob-evaluate-production",
                   description="Re-evaluate the production model of promote.store and record its metrics.")
     def evaluate_production(params: str = DEFAULT_PARAMS):
-        current = on_cluster(steps.production_model(params=params), settings)
+        current = on_cluster(small(steps.production_model(params=params)), settings)
         current.set_caching_options(False)  # the pointer moves
         reported = evaluate_and_report(params, current.outputs["model"], settings)
-        recorded = steps.record_production_metrics(params=params, report=reported.outputs["folder"])
+        recorded = small(steps.record_production_metrics(params=params, report=reported.outputs["folder"]))
         recorded.set_caching_options(False)
         on_cluster(recorded, settings)
 

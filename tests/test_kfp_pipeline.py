@@ -608,3 +608,18 @@ def test_every_step_runs_as_the_images_user_pulls_with_the_secrets_given_and_req
             assert secret["optional"] is False, name
         assert [secret["secretName"] for secret in platform["imagePullSecret"]] == ["regcred", "mirror"], name
     assert sum(1 for platform in compiled["platform"].values() if "secretAsEnv" in platform) >= 4
+
+
+def test_every_evaluation_step_requests_resources_and_the_features_step_a_gpu(tmp_path):
+    """`compile --pipeline evaluate --gpus 8 --nodes 2 --memory 256Gi --node-selector pool=h100`: no executor
+    without requests; the features step on the GPU nodes with one GPU, the task steps on CPU pods."""
+    compiled = compile_with(tmp_path, "--pipeline", "evaluate", "--gpus", "8", "--nodes", "2", "--memory", "256Gi",
+                            "--node-selector", "pool=h100", "--job-workdir", "s3://w/jobs")
+    executors = compiled["spec"]["deploymentSpec"]["executors"]
+    for name, executor in executors.items():
+        resources = executor["container"].get("resources") or {}
+        assert resources.get("resourceCpuRequest") and resources.get("resourceMemoryRequest"), name
+    features = executors["exec-prepare-features"]["container"]["resources"]
+    assert features["accelerator"]["resourceCount"] == "1" and features["resourceCpuRequest"] == "12"
+    assert compiled["platform"]["exec-prepare-features"]["nodeSelector"]["labels"] == {"pool": "h100"}
+    assert "accelerator" not in executors["exec-evaluate"]["container"]["resources"]
