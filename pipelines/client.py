@@ -187,7 +187,7 @@ def schedule(client: Any, package: str, *, experiment: str, name: str, cron: str
     per schedule only, so a second schedule of the same name would overlap the first: it is refused, or with
     ``replace`` the earlier one is deleted once the new one exists."""
     experiment_key = experiment_id(client, experiment, namespace)
-    earlier = [entry for entry in list_schedules(client, experiment, namespace) if entry["name"] == name]
+    earlier = [entry for entry in _schedules(client, experiment_key) if entry["name"] == name]
     if earlier and not replace:
         raise ScheduleExists(f"experiment {experiment} already has a recurring run named {name!r} "
                              f"({', '.join(entry['id'] for entry in earlier)}); a second would run beside it: "
@@ -202,7 +202,11 @@ def schedule(client: Any, package: str, *, experiment: str, name: str, cron: str
 
 
 def list_schedules(client: Any, experiment: str, namespace: str | None = None) -> list[dict[str, Any]]:
-    listed = client.list_recurring_runs(experiment_id=experiment_id(client, experiment, namespace), page_size=100)
+    return _schedules(client, experiment_id(client, experiment, namespace))
+
+
+def _schedules(client: Any, experiment_key: str) -> list[dict[str, Any]]:
+    listed = client.list_recurring_runs(experiment_id=experiment_key, page_size=100)
     return [{"id": r.recurring_run_id, "name": r.display_name, "status": str(r.status),
              "cron": getattr(getattr(getattr(r, "trigger", None), "cron_schedule", None), "cron", None)}
             for r in listed.recurring_runs or []]

@@ -208,10 +208,16 @@ def _kubeconfig() -> str | None:
     return os.environ.get("KUBECONFIG") or None
 
 
+def _pod_namespace() -> str | None:
+    """The namespace of the pod this runs in (its service account's), or None outside a pod."""
+    return _NAMESPACE_FILE.read_text().strip() if _NAMESPACE_FILE.is_file() else None
+
+
 def current_namespace(default: str = "default") -> str:
     """In a pod: its own namespace. Elsewhere: the kubeconfig context's, as kubectl would use."""
-    if _NAMESPACE_FILE.is_file():
-        return _NAMESPACE_FILE.read_text().strip()
+    own = _pod_namespace()
+    if own is not None:
+        return own
     from kubernetes import config
 
     try:
@@ -360,7 +366,7 @@ def _watcher_pod(namespace: str) -> dict[str, Any] | None:
     """An owner reference to the pod this runs in (from the downward API), where it may own the job: in the
     job's own namespace."""
     name, uid = os.environ.get(POD_NAME_ENV), os.environ.get(POD_UID_ENV)
-    if not (name and uid) or not _NAMESPACE_FILE.is_file() or _NAMESPACE_FILE.read_text().strip() != namespace:
+    if not (name and uid) or _pod_namespace() != namespace:
         return None
     return {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid, "controller": False,
             "blockOwnerDeletion": False}
