@@ -36,7 +36,7 @@ from typing import Any
 
 from cloob_core import lease, scratch, storage
 from cloob_core.errors import StageError
-from cloob_core.io import file_digest, json_bytes, parse_json, remove_temporaries
+from cloob_core.io import atomic_path, file_digest, json_bytes, parse_json, remove_temporaries
 
 UNIT_FILE = ".cloob-unit.json"
 PENDING_FILE = ".cloob-unit.pending.json"
@@ -175,6 +175,31 @@ def staged(folder: str | os.PathLike, *, keep: bool = False, outside: tuple[str,
         if remote:
             shutil.rmtree(local, ignore_errors=True)
     _install(folder, pending)
+
+
+def publish_copy(source: str | os.PathLike, folder: str, exclude: tuple[str, ...] = ()) -> list[str]:
+    """Publish the files under the local folder ``source`` (top-level names in ``exclude`` left out) as the unit
+    in ``folder`` (local or ``s3://``), under its lease: a reader sees the previous unit or this one, never today's
+    metrics beside yesterday's weights. The relative paths published."""
+    names = [name for name, _, _ in storage.tree_entries(str(source))
+             if name.split("/", 1)[0] not in exclude and not _is_bookkeeping(name)]
+    with lease.writing(folder), staged(folder) as staging:
+        _link_previous(Path(source), staging, names)
+    return names
+
+
+def fetch(folder: str, local: str | os.PathLike) -> list[str]:
+    """Copy the unit published in ``folder`` (local or ``s3://``) into the local folder ``local``, each file
+    checked against the unit's record; :class:`IncompleteOutput` when ``folder`` holds no complete unit (only a
+    publication that failed part-way, or files no unit names)."""
+    unit = unit_of(folder)
+    if unit is None:
+        raise IncompleteOutput(f"{folder} holds no completely published output ({UNIT_FILE} is missing): the run "
+                               "that writes it did not finish publishing; run it again")
+    for name in sorted(unit.files):
+        with atomic_path(Path(local, *name.split("/"))) as tmp:
+            tmp.write_bytes(unit.read(name))
+    return sorted(unit.files)
 
 
 def _link_previous(folder: Path, staging: Path, names: list[str]) -> None:

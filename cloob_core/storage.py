@@ -9,6 +9,9 @@ file. The conditional write is :mod:`cloob_core.conditional_write`.
 S3 is configured the standard way: credentials and region from the environment (or an attached role),
 ``AWS_ENDPOINT_URL`` / ``AWS_ENDPOINT_URL_S3`` for S3-compatible servers such as MinIO, and retries from
 ``AWS_RETRY_MODE`` / ``AWS_MAX_ATTEMPTS``. s3fs's own retry loop is turned off, so that one policy holds.
+botocore's retries end when the answer's headers arrive; a body cut short after them (a dropped connection, a
+proxy's reset) is an aiohttp error no one retries, so the whole-object reads here try again themselves, as many
+times, and end in one error naming the object.
 """
 
 from __future__ import annotations
@@ -17,15 +20,18 @@ import contextlib
 import functools
 import logging
 import os
+import random
 import shutil
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 from cloob_core.io import atomic_path, parse_json
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 LEASE_PREFIX = ".cloob-lease"  # the files of cloob_core.lease: bookkeeping while a stage writes, never content
 STREAM_BLOCK = 16 * 1024 * 1024  # an S3 object read from start to end is fetched in ranges of this size
 RANGE_BLOCK = 2 * 1024 * 1024  # a reader that seeks (parquet: footer, then row groups) fetches ranges this small
@@ -112,10 +118,51 @@ def join(base: str | os.PathLike, *parts: str) -> str:
     return str(Path(base, *parts))
 
 
+# What a read of an object's body meets on a flaky network after botocore's own retries are spent (they cover
+# the request, not the body that follows it): the body cut short, the connection dropped or timed out mid-read.
+_TRANSIENT = frozenset({"ClientPayloadError", "ServerDisconnectedError", "ClientConnectionError", "ClientOSError",
+                        "ResponseStreamingError", "IncompleteReadError", "ConnectionClosedError", "ReadTimeoutError",
+                        "EndpointConnectionError", "ProtocolError", "IncompleteRead", "ConnectionResetError",
+                        "TimeoutError", "ServerTimeoutError"})
+
+
+def _transient(err: BaseException) -> bool:
+    return any(kind.__name__ in _TRANSIENT for kind in type(err).__mro__)
+
+
+def read_attempts() -> int:
+    """Tries of a whole-object read: botocore's ``AWS_MAX_ATTEMPTS`` (its legacy mode's 5 when unset)."""
+    value = os.environ.get("AWS_MAX_ATTEMPTS", "")
+    return max(1, int(value)) if value.isdigit() else 5
+
+
+def _retried_read(location: str | os.PathLike, read: Callable[[], T]) -> T:
+    """``read()`` of an object (idempotent), tried again with backoff when the body fails on the way; what
+    remains after the tries is one error naming the object (an OSError: the user's storage, exit 2)."""
+    attempts = read_attempts()
+    for attempt in range(1, attempts + 1):
+        try:
+            return read()
+        except FileNotFoundError:
+            raise
+        except Exception as err:  # only the transient kinds are retried; the rest re-raised
+            if not _transient(err):
+                raise
+            if attempt == attempts:
+                raise OSError(f"{location}: reading it failed {attempts} times, the last with "
+                              f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''} (a network "
+                              "or storage fault; AWS_MAX_ATTEMPTS sets the tries)") from err
+            delay = min(0.5 * 2 ** (attempt - 1), 8.0) * (0.5 + random.random() / 2)
+            log.warning("%s: %s while reading (try %d of %d); again in %.1fs", location, type(err).__name__,
+                        attempt, attempts, delay)
+            time.sleep(delay)
+    raise AssertionError("unreachable")
+
+
 def read_bytes(location: str | os.PathLike) -> bytes:
     try:
         with _filesystem(location) as (files, path):
-            return files.cat_file(path)
+            return _retried_read(location, lambda: files.cat_file(path))
     except FileNotFoundError as err:
         _unless_no_bucket(err, location)
         raise FileNotFoundError(f"{location} does not exist") from None
@@ -356,5 +403,6 @@ def download_tree(location: str, local: str | os.PathLike) -> list[str]:
     with _filesystem(location) as (files, root):
         for name in names:
             with atomic_path(Path(local, name)) as tmp:
-                files.get_file(f"{root.rstrip('/')}/{name}", str(tmp))
+                source = f"{root.rstrip('/')}/{name}"
+                _retried_read(join(location, name), lambda: files.get_file(source, str(tmp)))  # noqa: B023
     return names

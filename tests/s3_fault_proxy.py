@@ -1,6 +1,7 @@
 """An HTTP proxy between boto3 and the loopback S3 server that does to requests what a flaky network or a
 half-compatible store does: answer 503 SlowDown, apply a request and then answer 500 or reset the connection (the
-client never learns that it was applied), add latency, or strip the conditional headers (a store without
+client never learns that it was applied), cut an answer's body short (the headers promise the whole object, half
+of it comes, then the connection drops), add latency, or strip the conditional headers (a store without
 compare-and-swap). Faults are scheduled by the test, per method and key, for a number of requests.
 """
 
@@ -15,7 +16,7 @@ import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-FAULTS = ("slowdown", "error-after", "reset-after", "latency", "strip-conditions")
+FAULTS = ("slowdown", "error-after", "reset-after", "cut-body", "latency", "strip-conditions")
 _CONDITIONS = ("if-match", "if-none-match")
 _HOP_BY_HOP = ("connection", "keep-alive", "transfer-encoding", "proxy-connection", "te", "trailer", "upgrade")
 
@@ -142,7 +143,12 @@ class FaultProxy:
                 # a HEAD's length is the object's, not its (empty) body's: readers size ranged reads by it
                 self.send_header("Content-Length", upstream_length if self.command == "HEAD" else str(len(reply_body)))
                 self.end_headers()
-                if self.command != "HEAD":
+                if self.command != "HEAD" and "cut-body" in kinds and len(reply_body) > 1:
+                    proxy.log[-1] = (self.command, self.path, f"{status}, body cut at half")
+                    self.wfile.write(reply_body[: len(reply_body) // 2])
+                    self.wfile.flush()
+                    self._reset()
+                elif self.command != "HEAD":
                     self.wfile.write(reply_body)
 
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle

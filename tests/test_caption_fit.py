@@ -123,3 +123,51 @@ def test_two_ranks_refuse_together_on_rank_zeros_measure(tmp_path):
     assert done.returncode != 0
     refusals = [line for line in done.stderr.splitlines() if "validation.max_merged_caption_fraction" in line]
     assert len(refusals) == 2, done.stderr[-3000:]  # one line from each rank
+
+
+def test_the_most_common_captions_share_is_measured():
+    fit = measure(["a photo."] * 6 + ["a dog.", "a cat."], "cloob-tiny")
+    assert (fit.repeated, fit.repeated_caption, fit.distinct) == (6, "a photo.", 3)
+    assert fit.top_share == 0.75 and fit.as_dict()["top_caption_share"] == 0.75
+    # ten class names, evenly: 0.1, far under the default threshold
+    classes = measure([f"a photo of the digit {i % 10}." for i in range(200)], "cloob-tiny")
+    assert classes.top_share == pytest.approx(0.1)
+
+
+def test_the_gate_fails_captions_that_are_one_sentence_and_names_the_setting(tmp_path, capsys):
+    same = _manifest(tmp_path / "same.csv", ["an image"] * 40)
+    assert main(["data", "validate", "--manifest", str(same)]) == 1
+    out = capsys.readouterr().out
+    line = next(text for text in out.splitlines() if "FAIL manifest_captions" in text and "top_caption_share" in text)
+    assert "validation.max_top_caption_share" in line and "'an image'" in line and "1 distinct" in line
+    varied = _manifest(tmp_path / "varied.csv", [f"a photo of the digit {i % 10}." for i in range(40)])
+    assert main(["data", "validate", "--manifest", str(varied)]) == 0
+    assert "data gate PASSED" in capsys.readouterr().out
+    # the shard gate measures the decoded samples' captions alike: shards `cloob data shards` built from a folder
+    from PIL import Image
+
+    images = tmp_path / "images"
+    images.mkdir()
+    for i in range(24):
+        Image.new("RGB", (32, 32), (10 * i, 100, 200 - 5 * i)).save(images / f"{i:03d}.jpg")
+        (images / f"{i:03d}.txt").write_text("an image")
+    assert main(["data", "shards", "--source", str(images), "--output", str(tmp_path / "shards"),
+                 "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["data", "validate", "--shards", str(tmp_path / "shards")]) == 1
+    assert any("FAIL shard_captions" in text and "validation.max_top_caption_share" in text
+               for text in capsys.readouterr().out.splitlines())
+
+
+def test_training_on_one_repeated_caption_warns(tmp_path, caplog):
+    import logging
+
+    caplog.set_level(logging.WARNING)
+    for shard in range(2):
+        _shard(tmp_path / f"{shard:05d}.tar", ["an image"] * 20)
+    (tmp_path / "sizes.json").write_text(json.dumps({"00000.tar": 20, "00001.tar": 20}))
+    assert main(["train", "--shards", str(tmp_path), "--output", str(tmp_path / "run"), "--steps", "1",
+                 "--batch-size", "8", "--data-streams", "2", "--workers", "0", "--no-progress",
+                 "--no-tensorboard"]) == 0
+    warned = [record.getMessage() for record in caplog.records if "max_top_caption_share" in record.getMessage()]
+    assert len(warned) == 1 and "100.0% of 40 sampled captions are the same caption ('an image'" in warned[0]

@@ -69,7 +69,7 @@ def test_gate_passes_good_shards_and_fails_inconsistent_ones(mnist_shards, tmp_p
     (broken / ".cloob-unit.json").unlink()  # a sizes.json written by another tool: the gate checks what it says
     code = main(["data", "validate", "--shards", str(broken), "--min-image-side", "32"])
     text = capsys.readouterr().out
-    assert code == 1 and "data gate FAILED: 2 of 14 checks" in text
+    assert code == 1 and "data gate FAILED: 2 of 15 checks" in text
     assert "FAIL shards: expect_column_pair_values_to_be_equal [sizes_json = tar_samples]" in text
     assert "FAIL shards: expect_column_values_to_be_between [side_min]" in text
     # a tar cut short after the download (a copy gone wrong) is named, not a crash

@@ -105,3 +105,108 @@ def test_two_gloo_ranks_train_the_same_weights_with_and_without_evaluation(mnist
     bodies = "\n".join(body for _, body in received)  # rank 0's Prometheus metrics, pushed
     assert 'cloob_train_eval{metric="captioned_zeroshot_retrieval.image_retrieval_recall@5"}' in bodies
     assert "cloob_train_eval_step 8.0" in bodies
+
+
+def _trainer(output: Path, *extra: str, shards: Path) -> subprocess.Popen:
+    """`cloob train` with an evaluation every 4 steps, as a process; its stderr in OUTPUT.log (a file, so that a
+    run nobody reads while it is watched never blocks on a full pipe)."""
+    log = output.parent / f"{output.name}.log"
+    with log.open("a") as sink:
+        return subprocess.Popen([sys.executable, "-m", "cloob_core.cli",
+                                 *_cli(shards, output, "--eval-every", "4", *EVAL, *extra)],
+                                stdout=subprocess.DEVNULL, stderr=sink, text=True)
+
+
+def _stderr(output: Path) -> str:
+    return (output.parent / f"{output.name}.log").read_text()
+
+
+def _evaluations(trainer: subprocess.Popen) -> list:
+    import psutil
+
+    found = []
+    for child in psutil.Process(trainer.pid).children(recursive=True):
+        try:
+            if "suite" in child.cmdline() and "eval" in child.cmdline():
+                found.append(child)
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_a_stopped_evaluation_is_killed_at_its_deadline_and_the_run_ends_whole(mnist_train_shards, tmp_path):
+    """The evaluation of step 4 is SIGSTOPped as soon as it starts (a frozen mount looks the same): at
+    train.eval_timeout_s it is killed with a warning, step 8's evaluation runs, and the run ends with its model."""
+    import signal
+    import time
+
+    trainer = _trainer(tmp_path / "run", "--set", "train.eval_timeout_s=8", shards=mnist_train_shards)
+    stopped = None
+    deadline = time.monotonic() + 300
+    while stopped is None and trainer.poll() is None and time.monotonic() < deadline:
+        for child in _evaluations(trainer):
+            if "step-00000004" in " ".join(child.cmdline()):
+                child.send_signal(signal.SIGSTOP)
+                stopped = child
+        time.sleep(0.05)
+    trainer.wait(timeout=600)
+    err = _stderr(tmp_path / "run")
+    assert stopped is not None and trainer.returncode == 0, err[-3000:]
+    assert "evaluation of step 4 ran past train.eval_timeout_s (8s) and was killed; the run goes on" in err
+    assert not stopped.is_running() or stopped.status() == "zombie"
+    with (tmp_path / "run" / "eval_history.csv").open() as handle:
+        assert [row["step"] for row in csv.DictReader(handle)] == ["8"]
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["steps"] == 8
+    assert (tmp_path / "run" / "model" / "open_clip_model.safetensors").exists()
+
+
+def _kill_when(output: Path, trainer: subprocess.Popen, point: str) -> list:
+    """SIGKILL ``trainer`` at ``point``; the evaluation processes it had then."""
+    import signal
+    import time
+
+    evals = output / "evals"
+    reached = {
+        "checkpoint 4 written": lambda: (output / "checkpoints" / "step-00000004.pt.sha256").exists(),
+        "evaluating step 4": lambda: any("step-00000004" in " ".join(c.cmdline()) for c in _evaluations(trainer)),
+        "step 4 evaluated": lambda: (evals / "step-00000004" / "scalars.json").exists(),
+        "evaluating step 8": lambda: any("step-00000008" in " ".join(c.cmdline()) for c in _evaluations(trainer)),
+    }[point]
+    deadline = time.monotonic() + 300
+    while trainer.poll() is None and time.monotonic() < deadline:
+        try:
+            if reached():
+                break
+        except Exception:  # a process that ended between the listing and its command line
+            pass
+        time.sleep(0.02)
+    assert trainer.poll() is None, f"the run ended before {point}"
+    orphans = _evaluations(trainer)
+    trainer.send_signal(signal.SIGKILL)
+    trainer.wait(timeout=60)
+    return orphans
+
+
+@pytest.mark.slow  # ~3 minutes: an uninterrupted run, then four runs killed at points around an evaluation
+@pytest.mark.parametrize("resume", ["auto", "latest"])
+def test_a_run_killed_around_an_evaluation_resumes_to_the_same_history_and_weights(mnist_train_shards, tmp_path,
+                                                                                    resume):
+    """kill -9 of the trainer at each point around an evaluation (its checkpoint written, the evaluation running,
+    the evaluation recorded, the last step's evaluation running), then `--resume`: the evaluation process dies with
+    its trainer, and the resumed run ends with the eval_history.csv and the weights of a run never killed."""
+    import time
+
+    whole = _trainer(tmp_path / "whole", shards=mnist_train_shards)
+    assert whole.wait(timeout=600) == 0, _stderr(tmp_path / "whole")[-3000:]
+    expected = (tmp_path / "whole" / "eval_history.csv").read_text()
+    assert [line.split(",")[0] for line in expected.splitlines()[1:]] == ["4", "8"]
+    for number, point in enumerate(["checkpoint 4 written", "evaluating step 4", "step 4 evaluated",
+                                    "evaluating step 8"]):
+        output = tmp_path / f"killed-{number}"
+        orphans = _kill_when(output, _trainer(output, shards=mnist_train_shards), point)
+        time.sleep(1.0)
+        assert not [p.pid for p in orphans if p.is_running() and p.status() != "zombie"], point  # none outlives it
+        resumed = _trainer(output, "--resume", resume, shards=mnist_train_shards)
+        assert resumed.wait(timeout=600) == 0, (point, _stderr(output)[-3000:])
+        assert (output / "eval_history.csv").read_text() == expected, point
+        assert _same(_weights(output), _weights(tmp_path / "whole")), point

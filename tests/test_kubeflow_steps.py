@@ -24,7 +24,7 @@ def test_the_data_steps_build_the_shards_in_one_folder_named_by_their_content(tm
     for folder, prefix in ((manifest, "manifest-"), (shards, "shards-")):
         assert Path(folder).parent == Path(store) and Path(folder).name.startswith(prefix)
     gate = kubeflow.validate(PARAMS, str(tmp_path / "gate"), manifest=manifest)
-    assert gate["passed"] and gate["checks"] == 11  # 5 exact counts, 4 row-level expectations, 2 caption fits
+    assert gate["passed"] and gate["checks"] == 12  # 5 exact counts, 4 row-level expectations, 3 caption checks
     assert kubeflow.plan_download(PARAMS, manifest, 2) == ["0/2", "1/2"]
     assert kubeflow.plan_download(PARAMS, manifest, 1000) == ["0/2", "1/2"]  # no more groups than shards
     parts = [kubeflow.download(PARAMS, manifest, f"{i}/2", shards) for i in (1, 0)]
@@ -63,7 +63,7 @@ def test_an_acquired_manifest_reads_back_whatever_the_sources_format(tmp_path):
 def test_a_failing_gate_raises_its_report_and_a_bad_configuration_its_key(tmp_path):
     manifest = kubeflow.acquire(PARAMS, str(tmp_path / "store"))["manifest"]
     strict = json.dumps({**PARAMS, "validation": {"min_rows": 5000}})  # as the run parameter arrives: text
-    with pytest.raises(GateFailed, match="data gate FAILED: 1 of 11 checks") as failed:
+    with pytest.raises(GateFailed, match="data gate FAILED: 1 of 12 checks") as failed:
         kubeflow.validate(strict, str(tmp_path / "gate"), manifest=manifest)
     assert "FAIL manifest: expect_column_values_to_be_between [rows] {'min_value': 5000.0}" in failed.value.details
     assert json.loads((tmp_path / "gate" / "gate.json").read_text())["passed"] is False  # the report is kept

@@ -73,3 +73,55 @@ def test_a_resnet_tower_locked_with_frozen_statistics_stays_whole_and_exports(mn
     assert visual and all(torch.equal(start[name], end[name]) for name in visual)  # running statistics included
     loaded, _, _ = open_clip.create_model_and_transforms(f"local-dir:{tmp_path / 'run' / 'model'}")
     assert torch.equal(loaded.state_dict()["visual.bn1.running_mean"], start["encoder.visual.bn1.running_mean"])
+
+
+@pytest.mark.parametrize("settings", [
+    ("train.lock_image=true", "train.lock_text=true"),
+    ("train.lock_image=true", "train.lock_text=true", "train.objective=clip"),
+    ("train.lock_image=true", "train.lock_text=true", "train.objective=pvc_geometric", "train.image_views=2"),
+])
+def test_a_configuration_with_nothing_to_train_is_refused_when_it_is_checked(tmp_path, settings):
+    """Both towers locked whole with a fixed temperature leaves no parameter to train: refused by the configuration
+    check (`cloob config` refuses it too), in one line naming the ways out, before a model or a shard is read (the
+    shards here do not exist)."""
+    import subprocess
+    import sys
+
+    with pytest.raises(ConfigError, match=r"nothing would train.*model\.learn_inv_tau"):
+        load_config(overrides=list(settings))
+    overrides = [flag for setting in settings for flag in ("--set", setting)]
+    for command in (["config"], ["train", "--shards", str(tmp_path / "none"), "--output", str(tmp_path / "run")]):
+        done = subprocess.run([sys.executable, "-m", "cloob_core.cli", *command, *overrides], capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        (line,) = done.stderr.strip().splitlines()
+        assert "nothing would train" in line and "unlock a tower" in line, line
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("way_out", ["model.learn_inv_tau=true", "train.objective=siglip",
+                                     "train.lock_text_unlocked_layers=1", "train.lock_image=false"])
+def test_each_way_out_named_leaves_something_to_train(way_out):
+    config = load_config(overrides=["train.lock_image=true", "train.lock_text=true",
+                                    "model.architecture=cloob-tiny-vit", way_out])
+    from cloob_core.objectives.registry import objective_from_config
+    from cloob_core.training.optim import build_optimizer
+
+    model = build_model(config.model)
+    lock_towers(model, config.train)
+    optimiser = build_optimizer(model, config.optim, objective_from_config(config))
+    assert sum(p.numel() for group in optimiser.param_groups for p in group["params"]) > 0
+
+
+def test_the_optimiser_refuses_a_model_with_nothing_to_train():
+    """What the configuration check cannot see (a model whose every parameter is frozen another way) is refused
+    by the optimiser in one line, not by autograd's "element 0 of tensors does not require grad" at the first
+    backward."""
+    config = load_config()
+    model = build_model(config.model)
+    for parameter in model.parameters():
+        parameter.requires_grad_(False)
+    from cloob_core.training.optim import build_optimizer
+
+    with pytest.raises(ConfigError, match="nothing would train"):
+        build_optimizer(model, config.optim)

@@ -14,6 +14,7 @@ from cloob_core import __version__
 from cloob_core.cli import config, data, experiment, promote, train
 from cloob_core.cli import eval as evaluation
 from cloob_core.errors import StageError, fail, user_facing
+from cloob_core.parent import end_with_parent
 from cloob_core.threads import limit_spinning
 
 COMMAND_GROUPS = (config, data, train, evaluation, experiment, promote)
@@ -47,6 +48,7 @@ def _configure_logging(verbose: bool) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    end_with_parent()  # an evaluation started by a training run ends with it (cloob_core.parent)
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # said with the subcommand's usage, which lists its options, not the top level's

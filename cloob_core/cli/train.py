@@ -28,7 +28,7 @@ def _train(args: argparse.Namespace) -> int:
     print(f"wrote {args.output}/model (open_clip's local-dir: folder), metrics.json, loss_history.csv, "
           "training_curves.png, checkpoints/")
     if args.publish:
-        print(f"published {len(result.published)} files (all but checkpoints/) to {args.publish}")
+        print(f"published {len(result.published)} files (all but checkpoints/) to {args.publish} as one unit")
     return 0
 
 
@@ -62,8 +62,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                         "ViT-B-32 optimiser recipe (lr 5e-4, warmup 2,000, weight decay 0.2); applied over --params, "
                         "under --set")
     parser.add_argument("--publish", metavar="URL",
-                        help="after training, rank 0 copies OUTPUT (all but checkpoints/) to this local folder or "
-                        "s3:// prefix: how pods of a multi-node job hand their result back")
+                        help="after training, rank 0 publishes OUTPUT (all but checkpoints/) to this local folder or "
+                        "s3:// prefix as one unit (readers see the previous set or this one, never a mix): how "
+                        "pods of a multi-node job hand their result back")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_config_options(parser, "train", "model")
     weights = add_command(sub, "starting-weights", _starting_weights,

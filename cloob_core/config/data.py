@@ -174,3 +174,6 @@ class ValidationConfig(_Section):
     max_merged_caption_fraction: float = Field(0.05, ge=0.0, le=1.0, description="Share of distinct sampled "
                                                "captions that cutting to the model's context makes identical "
                                                "to another, above which the gate fails and training refuses.")
+    max_top_caption_share: float = Field(0.5, ge=0.0, le=1.0, description="Share of sampled captions that are "
+                                         "one and the same caption above which the gate fails and training warns: "
+                                         "captions that do not differ teach nothing (ten class names give 0.1).")

@@ -12,7 +12,7 @@ from cloob_core.config.data import AcquireConfig, DownloadConfig, EngineConfig, 
 from cloob_core.config.eval import SUITE_RESULT, EvalConfig
 from cloob_core.config.promote import PromoteConfig
 from cloob_core.config.train import ModelConfig, ObjectiveConfig, OptimConfig, TrainConfig
-from cloob_core.objectives.names import POLY_VIEW_OBJECTIVES
+from cloob_core.objectives.names import OBJECTIVES, POLY_VIEW_OBJECTIVES
 
 # Named recipes of the paper (§5.1 CC3M, §5.2 YFCC; App. A.2.2). ``--preset`` applies them over the params file
 # and under --set overrides.
@@ -49,6 +49,20 @@ class CloobConfig(_Section):
         if views != (1, 1) and self.train.objective not in POLY_VIEW_OBJECTIVES:
             raise ValueError(f"train.image_views / text_views {views} need a poly-view objective "
                              f"({', '.join(POLY_VIEW_OBJECTIVES)}), not {self.train.objective!r}")
+        return self
+
+    @model_validator(mode="after")
+    def _something_trains(self) -> CloobConfig:
+        """Both towers locked whole, a fixed temperature and an objective without parameters of its own leave
+        the optimiser nothing: refused here, before a model or a shard is read."""
+        train = self.train
+        image_locked = train.lock_image and not train.lock_image_unlocked_groups
+        text_locked = train.lock_text and not train.lock_text_unlocked_layers
+        if image_locked and text_locked and not self.model.learn_inv_tau and not OBJECTIVES[train.objective].learns:
+            raise ValueError("nothing would train: train.lock_image and train.lock_text lock both towers whole, "
+                             "model.inv_tau is fixed and the objective has no parameters of its own; unlock a "
+                             "tower (drop a lock, or set train.lock_image_unlocked_groups / "
+                             "train.lock_text_unlocked_layers) or set model.learn_inv_tau true")
         return self
 
     @model_validator(mode="after")

@@ -176,6 +176,9 @@ class TrainConfig(_Section):
                             "run's weights are the same with or without it.")
     eval_datasets: list[str] = Field(default_factory=list, description="Names of eval.datasets that train.eval_every "
                                      "evaluates.")
+    eval_timeout_s: float = Field(3600.0, gt=0, allow_inf_nan=False, description="Seconds one evaluation of "
+                                  "train.eval_every may run; one past it (a hung read, a frozen mount) is killed "
+                                  "with a warning and the run goes on.")
     init_from: str | None = Field(None, description="Start from these weights, not random ones: a model folder "
                                   "(our export or an open_clip local-dir: one; local or s3://), local-dir:PATH, "
                                   "hf-hub:ORG/NAME (from the Hugging Face cache, offline), an open_clip checkpoint "

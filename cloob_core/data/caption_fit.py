@@ -1,5 +1,5 @@
 """How the captions fit the model's text context: the share the tokenizer cuts short, and the distinct captions that
-cutting makes identical.
+cutting makes identical; and whether they differ at all: the share of the most common caption.
 
 A caption longer than the context (16 tokens for ``cloob-tiny``, 77 for CLIP's architectures) is cut without a
 word by the tokenizer. Cutting alone loses the caption's end; when captions share a long prefix (a catalogue's
@@ -8,6 +8,11 @@ then has nothing to tell their images apart by. Both the data gate and training 
 captions with the model's own tokenizer (``model.architecture``) and judge it by the ``validation`` thresholds:
 above ``warn_truncated_caption_fraction`` a warning, above ``max_truncated_caption_fraction`` or
 ``max_merged_caption_fraction`` a one-line refusal that names the setting.
+
+Captions that are one sentence repeated (a scraper's placeholder, a broken join: "image", "photo.jpg") pass every
+row check, and a contrastive run on them trains to the end learning nothing: every positive pair's text is the
+same. The share of the sample's most common caption above ``max_top_caption_share`` fails the gate and makes
+training warn (class-name captions, ten classes say, stay far below it).
 
 A sample decides here, unlike the gate's row expectations: the thresholds are shares of a tenth and more, which a
 sample of thousands estimates to about a percent, and reading every caption of a 50M-row manifest through a
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import tarfile
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -41,6 +47,12 @@ class CaptionFit:
     distinct: int  # distinct captions in the sample
     merged: int  # distinct captions whose cut tokens equal another distinct caption's
     merged_examples: list[str] = field(default_factory=list)
+    repeated: int = 0  # how often the most common caption occurs in the sample
+    repeated_caption: str = ""
+
+    @property
+    def top_share(self) -> float:
+        return self.repeated / self.sampled if self.sampled else 0.0
 
     @property
     def truncated_fraction(self) -> float:
@@ -53,12 +65,13 @@ class CaptionFit:
     def line(self) -> str:
         return (f"captions: {self.truncated_fraction:.1%} of {self.sampled:,} sampled are longer than "
                 f"{self.architecture}'s {self.context}-token context and are cut; cutting makes "
-                f"{self.merged_fraction:.1%} of the {self.distinct:,} distinct ones identical to another")
+                f"{self.merged_fraction:.1%} of the {self.distinct:,} distinct ones identical to another; the most "
+                f"common caption is {self.top_share:.1%} of them")
 
     def as_dict(self) -> dict:
         return {"architecture": self.architecture, "context_tokens": self.context, "sampled": self.sampled,
                 "truncated_fraction": round(self.truncated_fraction, 6), "distinct": self.distinct,
-                "merged_fraction": round(self.merged_fraction, 6)}
+                "merged_fraction": round(self.merged_fraction, 6), "top_caption_share": round(self.top_share, 6)}
 
 
 def measure(captions: Sequence[str], architecture: str) -> CaptionFit:
@@ -78,8 +91,21 @@ def measure(captions: Sequence[str], architecture: str) -> CaptionFit:
     for caption, row in zip(distinct, tokenizer(distinct, context_length=context), strict=True):
         owners.setdefault(row.numpy().tobytes(), []).append(caption)
     groups = [group for group in owners.values() if len(group) > 1]
+    ((repeated_caption, repeated),) = Counter(captions).most_common(1)
     return CaptionFit(architecture, context, len(captions), int(longer.sum()), len(distinct),
-                      sum(map(len, groups)), [caption for group in groups[:2] for caption in group[:2]])
+                      sum(map(len, groups)), [caption for group in groups[:2] for caption in group[:2]],
+                      repeated, repeated_caption)
+
+
+def diversity_problem(fit: CaptionFit, config: CloobConfig) -> str | None:
+    """One line when the most common caption is above ``validation.max_top_caption_share`` of the sample."""
+    limit = config.validation.max_top_caption_share
+    if fit.top_share <= limit:
+        return None
+    return (f"{fit.top_share:.1%} of {fit.sampled:,} sampled captions are the same caption "
+            f"({_shown(fit.repeated_caption)}; {fit.distinct:,} distinct in all), above "
+            f"validation.max_top_caption_share {limit:g}: captions that repeat tell no images apart, so the run "
+            "would learn nothing from them; fix the captions, or raise the threshold")
 
 
 def problems(fit: CaptionFit, config: CloobConfig) -> dict[str, str]:
@@ -109,10 +135,14 @@ def _shown(caption: str) -> str:
 
 def judge(fit: CaptionFit, config: CloobConfig) -> str | None:
     """Why the captions cannot train this model (one line naming the settings), or None; logs the fit, and a
-    warning above ``validation.warn_truncated_caption_fraction``."""
+    warning above ``validation.warn_truncated_caption_fraction`` or ``validation.max_top_caption_share`` (the
+    gate fails on the latter; training warns, as a set of few distinct captions may be meant)."""
     val = config.validation
     log.info("%s", fit.line())
     found = problems(fit, config)
+    repeated = diversity_problem(fit, config)
+    if repeated:
+        log.warning("%s", repeated)
     if not found and fit.truncated_fraction > val.warn_truncated_caption_fraction:
         log.warning("%.1f%% of sampled captions are cut to %s's %d-token context (above "
                     "validation.warn_truncated_caption_fraction %g): their ends do not train",

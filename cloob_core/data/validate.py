@@ -13,7 +13,8 @@ Suites, thresholds from the ``validation`` config section:
   sides within bounds; overall success ratio above the threshold.
 - captions: how the captions of the manifest's sample, or of the shards' decoded samples, fit the text context
   of ``model.architecture``'s tokenizer (:mod:`cloob_core.data.caption_fit`): the share cut short and the share of
-  distinct captions that cutting makes identical, each against its threshold. This sample decides.
+  distinct captions that cutting makes identical, and the share of the most common caption (captions that do not
+  differ carry no signal), each against its threshold. This sample decides.
 A failed expectation is reported with how many rows broke it and a few examples, cut short.
 """
 
@@ -336,14 +337,20 @@ def _check_captions(context: Any, gx: Any, gxe: Any, suite: str, captions: list[
     fit = caption_fit.measure(captions[: val.caption_sample], config.model.architecture)
     caption_fit.judge(fit, config)
     found = caption_fit.problems(fit, config)
+    repeated = caption_fit.diversity_problem(fit, config)
+    if repeated:
+        found["top_caption_share"] = repeated
     frame = pd.DataFrame([fit.as_dict()])
     checks, raw = _validate(context, gx, suite, frame, [
         gxe.ExpectColumnValuesToBeBetween(column="truncated_fraction", max_value=val.max_truncated_caption_fraction),
         gxe.ExpectColumnValuesToBeBetween(column="merged_fraction", max_value=val.max_merged_caption_fraction),
+        gxe.ExpectColumnValuesToBeBetween(column="top_caption_share", max_value=val.max_top_caption_share),
     ], redactor)
     for check in checks:
         check.unexpected, check.examples = None, []  # the one row is the sample's figure, not a row of the data
-        check.observed = f"{frame.at[0, check.column]:.1%} of {fit.sampled} sampled, {fit.context}-token context"
+        check.observed = (f"{frame.at[0, check.column]:.1%} of {fit.sampled} sampled, " +
+                          (f"{fit.distinct} distinct" if check.column == "top_caption_share"
+                           else f"{fit.context}-token context"))
         check.advice = found.get(check.column)
     report.checks += checks
     report.raw[suite] = raw

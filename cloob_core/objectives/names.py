@@ -13,6 +13,7 @@ from dataclasses import dataclass
 class Entry:
     class_name: str  # in cloob_core.objectives.losses
     poly_view: bool = False  # takes several image and text views per sample (train.image_views / text_views)
+    learns: bool = False  # has parameters of its own that train (SigLIP's logit bias)
 
 
 OBJECTIVES: dict[str, Entry] = {
@@ -31,7 +32,7 @@ OBJECTIVES: dict[str, Entry] = {
     "multicrop": Entry("MultiCropLoss", poly_view=True),
     "suffstats": Entry("SufficientStatisticsLoss", poly_view=True),
     # the sigmoid loss (Zhai et al., SigLIP)
-    "siglip": Entry("SigLipLoss"),
+    "siglip": Entry("SigLipLoss", learns=True),
 }
 OBJECTIVE_NAMES = tuple(OBJECTIVES)
 POLY_VIEW_OBJECTIVES = tuple(name for name, entry in OBJECTIVES.items() if entry.poly_view)

@@ -163,7 +163,7 @@ def train_multinode(params: Params, shards: str, output_dir: str, job: str, run_
     """Training on several nodes as a PyTorchJob / TrainJob (``job``: the ClusterSettings as JSON) whose pods
     stream the shards from ``shards`` (an ``s3://`` prefix: they share nothing else); waits for it and fetches
     the published result into ``output_dir``, the layout the one-node step writes."""
-    from cloob_core import storage
+    from cloob_core import publish, storage
     from cloob_core.config import ConfigError
     from cloob_core.config.cluster import ClusterSettings
     from cloob_core.ops import trainjob
@@ -178,7 +178,7 @@ def train_multinode(params: Params, shards: str, output_dir: str, job: str, run_
     workdir = storage.join(settings.job_workdir, name)
     trainjob.run(trainjob.manifest(settings, name, trainjob.job_config(config, shards, workdir, settings.gpus),
                                   workdir), settings)
-    storage.download_tree(storage.join(workdir, "output"), output_dir)
+    publish.fetch(storage.join(workdir, "output"), output_dir)  # the unit rank 0 published: old or new, whole
     return _record_training(storage.read_json(Path(output_dir) / "metrics.json"), shards, model, metrics)
 
 

@@ -8,18 +8,36 @@ collective for it (the other ranks never know). It is the very command a user wo
 are `cloob eval suite` on that step's weights (``--checkpoint`` of step N gives the same). Its CLIP_benchmark-style
 records land in ``OUTPUT/evals/step-N/results/<data set>/`` and its log in ``.../eval.log``. When it ends, its
 scalars go to TensorBoard (``eval/<name>``), Prometheus (``cloob_train_eval{metric=...}``) and
-``OUTPUT/eval_history.csv`` (a ``dvc plots`` curve, one row per step). One evaluation runs at a time: the step
-reached while one runs waits for it (a later one replaces it, and that is said); a failing one is reported and the
-run goes on. The run waits for the last one before it ends.
+``OUTPUT/eval_history.csv`` (a ``dvc plots`` curve, one row per step). One evaluation runs at a time: the steps
+reached while one runs wait in order (none is dropped, so the history is the same however fast the evaluations
+are; a backlog is said once); a failing one is reported and the run goes on. The run waits for the last one
+before it ends.
+
+Bounded and resumable:
+- each evaluation has ``train.eval_timeout_s``: one that runs past it (a frozen mount, a hung read, a stopped
+  process) is killed with a warning, and the run goes on; nothing waits for it without a limit;
+- the evaluation process ends with its trainer: it asks the kernel to kill it when its parent dies
+  (``PR_SET_PDEATHSIG``; elsewhere it polls its parent), so a killed run leaves none behind;
+- a finished evaluation is recorded in ``evals/step-N/scalars.json`` (written last), and a resumed run rebuilds
+  its history from those records: evaluations of steps up to its checkpoint that did not finish are run again
+  from their exports (the checkpoint's own step exported again when the kill came before its export), and the
+  folders of steps after the checkpoint, which the run trains again, are removed. A resumed run so ends with
+  the history an uninterrupted one has.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import logging
+import os
+import re
+import shutil
 import subprocess
 import sys
+import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,11 +46,16 @@ import yaml
 
 from cloob_core import storage
 from cloob_core.config import CloobConfig
-from cloob_core.io import write_text
+from cloob_core.io import write_json, write_text
 from cloob_core.model.export import export_model
+from cloob_core.model.files import INFO_FILE
+from cloob_core.parent import PARENT_ENV
 
 log = logging.getLogger(__name__)
 HISTORY = "eval_history.csv"
+SCALARS = "scalars.json"  # in evals/step-N: the evaluation finished, and these are its scalars
+_STEP_FOLDER = re.compile(r"^step-(\d{8})$")
+_KILL_WAIT_S = 30.0  # for a killed evaluation to be reaped
 
 
 @dataclass
@@ -40,6 +63,7 @@ class _Running:
     step: int
     folder: Path
     process: subprocess.Popen
+    deadline: float  # time.monotonic() past which it is killed
 
 
 @dataclass
@@ -51,8 +75,9 @@ class Evaluator:
     enabled: bool
     device: str = "auto"  # the training process's: the evaluation embeds on the same GPU (or the CPU)
     running: _Running | None = None
-    waiting: tuple[int, Path] | None = None  # the latest step exported while another was evaluated
+    waiting: deque[tuple[int, Path]] = field(default_factory=deque)  # steps exported, in order
     history: dict[int, dict[str, float]] = field(default_factory=dict)
+    _backlog_said: bool = False
 
     @property
     def every(self) -> int:
@@ -61,47 +86,100 @@ class Evaluator:
     def due(self, step: int) -> bool:
         return bool(self.every) and step % self.every == 0
 
-    def submit(self, model: Any, step: int) -> None:
-        """Export the model of ``step`` and evaluate it: now, or when the running evaluation ends (the latest
-        step waiting replaces an earlier one, which is said)."""
-        folder = self.output / "evals" / f"step-{step:08d}"
-        export_model(model, folder / "model", {"objective": self.config.train.objective, "steps": step})
-        self.poll()
-        if self.running is None:
-            self._start(step, folder)
+    def _folder(self, step: int) -> Path:
+        return self.output / "evals" / f"step-{step:08d}"
+
+    def resume(self, model: Any, step: int) -> None:
+        """A run resumed at ``step``: its history from the finished evaluations up to that step, the unfinished
+        ones queued again (the step's own exported first when the kill came before its export), and the folders
+        of later steps removed (the run trains them again)."""
+        if not self.enabled or not (self.output / "evals").is_dir():
+            if self.enabled and self.due(step) and step:
+                self.submit(model, step)
             return
-        if self.waiting is not None:
-            log.warning("evaluation of step %d still running: step %d is not evaluated (step %d is next)",
-                        self.running.step, self.waiting[0], step)
-        self.waiting = (step, folder)
+        for folder in sorted((self.output / "evals").iterdir()):
+            match = _STEP_FOLDER.match(folder.name)
+            if match is None:
+                continue
+            evaluated = int(match.group(1))
+            if evaluated > step:
+                shutil.rmtree(folder, ignore_errors=True)
+            elif (folder / SCALARS).is_file():
+                self.history[evaluated] = {name: float(value) for name, value in
+                                           storage.read_json(folder / SCALARS).items()}
+        for due in range(self.every, step + 1, self.every):
+            if due in self.history:
+                continue
+            if (self._folder(due) / "model" / INFO_FILE).is_file():  # the export's last file: it is whole
+                log.info("evaluation of step %d did not finish before the run stopped: evaluating it again", due)
+                self._queue(due, self._folder(due))
+            elif due == step:
+                self.submit(model, step)
+            else:
+                log.warning("evaluation of step %d cannot be done again: its export is gone", due)
+        if self.history:
+            self._write_history()
+
+    def submit(self, model: Any, step: int) -> None:
+        """Export the model of ``step`` and evaluate it: now, or after the evaluations before it."""
+        folder = self._folder(step)
+        export_model(model, folder / "model", {"objective": self.config.train.objective, "steps": step})
+        self._queue(step, folder)
+
+    def _queue(self, step: int, folder: Path) -> None:
+        self.waiting.append((step, folder))
+        self.poll()
+        if len(self.waiting) > 1 and not self._backlog_said:
+            self._backlog_said = True
+            log.warning("evaluations fall behind training: steps %s wait for the evaluation of step %d (each is "
+                        "evaluated in turn, the last before the run ends; a larger train.eval_every keeps up)",
+                        ", ".join(str(waiting) for waiting, _ in self.waiting), self.running.step)
 
     def _start(self, step: int, folder: Path) -> None:
         params = self.output / "evals" / "params.yaml"
         if not params.exists():
             write_text(params, yaml.safe_dump(self.config.model_dump(), sort_keys=False))
+        shutil.rmtree(folder / "results", ignore_errors=True)  # what an evaluation stopped by a kill left
         command = [sys.executable, "-m", "cloob_core.cli", "eval", "suite", "--params", str(params), "--model",
                    str(folder / "model"), "--output", str(folder / "results"), "--no-progress", "--device", self.device,
                    *(flag for name in self.config.train.eval_datasets for flag in ("--dataset", name))]
         with open(folder / "eval.log", "wb") as sink:
-            process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        self.running = _Running(step, folder, process)
+            process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                       env={**os.environ, PARENT_ENV: str(os.getpid())})
+        self.running = _Running(step, folder, process, time.monotonic() + self.config.train.eval_timeout_s)
         log.info("evaluating step %d on %s (log: %s)", step, ", ".join(self.config.train.eval_datasets),
                  folder / "eval.log")
 
     def poll(self, monitor: Any = None) -> None:
-        """Take in a finished evaluation, and start the one waiting."""
-        if self.running is None or self.running.process.poll() is None:
-            return
+        """Take in a finished evaluation, kill one past its deadline, and start the next one waiting."""
+        if self.running is not None and self.running.process.poll() is None:
+            if time.monotonic() < self.running.deadline:
+                return
+            self._kill_late()
+        elif self.running is not None:
+            running, self.running = self.running, None
+            self._take_in(running, monitor)
+        if self.running is None and self.waiting:
+            self._start(*self.waiting.popleft())
+
+    def _kill_late(self) -> None:
         running, self.running = self.running, None
-        self._take_in(running, monitor)
-        if self.waiting is not None:
-            (step, folder), self.waiting = self.waiting, None
-            self._start(step, folder)
+        running.process.kill()  # SIGKILL: a stopped process ignores SIGTERM until it is continued
+        try:
+            running.process.wait(timeout=_KILL_WAIT_S)
+        except subprocess.TimeoutExpired:
+            log.warning("evaluation process %d of step %d did not end after SIGKILL", running.process.pid,
+                        running.step)
+        log.warning("evaluation of step %d ran past train.eval_timeout_s (%gs) and was killed; the run goes on "
+                    "(its log: %s)", running.step, self.config.train.eval_timeout_s, running.folder / "eval.log")
 
     def finish(self, monitor: Any = None) -> None:
-        """Wait for the running evaluation and the one waiting: the last step's figures belong to the run."""
-        while self.running is not None:
-            self.running.process.wait()
+        """Wait for the running evaluation and those waiting, each up to its deadline: the last step's figures
+        belong to the run."""
+        while self.running is not None or self.waiting:
+            if self.running is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):  # past its deadline: poll kills it
+                    self.running.process.wait(timeout=max(0.0, self.running.deadline - time.monotonic()))
             self.poll(monitor)
 
     def _take_in(self, running: _Running, monitor: Any) -> None:
@@ -111,6 +189,7 @@ class Evaluator:
                         running.process.returncode, lines[-1] if lines else "no output")
             return
         scalars = _scalars(running.folder / "results")
+        write_json(running.folder / SCALARS, scalars)
         self.history[running.step] = scalars
         self._write_history()
         if monitor is not None:
@@ -119,11 +198,16 @@ class Evaluator:
         log.info("evaluation of step %d: %s", running.step, shown)
 
     def stop(self) -> None:
-        """The run failed or was stopped: its running evaluation is ended too, and none starts."""
-        self.waiting = None
+        """The run failed or was stopped: its running evaluation is ended too (killed if it does not end on
+        SIGTERM within a few seconds), and none starts."""
+        self.waiting.clear()
         if self.running is not None:
             self.running.process.terminate()
-            self.running.process.wait()
+            try:
+                self.running.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.running.process.kill()
+                self.running.process.wait(timeout=_KILL_WAIT_S)
             self.running = None
 
     def _write_history(self) -> None:

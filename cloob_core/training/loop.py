@@ -37,6 +37,7 @@ from cloob_core.model.starting_weights import load_starting_weights
 from cloob_core.objectives.distributed import gather_features
 from cloob_core.objectives.registry import objective_from_config
 from cloob_core.plots import training_curves_png
+from cloob_core.publish import publish_copy
 from cloob_core.threads import core_share, plan_threads
 from cloob_core.training import checkpoint
 from cloob_core.training.batch_ring import BatchRing
@@ -55,7 +56,7 @@ from cloob_core.training.evaluator import Evaluator
 from cloob_core.training.images import Normalize, TrainImages
 from cloob_core.training.monitor import Monitor, Snapshot, run_label
 from cloob_core.training.optim import build_optimizer, build_scheduler, plan_schedule
-from cloob_core.training.resumption import auto_resume, resolve_resume
+from cloob_core.training.resumption import auto_resume, newest_whole, resolve_resume
 from cloob_core.training.shape import run_shape
 from cloob_core.training.step import (
     StepOutput,
@@ -543,8 +544,12 @@ def _train(config: CloobConfig, output: Path, resume: str | None, progress: bool
     urls = [url for _, source_urls, _ in sources for url in source_urls]
     identity = {"data": shards_fingerprint(urls), "code": checkpoint.code_fingerprint()}
     # decided before any collective, alike on every rank
-    source, saved = (auto_resume(config, output, identity, detect().is_main) or (None, None)) if resume == "auto" \
-        else (resolve_resume(resume, output, cfg.checkpoint_sync), None)
+    if resume == "auto":
+        source, saved = auto_resume(config, output, identity, detect().is_main) or (None, None)
+    elif resume == "latest":
+        source, saved = newest_whole(output, cfg.checkpoint_sync) or (None, None)
+    else:
+        source, saved = resolve_resume(resume, output), None
     setup = _build(config, plan_steps(config, total_samples), len(urls), identity, fresh=source is None)
     config, cfg, env = setup.config, setup.config.train, setup.env
     mix = mixed_streams(sources, cfg.data_streams) if cfg.sources else Mix(stream_shards(urls, cfg.data_streams), {})
@@ -565,6 +570,8 @@ def _train(config: CloobConfig, output: Path, resume: str | None, progress: bool
                  config.model.architecture, setup.parts.objective.name, setup.steps, cfg.batch_size,
                  env.world_size, setup.device, cfg.data_streams, cfg.shards)
     evaluator = Evaluator(config, output, enabled=env.is_main and cfg.eval_every > 0, device=str(setup.device))
+    if start_step:
+        evaluator.resume(setup.parts.model, start_step)  # the history so far, and what a kill left unevaluated
     started = time.perf_counter()
     try:
         with _StopSignal() as stop:
@@ -610,7 +617,7 @@ def _train(config: CloobConfig, output: Path, resume: str | None, progress: bool
     if env.is_main:
         _write_outputs(output, setup.parts.model, config, metrics, state.history)
         if publish:
-            published = storage.upload_tree(str(output), publish, exclude=("checkpoints",))
+            published = publish_copy(output, publish, exclude=("checkpoints",))  # as one unit
         if setup.mirror is not None:
             setup.mirror.finish()
     return TrainResult(output, metrics, setup.parts.model, env.is_main, published)

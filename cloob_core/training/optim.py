@@ -9,7 +9,7 @@ import torch
 from timm.scheduler import CosineLRScheduler
 from torch import nn
 
-from cloob_core.config import OptimConfig
+from cloob_core.config import ConfigError, OptimConfig
 
 
 def exempt_from_weight_decay(name: str, param: nn.Parameter) -> bool:
@@ -24,6 +24,9 @@ def build_optimizer(model: nn.Module, config: OptimConfig, objective: nn.Module 
     for name, param in named:
         if param.requires_grad:
             (exempt if exempt_from_weight_decay(name, param) else decayed).append(param)
+    if not decayed and not exempt:  # what the configuration check cannot see (an architecture locked whole)
+        raise ConfigError("nothing would train: no parameter of the model or the objective takes a gradient (both "
+                          "towers locked, a fixed model.inv_tau); unlock a tower or set model.learn_inv_tau true")
     groups = [{"params": exempt, "weight_decay": 0.0}, {"params": decayed, "weight_decay": config.weight_decay}]
     options = {"lr": config.lr, "betas": (config.beta1, config.beta2), "eps": config.eps}
     try:

@@ -12,6 +12,12 @@ Every checkpoint holds its run's configuration and the fingerprints of its data 
   newest checkpoint in OUTPUT/checkpoints (then ``train.checkpoint_sync``) is continued when it is of this run:
   the same keys defining it, the same data and the same code. Otherwise the run starts afresh, and the checkpoints
   of the other run are removed from OUTPUT/checkpoints (their retention would mix the two runs).
+
+``latest`` and ``auto`` take the newest checkpoint that is whole: one whose bytes do not match its checksum, or
+that does not read, is passed over with a warning for the one before it (then the mirror's). Both are what an
+unattended caller runs (DVC, a retried pod, a multi-node job's restarted ranks), and losing the steps since the
+checkpoint before costs less than a run that stops until someone resumes it by hand. None whole is the newest's
+error. A checkpoint named by its path is that one or an error.
 """
 
 from __future__ import annotations
@@ -22,29 +28,40 @@ from typing import Any
 
 from cloob_core import storage
 from cloob_core.config import CloobConfig, ConfigError, ConfigLayers
+from cloob_core.model.checkpoint_file import CheckpointError
 from cloob_core.training import checkpoint
 
 log = logging.getLogger(__name__)
 RESUME_CHOICES = "latest, auto or a checkpoint's path"
 
 
-def resolve_resume(resume: str | None, output: Path, mirror: str | None) -> str | None:
-    """``latest``: the newest checkpoint in OUTPUT/checkpoints, else in the S3 mirror; or an explicit path. No
-    ``resume`` and checkpoints in OUTPUT is refused: their retention would mix two runs."""
+def resolve_resume(resume: str | None, output: Path) -> str | None:
+    """The checkpoint a run without ``latest`` or ``auto`` continues: the path given, or none. No ``resume`` and
+    checkpoints in OUTPUT is refused: their retention would mix two runs."""
     if resume is None:
         earlier = checkpoint.latest(str(output / "checkpoints"))
         if earlier is not None:
             raise ConfigError(f"{output}/checkpoints holds checkpoints of an earlier run (newest {earlier}); pass "
                               "--resume latest to continue it, or choose another --output")
-        return None
-    if resume not in ("latest", "auto"):
-        return resume
-    found = checkpoint.latest(str(output / "checkpoints"))
-    if found is None and mirror:
-        found = checkpoint.latest(mirror)
-    if found is None:
-        log.info("--resume %s: no checkpoint yet, starting from step 0", resume)
-    return found
+    return resume
+
+
+def newest_whole(output: Path, mirror: str | None) -> tuple[str, dict[str, Any]] | None:
+    """The newest checkpoint in OUTPUT/checkpoints, then in the mirror, that matches its checksum and reads, with
+    its contents; one that does not is passed over with a warning. None when there is no checkpoint; the newest's
+    :class:`CheckpointError` when none is whole."""
+    newest_error = None
+    for location in filter(None, (str(output / "checkpoints"), mirror)):
+        for name in reversed(checkpoint.complete(location)):
+            path = storage.join(location, name)
+            try:
+                return path, checkpoint.load(path)
+            except CheckpointError as err:
+                newest_error = newest_error or err
+                log.warning("--resume: %s; passing it over for the checkpoint before it", err)
+    if newest_error is not None:
+        raise newest_error
+    return None
 
 
 def resumed_config(layers: ConfigLayers, output: str | Path, resume: str | None) -> CloobConfig:
@@ -53,10 +70,16 @@ def resumed_config(layers: ConfigLayers, output: str | Path, resume: str | None)
     requested = layers.build()
     if resume in (None, "auto"):
         return requested
-    source = resolve_resume(resume, Path(output), requested.train.checkpoint_sync)
+    if resume == "latest":
+        found = newest_whole(Path(output), requested.train.checkpoint_sync)
+        source, saved = (found[0], found[1]["config"]) if found else (None, None)
+        if found is None:
+            log.info("--resume latest: no checkpoint yet, starting from step 0")
+    else:
+        source = resume
+        saved = checkpoint.load(source)["config"]
     if source is None:
         return requested
-    saved = checkpoint.load(source)["config"]
     config = layers.build(base=saved)
     current = config.model_dump()
     conflicts = [f"{key} {checkpoint.setting(current, key)!r} (the run has {checkpoint.setting(saved, key)!r})"
@@ -74,10 +97,11 @@ def auto_resume(config: CloobConfig, output: Path, identity: dict[str, str],
                 is_main: bool) -> tuple[str, dict[str, Any]] | None:
     """``--resume auto``: the checkpoint to continue from when it is of this run, with its contents (read once),
     else None (and, on the main rank, the other run's checkpoints removed from OUTPUT/checkpoints)."""
-    found = resolve_resume("auto", output, config.train.checkpoint_sync)
-    if found is None:
+    newest = newest_whole(output, config.train.checkpoint_sync)
+    if newest is None:
+        log.info("--resume auto: no checkpoint yet, starting from step 0")
         return None
-    saved = checkpoint.load(found)
+    found, saved = newest
     why = checkpoint.run_differences(saved["config"], config.model_dump())
     why += [f"its {what} changed" for what in checkpoint.identity_differences(saved, identity)]
     if not why:

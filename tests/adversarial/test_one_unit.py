@@ -309,3 +309,46 @@ def test_an_eval_set_killed_at_any_write_leaves_the_previous_or_the_new_set(tmp_
         labels = [r.label for batch in image_batches(images, lambda image: torch.zeros(1), batch_size=4, workers=0)
                   for r in batch.records]
         assert len(labels) == (8 if state == "old" else 6) and None not in labels
+
+
+def test_a_failed_publish_leaves_the_previous_model_for_its_readers_and_the_gate(mnist_train_shards, tmp_path,
+                                                                                 s3_bucket, fault_proxy):
+    """`cloob train --publish` over an earlier publication on S3, failing part-way: while the new files are
+    uploaded (the weights refused), and while they are switched into place (metrics.json's move answered 500).
+    The run exits 2 in one line; the reader the multi-node step uses (publish.fetch), and the gate's checks on
+    what it fetched, see yesterday's set whole or today's whole, never today's metrics beside yesterday's
+    weights."""
+    import subprocess
+    import sys
+
+    prefix = f"s3://{s3_bucket}/publish"
+    base = ["--shards", str(mnist_train_shards), "--batch-size", "32", "--workers", "0", "--no-progress",
+            "--no-tensorboard", "--publish", prefix]
+
+    def train(name: str, steps: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "cloob_core.cli", "train", "--output", str(tmp_path / name),
+                               "--steps", steps, *base], capture_output=True, text=True, timeout=600)
+
+    def fetched(name: str) -> tuple[int, str]:
+        local = tmp_path / "fetched" / name
+        publish.fetch(prefix, local)
+        promotion._check_candidate(local / "model")
+        return json.loads((local / "metrics.json").read_text())["steps"], promotion.model_id(local / "model")
+
+    done = train("yesterday", "1")
+    assert done.returncode == 0 and "as one unit" in done.stdout, done.stderr[-2000:]
+    yesterday = (1, promotion.model_id(tmp_path / "yesterday" / "model"))
+    assert fetched("first") == yesterday
+    fault_proxy.add("slowdown", method="PUT", key="open_clip_model.safetensors", times=None)
+    done = train("today", "2")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert len([line for line in done.stderr.splitlines() if line.startswith("cloob: ")]) == 1
+    assert fetched("after-upload-failed") == yesterday
+    fault_proxy.clear()
+    fault_proxy.add("error-after", method="PUT", key="/publish/metrics.json", times=None)
+    done = train("today-again", "2")
+    assert done.returncode == 2, done.stderr[-2000:]
+    fault_proxy.clear()
+    today = (2, promotion.model_id(tmp_path / "today-again" / "model"))
+    assert fetched("after-switch-failed") == today  # the reader completed the switch the run began
+    assert storage.read_json(f"{prefix}/metrics.json")["steps"] == 2

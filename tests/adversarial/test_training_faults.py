@@ -4,7 +4,9 @@ problem, never a traceback, and never a broken model presented as a result."""
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -94,3 +96,62 @@ def test_a_stuck_data_loader_is_a_clear_error_not_a_hang(mnist_train_shards, tmp
     assert done.returncode == 2
     assert "no data from the data-loader workers within 0.01 s" in one_error_line(done)
     assert not (tmp_path / "run" / "model").exists()
+
+
+def test_starting_weights_read_from_s3_through_a_flaky_network(mnist_train_shards, tmp_path, s3_bucket, fault_proxy,
+                                                             monkeypatch):
+    """train.init_from on S3 whose body is cut mid-read (the headers promise the object, half of it comes, the
+    connection drops): a cut once is read again and the run trains; a cut on every try is one line naming the
+    object, exit 2, not "an internal error". For a model folder and for a weights file alike."""
+    from cloob_core import storage
+
+    source = tmp_path / "source"
+    assert train(mnist_train_shards, source, "--steps", "1").returncode == 0
+    folder, weights = f"s3://{s3_bucket}/weights", f"s3://{s3_bucket}/file/open_clip_model.safetensors"
+    storage.upload_tree(str(source / "model"), folder)
+    storage.copy_file(source / "model" / "open_clip_model.safetensors", weights)
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "3")
+    for number, init_from in enumerate((folder, weights)):
+        fault_proxy.clear()
+        fault_proxy.add("cut-body", method="GET", key="open_clip_model.safetensors", times=1)
+        done = train(mnist_train_shards, tmp_path / f"once-{number}", "--steps", "1", "--set",
+                     f"train.init_from={init_from}")
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "while reading (try 1 of 3)" in done.stderr
+        assert any("body cut at half" in what for _, _, what in fault_proxy.log)
+        fault_proxy.clear()
+        fault_proxy.add("cut-body", method="GET", key="open_clip_model.safetensors", times=None)
+        done = train(mnist_train_shards, tmp_path / f"always-{number}", "--steps", "1", "--set",
+                     f"train.init_from={init_from}")
+        assert done.returncode == 2, done.stderr[-3000:]
+        line = one_error_line(done)
+        assert "open_clip_model.safetensors: reading it failed 3 times" in line and "internal error" not in line
+
+
+def test_a_corrupt_newest_checkpoint_is_passed_over_for_the_one_before_it(mnist_train_shards, tmp_path):
+    """What an unattended resume (DVC's --resume auto, a restarted pod's latest) does with a newest checkpoint
+    whose bytes no longer match their checksum: a warning naming it, the run continued from the checkpoint before,
+    and the same weights as a run never damaged. A checkpoint named by its path is still refused."""
+    import torch
+    from safetensors.torch import load_file
+
+    whole = tmp_path / "whole"
+    assert train(mnist_train_shards, whole, "--steps", "6", "--checkpoint-every", "2").returncode == 0
+    for resume in ("auto", "latest"):
+        output = tmp_path / resume
+        shutil.copytree(whole, output)  # a run whose newest checkpoint, its last, is then damaged
+        newest = output / "checkpoints" / "step-00000006.pt"
+        data = bytearray(newest.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        newest.write_bytes(bytes(data))
+        shutil.rmtree(output / "model")
+        done = train(mnist_train_shards, output, "--steps", "6", "--checkpoint-every", "2", "--resume", resume)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "step-00000006.pt is corrupt" in done.stderr and "passing it over" in done.stderr
+        assert json.loads((output / "metrics.json").read_text())["resumed_from_step"] == 4
+        ours, reference = (load_file(folder / "model" / "open_clip_model.safetensors") for folder in (output, whole))
+        assert all(torch.equal(ours[key], reference[key]) for key in reference)
+    assert newest.read_bytes() != bytes(data)  # trained again from step 4: a whole checkpoint in its place
+    newest.write_bytes(bytes(data))
+    done = train(mnist_train_shards, tmp_path / "named", "--steps", "6", "--resume", str(newest))
+    assert done.returncode == 2 and "is corrupt" in one_error_line(done)
