@@ -128,7 +128,8 @@ class Evaluator:
 
     def _queue(self, step: int, folder: Path) -> None:
         self.waiting.append((step, folder))
-        self.poll()
+        if self.running is None:  # (one that has ended is taken in by the loop's poll, with the monitor)
+            self._start(*self.waiting.popleft())
         if len(self.waiting) > 1 and not self._backlog_said:
             self._backlog_said = True
             log.warning("evaluations fall behind training: steps %s wait for the evaluation of step %d (each is "
