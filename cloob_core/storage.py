@@ -130,7 +130,7 @@ def _transient(err: BaseException) -> bool:
     return any(kind.__name__ in _TRANSIENT for kind in type(err).__mro__)
 
 
-def read_attempts() -> int:
+def _read_attempts() -> int:
     """Tries of a whole-object read: botocore's ``AWS_MAX_ATTEMPTS`` (its legacy mode's 5 when unset)."""
     value = os.environ.get("AWS_MAX_ATTEMPTS", "")
     return max(1, int(value)) if value.isdigit() else 5
@@ -139,7 +139,7 @@ def read_attempts() -> int:
 def _retried_read(location: str | os.PathLike, read: Callable[[], T]) -> T:
     """``read()`` of an object (idempotent), tried again with backoff when the body fails on the way; what
     remains after the tries is one error naming the object (an OSError: the user's storage, exit 2)."""
-    attempts = read_attempts()
+    attempts = _read_attempts()
     for attempt in range(1, attempts + 1):
         try:
             return read()
