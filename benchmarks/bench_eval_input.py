@@ -180,7 +180,9 @@ def clip_benchmark(model: Path, architecture: str, data: Path, output: Path,
     argv = [sys.executable, "-m", "cloob_core.evaluation.clip_benchmark_loader", "eval", "--model_type", "cloob",
             "--model", architecture, "--pretrained", str(model), "--dataset", f"wds/{data.name}", "--dataset_root",
             str(data), "--task", "zeroshot_classification", "--output", str(output), *options]
-    seconds, memory, rss, _ = run(argv, env={"PYTHONPATH": f"{OVERLAY}:{ROOT}"})
+    # the overlay first; what PYTHONPATH held (gpu_check.sh's brought wheels on a GPU machine) after it
+    path = ":".join(filter(None, [str(OVERLAY), str(ROOT), os.environ.get("PYTHONPATH")]))
+    seconds, memory, rss, _ = run(argv, env={"PYTHONPATH": path})
     return seconds, memory, rss, json.loads(output.read_text())["metrics"]["acc1"]
 
 

@@ -79,6 +79,14 @@ QUICK = Sizes("cpu", ("cloob-tiny-vit", "cloob-tiny"), 16, 1, 2, (64, 128), 32, 
 LEARNING_STEPS = {"cuda": 300, "cpu": 8}  # section 8's run length: the goal's, and a CI smoke run's
 
 
+@dataclass(frozen=True)
+class Learning:
+    """Section 8's run: its length (None: LEARNING_STEPS) and warm-up (None: the preset's or the defaults'). A
+    warm-up shorter than the run lets CLOOB's default start (InfoLOOB for the warm-up) cross into retrieval."""
+    steps: int | None = None
+    warmup: int | None = None
+
+
 def say(line: str) -> None:
     print(line, flush=True)
     RESULTS.append(line)
@@ -455,7 +463,7 @@ def resume_from_eight(sizes: Sizes, scratch: Path) -> None:
 
 
 @section("8. the models learn: loss against its collapsed value, effective rank, held-out R@5 (CLOOB and CLIP)")
-def models_learn(sizes: Sizes, scratch: Path) -> None:
+def models_learn(sizes: Sizes, scratch: Path, learning: Learning) -> None:
     from cloob_core.config import load_config
     from cloob_core.data.local import build_shards
     from cloob_core.evaluation.run import evaluate
@@ -470,7 +478,8 @@ def models_learn(sizes: Sizes, scratch: Path) -> None:
         build_shards("captioned", str(shards), load_config(overrides=[
             f"preprocess.image_size={side}", "preprocess.resize_only_if_bigger=false", "preprocess.shard_size=64"]),
             split="train", progress=False)
-    steps, failed = LEARNING_STEPS[sizes.device], []
+    steps, failed = learning.steps or LEARNING_STEPS[sizes.device], []
+    warmup = [] if learning.warmup is None else [f"optim.warmup_steps={learning.warmup}"]
     for model in sizes.models:
         for objective in ("cloob", "clip"):
             run = scratch / f"learn-{model}-{objective}"
@@ -480,7 +489,7 @@ def models_learn(sizes: Sizes, scratch: Path) -> None:
                 f"train.shards={shards}", f"model.architecture={model}", f"train.objective={objective}",
                 f"train.batch_size={sizes.batch}", f"train.steps={steps}", f"train.checkpoint_every={steps}",
                 "train.log_every=10", "train.tensorboard=false",
-                f"train.device={'cuda' if sizes.device == 'cuda' else 'auto'}"])
+                f"train.device={'cuda' if sizes.device == 'cuda' else 'auto'}", *warmup])
             metrics = train(config, run, progress=False).metrics
             seconds = time.perf_counter() - started
             retrieval = evaluate(RetrievalTask(), ModelSource(model=str(run / "model"), device=sizes.device),
@@ -489,7 +498,8 @@ def models_learn(sizes: Sizes, scratch: Path) -> None:
             r5 = (recall["image_retrieval_recall@5"] + recall["text_retrieval_recall@5"]) / 2
             chance = 5 / recall["images"]
             met = (metrics["collapse_margin"] >= 0.02 and metrics["effective_rank_image"] > 32 and r5 >= 5 * chance)
-            say(f"   {model:<9} {objective:<5} {steps} steps in {seconds:.0f} s: loss {metrics['final_loss']:.4f}, "
+            say(f"   {model:<9} {objective:<5} {steps} steps (warm-up {config.optim.warmup_steps}) in {seconds:.0f} s: "
+                f"loss {metrics['final_loss']:.4f}, "
                 f"collapsed value {metrics['collapsed_loss']:.4f} (margin {metrics['collapse_margin']:+.4f}), "
                 f"effective rank {metrics['effective_rank_image']:.1f} / {metrics['effective_rank_text']:.1f}, "
                 f"mean cosine {metrics['mean_cosine_image']:.3f} / {metrics['mean_cosine_text']:.3f} (image / text), "
@@ -538,6 +548,10 @@ def main() -> int:
     parser.add_argument("--out", type=Path, help="also write the result lines to this file")
     parser.add_argument("--sections", default="1,3,4,5,6,8,9",
                         help="which sections to run (1 runs 1-2; 7 only when named; default the others)")
+    parser.add_argument("--learning-steps", type=int, help="section 8's steps (default 300 on a GPU, 8 quick)")
+    parser.add_argument("--learning-warmup", type=int,
+                        help="section 8's warm-up steps (default: the preset's; shorter than the run to cross CLOOB's "
+                             "switch to retrieval)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     sizes = QUICK if args.quick else FULL
@@ -549,6 +563,7 @@ def main() -> int:
     name = torch.cuda.get_device_name(0) if sizes.device == "cuda" else "CPU (quick mode)"
     say(f"gpu_check: torch {torch.__version__} (CUDA {torch.version.cuda}), {name}, {os.cpu_count()} cores; "
         f"brought: {os.environ.get('GPU_CHECK_BROUGHT') or 'nothing'}")
+    learning = Learning(args.learning_steps, args.learning_warmup)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp)
@@ -558,7 +573,7 @@ def main() -> int:
                             ("4", lambda: losses_against_matmul(sizes)),
                             ("6", lambda: resume_from_eight(sizes, scratch)),
                             ("7", lambda: stage_variants(sizes, scratch)),
-                            ("8", lambda: models_learn(sizes, scratch)),
+                            ("8", lambda: models_learn(sizes, scratch, learning)),
                             ("9", lambda: evaluation_against_clip_benchmark(sizes, scratch))):
             if number in chosen:
                 run()
