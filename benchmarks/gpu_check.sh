@@ -13,7 +13,7 @@ if [ -z "$python" ]; then
   if [ -x .venv/bin/python ]; then python=.venv/bin/python; else python=python3; fi
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-needed="open_clip pydantic webdataset braceexpand ftfy matplotlib joblib fsspec safetensors psutil sklearn"
+needed="open_clip pydantic webdataset braceexpand ftfy duckdb matplotlib joblib fsspec safetensors psutil sklearn"
 missing=$("$python" - "$needed" <<'PY'
 import importlib.util, sys
 print(" ".join(name for name in sys.argv[1].split() if importlib.util.find_spec(name) is None))
