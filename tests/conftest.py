@@ -122,6 +122,22 @@ def weights(tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="session")
+def untrained_export(tmp_path_factory):
+    """The default architecture's initial weights (seed 0) exported as `cloob train` exports a model: the untrained
+    model that `cloob eval` tests read (read-only; a test that changes it takes a copy)."""
+    import torch
+
+    from cloob_core.config import load_config
+    from cloob_core.model.dual_encoder import build_model
+    from cloob_core.model.export import export_model
+
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("random") / "model"
+    export_model(build_model(load_config().model), folder, {"objective": "none", "steps": 0})
+    return folder
+
+
 @pytest.fixture
 def fault_proxy(s3_bucket, s3_server, monkeypatch):
     """The loopback S3 server behind a fault-injecting proxy (tests/s3_fault_proxy.py): boto3 in this process and

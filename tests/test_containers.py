@@ -73,9 +73,9 @@ def test_no_credentials_are_baked_into_the_image(image):
         assert "AWS_" not in text and "SECRET" not in text.upper() and "TOKEN" not in text.upper()
 
 
-def run_local(root: Path, runner: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+def run_local(root: Path, runner: str, env: dict[str, str], *extra: str) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "pipelines", "run-local", "--runner", runner, "--root", str(root),
-               "--set", "train.epochs=3", "--set", f"promote.store={root / 'store'}", "--partitions", "2"]
+               "--set", "train.epochs=3", "--set", f"promote.store={root / 'store'}", "--partitions", "2", *extra]
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
 
 
@@ -128,7 +128,9 @@ def test_an_image_missing_a_dependency_fails_the_run_naming_the_step(image, tmp_
     docker("build", "--network", "none", "-q", "-t", BROKEN, str(tmp_path))
     try:
         env = {**os.environ, "CLOOB_IMAGE_CPU": BROKEN, "CLOOB_IMAGE_CUDA": BROKEN}
-        done = run_local(tmp_path / "root", "docker", env)
+        # no retries of the training step: its default three, 60 s apart and doubling, would wait 7 minutes for
+        # the same failure (the retry itself is tests/test_local_run.py's)
+        done = run_local(tmp_path / "root", "docker", env, "--train-retries", "0")
     finally:
         docker("rmi", "-f", BROKEN, check=False)
     print(done.stdout[-3000:], done.stderr[-1000:])

@@ -8,34 +8,25 @@ import logging
 from pathlib import Path
 
 import pytest
-import torch
 from image_server import photo_bytes
 
 from cloob_core.cli import main
 from cloob_core.config import load_config
-from cloob_core.data.local import build_shards
 from cloob_core.evaluation.clip_benchmark_loader import load_cloob
-from cloob_core.model.dual_encoder import build_model
-from cloob_core.model.export import export_model
 from cloob_core.training.loop import train
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+def trained(mnist_train_shards, tmp_path_factory):
     root = tmp_path_factory.mktemp("eval")
-    config = load_config(overrides=["preprocess.resize_mode=no", "preprocess.shard_size=250"])
-    build_shards("mnist", str(root / "shards"), config, split="train", progress=False)
-    config = load_config(overrides=[f"train.shards={root / 'shards'}", "train.epochs=3", "train.tensorboard=false"])
+    config = load_config(overrides=[f"train.shards={mnist_train_shards}", "train.epochs=3", "train.tensorboard=false"])
     train(config, root / "run", progress=False)
     return root / "run" / "model"
 
 
-@pytest.fixture(scope="module")
-def untrained(tmp_path_factory):
-    torch.manual_seed(0)
-    folder = tmp_path_factory.mktemp("random") / "model"
-    export_model(build_model(load_config().model), folder, {"objective": "none", "steps": 0})
-    return folder
+@pytest.fixture
+def untrained(untrained_export):
+    return untrained_export
 
 
 def run(task: str, *args: str) -> int:

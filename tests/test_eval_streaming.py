@@ -26,11 +26,8 @@ from cloob_core.model.source import ModelSource, load_model
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    torch.manual_seed(0)
-    folder = tmp_path_factory.mktemp("random") / "model"
-    export_model(build_model(load_config().model), folder, {"objective": "none", "steps": 0})
-    return load_model(ModelSource(model=str(folder), device="cpu"))
+def model(untrained_export):
+    return load_model(ModelSource(model=str(untrained_export), device="cpu"))
 
 
 def rewrite_tar(path: Path, change) -> None:

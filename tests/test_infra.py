@@ -177,6 +177,11 @@ def test_the_dockerfile_lints_clean_and_its_final_stage_is_minimal():
     final = dockerfile.read_text().rsplit("\nFROM ", 1)[1]
     assert "apt-get" not in final and "build-essential" not in final and "pip install" not in final
     assert "USER 10001:10001" in final and "COPY --from=build /opt/cloob /opt/cloob" in final
+    # the code after the dependencies and the labels last, so that a code change or the other variant reuses the
+    # dependencies' layer (GBs) from the build cache
+    lines = [line.split()[0] for line in final.splitlines()[1:] if line and line[0].isupper()]
+    assert final.index("COPY --from=build") < final.index("COPY --from=code") < final.index("LABEL")
+    assert lines[-1] == "LABEL" and "ARG" not in lines[:lines.index("CMD")], lines
 
 
 def test_the_build_script_tags_the_images_the_components_use():
