@@ -31,7 +31,8 @@ def add_model_flags(parser: argparse.ArgumentParser, model: type[BaseModel], pre
                 members.remove(literals[0])
             annotation = members[0]
             args = typing.get_args(annotation)
-        help_text = f"{field.description} (default: {field.get_default(call_default_factory=True)})"
+        # argparse %-formats help: a literal % in a description (e.g. "5%") must reach it doubled
+        help_text = f"{field.description} (default: {field.get_default(call_default_factory=True)})".replace("%", "%%")
         options: dict[str, Any] = {"dest": f"{prefix}__{name}", "default": None, "help": help_text}
         if words:
             options.update(type=_word_or(annotation, words), metavar="|".join((*words, name.upper())))

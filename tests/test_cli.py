@@ -57,3 +57,30 @@ def test_every_command_that_reads_a_table_names_its_columns_with_the_same_flags(
     args = parser.parse_args(["data", "eval-set", "--source", "s", "--output", "o", "--url-col", "file",
                               "--caption-col", "text"])
     assert (args.image_col, args.caption_col) == ("file", "text")
+
+
+def _commands(parser, prefix=()):
+    """Every command path of the parser (``("eval", "zeroshot")``, …) with its parser."""
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield (*prefix, name), sub
+                yield from _commands(sub, (*prefix, name))
+
+
+def test_every_commands_help_prints(capsys):
+    """`cloob COMMAND --help` for each command: a configuration field's description with a literal % (the promotion
+    floor's "5%") once made argparse's help formatting fail with a traceback."""
+    import pytest
+
+    from cloob_core.cli import build_parser
+
+    commands = dict(_commands(build_parser()))
+    assert {("promote",), ("eval", "zeroshot"), ("data", "acquire"), ("train",)} <= commands.keys()
+    for command in commands:
+        with pytest.raises(SystemExit) as exited:
+            main([*command, "--help"])
+        assert exited.value.code == 0, command
+        assert capsys.readouterr().out.startswith(f"usage: cloob {' '.join(command)}"), command
