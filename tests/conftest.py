@@ -61,6 +61,19 @@ def mnist_train_shards(tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="session")
+def captioned_train_shards(tmp_path_factory):
+    """The packaged captioned set's training split as `cloob data shards --source captioned` writes it with the
+    default configuration (the DVC pipeline's own training set; a clean checkout has no data/): read-only for the
+    tests that train on it."""
+    from cloob_core.config import load_config
+    from cloob_core.data.local import build_shards
+
+    out = tmp_path_factory.mktemp("captioned") / "shards"
+    build_shards("captioned", str(out), load_config(), split="train", progress=False)
+    return out
+
+
 @pytest.fixture
 def pushgateway():
     """A stand-in Pushgateway on 127.0.0.1: (address, list of (path, body) it received)."""

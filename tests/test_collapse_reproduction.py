@@ -23,13 +23,8 @@ PAPERS_START = ["--set", "objective.start_without_hopfield=0"]  # the recipe bef
 
 
 @pytest.fixture(scope="module")
-def captioned_shards(tmp_path_factory) -> Path:
-    from cloob_core.config import load_config
-    from cloob_core.data.local import build_shards
-
-    out = tmp_path_factory.mktemp("captioned") / "shards"
-    build_shards("captioned", str(out), load_config(), split="train", progress=False)
-    return out
+def captioned_shards(captioned_train_shards) -> Path:
+    return captioned_train_shards
 
 
 def train(shards: Path, output: Path, *extra: str) -> subprocess.CompletedProcess:

@@ -193,17 +193,15 @@ def test_the_cpu_cores_go_to_whichever_side_the_loop_waits_for(monkeypatch):
 
 
 @pytest.mark.slow  # ~2 minutes: a short training run and the packaged suite twice
-def test_bf16_autocast_moves_the_packaged_suites_figures_by_an_image_or_two(tmp_path):
+def test_bf16_autocast_moves_the_packaged_suites_figures_by_an_image_or_two(tmp_path, captioned_train_shards):
     """What a GPU's default precision does to the figures, measured with the CPU's bf16 autocast: the zero-shot and
     retrieval figures of the packaged suite within 0.2 points or 3 items of fp32 (docs/evaluation.md, "bf16 against
     fp32"), and the features really computed in bf16."""
-    from cloob_core.data.local import build_shards
     from cloob_core.evaluation.suite import evaluate_suite
     from cloob_core.training.loop import train
 
-    shards = tmp_path / "shards"  # the pipeline's own training set, written here: a clean checkout has no data/
-    build_shards("captioned", str(shards), load_config(), split="train", progress=False)
-    config = load_config(overrides=[f"train.shards={shards}", "train.steps=150", "train.tensorboard=false"])
+    config = load_config(overrides=[f"train.shards={captioned_train_shards}", "train.steps=150",
+                                    "train.tensorboard=false"])
     train(config, tmp_path / "run", progress=False)
     found = {}
     for precision in ("fp32", "bf16"):

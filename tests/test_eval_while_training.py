@@ -90,6 +90,7 @@ def test_a_failing_evaluation_is_reported_and_the_run_goes_on(mnist_train_shards
     assert (tmp_path / "run" / "model" / "open_clip_model.safetensors").exists()
 
 
+@pytest.mark.slow  # ~40 s, in the slow phase for the default one's budget (docs/development.md)
 def test_two_gloo_ranks_train_the_same_weights_with_and_without_evaluation(mnist_train_shards, tmp_path,
                                                                            pushgateway):
     address, received = pushgateway

@@ -127,11 +127,10 @@ def test_a_run_that_diverged_is_listed_under_the_table_not_averaged_into_it(tmp_
 
 
 @pytest.mark.slow  # ~2 minutes: eight short runs; CI runs it (.ci/run)
-def test_the_quick_ablation_trains_every_objective_with_two_seeds_and_resumes(tmp_path, capsys):
-    shards = tmp_path / "shards"
-    assert main(["data", "shards", "--source", "captioned", "--output", str(shards), "--no-progress"]) == 0
+def test_the_quick_ablation_trains_every_objective_with_two_seeds_and_resumes(tmp_path, capsys,
+                                                                             captioned_train_shards):
     args = ["experiment", "ablation", "--quick", "--seeds", "2", "--points", "3", "--output", str(tmp_path / "out"),
-            "--set", f"train.shards={shards}"]
+            "--set", f"train.shards={captioned_train_shards}"]
     assert main(args) == 0
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if re.match(r"\| (clip|infoloob|infonce_hopfield|cloob) \| 2 \|", line)]

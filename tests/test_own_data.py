@@ -221,6 +221,7 @@ def test_a_cluster_run_with_this_machines_paths_is_refused_before_it_is_sent(own
     assert f"acquire.source '{own / 'products' / 'captions.csv'}'" in line
 
 
+@pytest.mark.slow  # ~50 s, in the slow phase for the default one's budget (docs/development.md)
 def test_the_walk_through_in_docs_data_md_runs_as_written(tmp_path):
     """docs/data.md's "Your own data" commands, each run as written in a folder holding my-data (240 of the
     package's pictures, captions.csv with columns file,text) and my-testset (an ImageFolder of 3 classes)."""

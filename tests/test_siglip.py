@@ -134,11 +134,10 @@ def test_two_gloo_ranks_equal_one_process_on_the_global_batch(local_loss):
                                    atol=1e-15, msg=key)
 
 
-def test_siglip_trains_in_a_grid_cell_beside_the_others(tmp_path, capsys):
-    shards = tmp_path / "shards"
-    assert main(["data", "shards", "--source", "captioned", "--output", str(shards), "--no-progress"]) == 0
+@pytest.mark.slow  # ~55-85 s, in the slow phase for the default one's budget (docs/development.md)
+def test_siglip_trains_in_a_grid_cell_beside_the_others(tmp_path, capsys, captioned_train_shards):
     assert main(["experiment", "objectives", "--quick", "--seeds", "1", "--points", "2", "--output",
-                 str(tmp_path / "out"), "--set", f"train.shards={shards}"]) == 0
+                 str(tmp_path / "out"), "--set", f"train.shards={captioned_train_shards}"]) == 0
     results = {json.loads(path.read_text())["cell"]: json.loads(path.read_text())
                for path in (tmp_path / "out" / "runs").glob("*/result.json")}
     assert set(results) == {"cloob", "infoloob", "clip", "siglip"}

@@ -70,6 +70,7 @@ def test_a_tiny_model_learns_and_exports_for_open_clip(shards, tmp_path):
                               atol=1e-6)  # the trained model runs channels-last: conv rounding differs
 
 
+@pytest.mark.slow  # ~45 s, in the slow phase for the default one's budget (docs/development.md)
 def test_sigkill_mid_run_then_resume_is_bit_identical(shards, tmp_path):
     settings = ["--steps", "24", "--batch-size", "64", "--checkpoint-every", "4", "--log-every", "4",
                 "--workers", "2"]
@@ -367,6 +368,7 @@ def test_every_objective_trains_from_the_cli(objective, shards, tmp_path):
     assert metrics["objective"] == objective and math.isfinite(metrics["final_loss"])
 
 
+@pytest.mark.slow  # ~50 s, in the slow phase for the default one's budget (docs/development.md)
 def test_a_checkpoint_of_two_ranks_resumes_on_one_and_on_four(shards, tmp_path):
     """With the checkpoint's data_streams (4) the global batch is the same on any number of ranks that divides
     it, so resuming on 1 or 4 ranks continues the data exactly: the result is the uninterrupted run's but for

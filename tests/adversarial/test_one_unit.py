@@ -311,6 +311,7 @@ def test_an_eval_set_killed_at_any_write_leaves_the_previous_or_the_new_set(tmp_
         assert len(labels) == (8 if state == "old" else 6) and None not in labels
 
 
+@pytest.mark.slow  # ~55 s, in the slow phase for the default one's budget (docs/development.md)
 def test_a_failed_publish_leaves_the_previous_model_for_its_readers_and_the_gate(mnist_train_shards, tmp_path,
                                                                                  s3_bucket, fault_proxy):
     """`cloob train --publish` over an earlier publication on S3, failing part-way: while the new files are

@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 BASE = ["--batch-size", "32", "--workers", "0", "--no-progress", "--no-tensorboard"]
 
 
@@ -98,6 +100,7 @@ def test_a_stuck_data_loader_is_a_clear_error_not_a_hang(mnist_train_shards, tmp
     assert not (tmp_path / "run" / "model").exists()
 
 
+@pytest.mark.slow  # ~40 s, in the slow phase for the default one's budget (docs/development.md)
 def test_starting_weights_read_from_s3_through_a_flaky_network(mnist_train_shards, tmp_path, s3_bucket, fault_proxy,
                                                              monkeypatch):
     """train.init_from on S3 whose body is cut mid-read (the headers promise the object, half of it comes, the
