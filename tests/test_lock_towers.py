@@ -75,27 +75,37 @@ def test_a_resnet_tower_locked_with_frozen_statistics_stays_whole_and_exports(mn
     assert torch.equal(loaded.state_dict()["visual.bn1.running_mean"], start["encoder.visual.bn1.running_mean"])
 
 
-@pytest.mark.parametrize("settings", [
+NOTHING_TO_TRAIN = [
     ("train.lock_image=true", "train.lock_text=true"),
     ("train.lock_image=true", "train.lock_text=true", "train.objective=clip"),
     ("train.lock_image=true", "train.lock_text=true", "train.objective=pvc_geometric", "train.image_views=2"),
-])
-def test_a_configuration_with_nothing_to_train_is_refused_when_it_is_checked(tmp_path, settings):
+]
+
+
+@pytest.mark.parametrize("settings", NOTHING_TO_TRAIN)
+def test_a_configuration_with_nothing_to_train_is_refused_when_it_is_checked(tmp_path, settings, capsys):
     """Both towers locked whole with a fixed temperature leaves no parameter to train: refused by the configuration
     check (`cloob config` refuses it too), in one line naming the ways out, before a model or a shard is read (the
-    shards here do not exist)."""
+    shards here do not exist). The commands run in this process; the first case also as `python -m cloob_core.cli`,
+    the entry point a user starts."""
     import subprocess
     import sys
+
+    from cloob_core.cli import main
 
     with pytest.raises(ConfigError, match=r"nothing would train.*model\.learn_inv_tau"):
         load_config(overrides=list(settings))
     overrides = [flag for setting in settings for flag in ("--set", setting)]
     for command in (["config"], ["train", "--shards", str(tmp_path / "none"), "--output", str(tmp_path / "run")]):
-        done = subprocess.run([sys.executable, "-m", "cloob_core.cli", *command, *overrides], capture_output=True,
-                              text=True, timeout=120)
-        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
-        (line,) = done.stderr.strip().splitlines()
-        assert "nothing would train" in line and "unlock a tower" in line, line
+        outcomes = [(main([*command, *overrides]), capsys.readouterr().err)]
+        if settings == NOTHING_TO_TRAIN[0]:
+            done = subprocess.run([sys.executable, "-m", "cloob_core.cli", *command, *overrides],
+                                  capture_output=True, text=True, timeout=120)
+            outcomes.append((done.returncode, done.stderr))
+        for code, err in outcomes:
+            assert code == 2 and "Traceback" not in err, err
+            (line,) = err.strip().splitlines()
+            assert "nothing would train" in line and "unlock a tower" in line, line
     assert not (tmp_path / "run").exists()
 
 
