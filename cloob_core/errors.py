@@ -76,5 +76,8 @@ def fail(err: BaseException, verbose: bool, exit_code: int, message: str | None 
     line = redacted(message or one_line(err))  # a refusal may quote a URL with credentials (cloob_core.redact)
     if exit_code == 1 and not isinstance(err, StageError):  # not the user's mistake (a failed gate exits 1 too)
         line += " (an internal error; run with --verbose for the traceback, and report it)"
-    print(f"{program}: {line}", file=sys.stderr)
+    # one write of the whole line: print() writes the text and the newline apart, so on an unbuffered stderr
+    # (PYTHONUNBUFFERED) the lines of several ranks sharing one pipe interleaved into one
+    sys.stderr.write(f"{program}: {line}\n")
+    sys.stderr.flush()
     return exit_code

@@ -84,3 +84,25 @@ def test_every_commands_help_prints(capsys):
             main([*command, "--help"])
         assert exited.value.code == 0, command
         assert capsys.readouterr().out.startswith(f"usage: cloob {' '.join(command)}"), command
+
+
+def test_a_refusal_line_is_one_write(monkeypatch):
+    """Several ranks share one stderr pipe: the line goes out in one write (atomic on a pipe up to 4 KiB), so two
+    ranks' refusals never interleave into one line, as they did with print() on an unbuffered stderr."""
+    import io
+
+    from cloob_core.errors import StageError, fail
+
+    class Recording(io.StringIO):
+        def __init__(self) -> None:
+            super().__init__()
+            self.writes: list[str] = []
+
+        def write(self, text: str) -> int:
+            self.writes.append(text)
+            return super().write(text)
+
+    stderr = Recording()
+    monkeypatch.setattr(sys, "stderr", stderr)
+    assert fail(StageError("train.objective: 'simclr' is not one of the objectives"), False, 2) == 2
+    assert stderr.writes == ["cloob: train.objective: 'simclr' is not one of the objectives\n"]
