@@ -83,6 +83,7 @@ def _cli(red: Path, blue: Path, output: Path, *extra: str) -> list[str]:
             f"train.sources=[{{shards: {red}, weight: 3}}, {{shards: {blue}, weight: 1}}]", *extra]
 
 
+@pytest.mark.slow  # ~35 s, in the slow phase for the default one's budget (docs/development.md)
 def test_a_mixed_run_killed_and_resumed_ends_bit_identical(sources, tmp_path):
     red, blue = sources
     whole = subprocess.run(_cli(red, blue, tmp_path / "whole"), capture_output=True, text=True)

@@ -131,6 +131,7 @@ def test_starting_weights_read_from_s3_through_a_flaky_network(mnist_train_shard
         assert "open_clip_model.safetensors: reading it failed 3 times" in line and "internal error" not in line
 
 
+@pytest.mark.slow  # ~35 s, in the slow phase for the default one's budget (docs/development.md)
 def test_a_corrupt_newest_checkpoint_is_passed_over_for_the_one_before_it(mnist_train_shards, tmp_path):
     """What an unattended resume (DVC's --resume auto, a restarted pod's latest) does with a newest checkpoint
     whose bytes no longer match their checksum: a warning naming it, the run continued from the checkpoint before,
