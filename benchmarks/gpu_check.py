@@ -79,14 +79,6 @@ QUICK = Sizes("cpu", ("cloob-tiny-vit", "cloob-tiny"), 16, 1, 2, (64, 128), 32, 
 LEARNING_STEPS = {"cuda": 300, "cpu": 8}  # section 8's run length: the goal's, and a CI smoke run's
 
 
-@dataclass(frozen=True)
-class Learning:
-    """Section 8's run: its length (None: LEARNING_STEPS) and warm-up (None: the preset's or the defaults'). A
-    warm-up shorter than the run lets CLOOB's default start (InfoLOOB for the warm-up) cross into retrieval."""
-    steps: int | None = None
-    warmup: int | None = None
-
-
 def say(line: str) -> None:
     print(line, flush=True)
     RESULTS.append(line)
@@ -463,7 +455,9 @@ def resume_from_eight(sizes: Sizes, scratch: Path) -> None:
 
 
 @section("8. the models learn: loss against its collapsed value, effective rank, held-out R@5 (CLOOB and CLIP)")
-def models_learn(sizes: Sizes, scratch: Path, learning: Learning) -> None:
+def models_learn(sizes: Sizes, scratch: Path, steps: int | None, warmup: int | None) -> None:
+    """``steps`` (None: LEARNING_STEPS) and ``warmup`` (None: the preset's or the defaults'): a warm-up shorter than
+    the run lets CLOOB's default start (no retrieval for the warm-up) cross into Hopfield retrieval."""
     from cloob_core.config import load_config
     from cloob_core.data.local import build_shards
     from cloob_core.evaluation.run import evaluate
@@ -478,8 +472,8 @@ def models_learn(sizes: Sizes, scratch: Path, learning: Learning) -> None:
         build_shards("captioned", str(shards), load_config(overrides=[
             f"preprocess.image_size={side}", "preprocess.resize_only_if_bigger=false", "preprocess.shard_size=64"]),
             split="train", progress=False)
-    steps, failed = learning.steps or LEARNING_STEPS[sizes.device], []
-    warmup = [] if learning.warmup is None else [f"optim.warmup_steps={learning.warmup}"]
+    steps, failed = steps or LEARNING_STEPS[sizes.device], []
+    warmup_setting = [] if warmup is None else [f"optim.warmup_steps={warmup}"]
     for model in sizes.models:
         for objective in ("cloob", "clip"):
             run = scratch / f"learn-{model}-{objective}"
@@ -489,7 +483,7 @@ def models_learn(sizes: Sizes, scratch: Path, learning: Learning) -> None:
                 f"train.shards={shards}", f"model.architecture={model}", f"train.objective={objective}",
                 f"train.batch_size={sizes.batch}", f"train.steps={steps}", f"train.checkpoint_every={steps}",
                 "train.log_every=10", "train.tensorboard=false",
-                f"train.device={'cuda' if sizes.device == 'cuda' else 'auto'}", *warmup])
+                f"train.device={'cuda' if sizes.device == 'cuda' else 'auto'}", *warmup_setting])
             metrics = train(config, run, progress=False).metrics
             seconds = time.perf_counter() - started
             retrieval = evaluate(RetrievalTask(), ModelSource(model=str(run / "model"), device=sizes.device),
@@ -563,7 +557,6 @@ def main() -> int:
     name = torch.cuda.get_device_name(0) if sizes.device == "cuda" else "CPU (quick mode)"
     say(f"gpu_check: torch {torch.__version__} (CUDA {torch.version.cuda}), {name}, {os.cpu_count()} cores; "
         f"brought: {os.environ.get('GPU_CHECK_BROUGHT') or 'nothing'}")
-    learning = Learning(args.learning_steps, args.learning_warmup)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp)
@@ -573,7 +566,7 @@ def main() -> int:
                             ("4", lambda: losses_against_matmul(sizes)),
                             ("6", lambda: resume_from_eight(sizes, scratch)),
                             ("7", lambda: stage_variants(sizes, scratch)),
-                            ("8", lambda: models_learn(sizes, scratch, learning)),
+                            ("8", lambda: models_learn(sizes, scratch, args.learning_steps, args.learning_warmup)),
                             ("9", lambda: evaluation_against_clip_benchmark(sizes, scratch))):
             if number in chosen:
                 run()

@@ -2,7 +2,8 @@
 # Fetch, here, the wheels benchmarks/gpu_check.sh needs on a GPU machine without network: the packages of the
 # training and evaluation paths that a CUDA image with PyTorch lacks (open_clip and its tokenizer's, pydantic,
 # webdataset; duckdb for the run manifest; matplotlib, joblib, fsspec, safetensors, psutil, scikit-learn for
-# `cloob eval` and the benchmark), at the versions requirements/constraints.txt pins, for that machine's Python (default 3.12, x86-64 manylinux).
+# `cloob eval` and the benchmark), at the versions requirements/constraints.txt pins, for that machine's Python
+# (default 3.12, x86-64 manylinux).
 # Section 9's CLIP_benchmark comes from its overlay (scripts/clip_benchmark_env.sh), carried with the tree.
 # They go to .gpu-wheels/ (git-ignored), which travels with the tree and which gpu_check.sh installs from.
 #   benchmarks/gpu_wheels.sh [PYTHON_VERSION]

@@ -22,11 +22,6 @@ REPRODUCTION = ["--architecture", "cloob-tiny-vit-w256", "--batch-size", "64", "
 PAPERS_START = ["--set", "objective.start_without_hopfield=0"]  # the recipe before: Hopfield from the first step
 
 
-@pytest.fixture(scope="module")
-def captioned_shards(captioned_train_shards) -> Path:
-    return captioned_train_shards
-
-
 def train(shards: Path, output: Path, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "cloob_core.cli", "train", "--shards", str(shards), "--output",
                            str(output), *REPRODUCTION, *extra], capture_output=True, text=True, timeout=900)
@@ -37,11 +32,11 @@ def margin_share(metrics: dict) -> float:
     return metrics["collapse_margin"] / metrics["collapsed_loss"]
 
 
-def test_the_default_recipe_learns_where_the_papers_start_collapses(captioned_shards, tmp_path):
+def test_the_default_recipe_learns_where_the_papers_start_collapses(captioned_train_shards, tmp_path):
     """Fails on the code before the fix (its default was the paper's start), passes after it."""
     runs = {}
     for name, extra in (("default", ()), ("clip", ("--objective", "clip"))):
-        done = train(captioned_shards, tmp_path / name, *extra)
+        done = train(captioned_train_shards, tmp_path / name, *extra)
         assert done.returncode == 0, done.stderr[-2000:]
         assert "training has collapsed" not in done.stderr
         runs[name] = json.loads((tmp_path / name / "metrics.json").read_text())
@@ -55,8 +50,8 @@ def test_the_default_recipe_learns_where_the_papers_start_collapses(captioned_sh
         assert max(metrics["mean_cosine_image"], metrics["mean_cosine_text"]) < 0.98, (name, metrics)
 
 
-def test_the_papers_start_collapses_and_the_detector_says_so_within_its_windows(captioned_shards, tmp_path):
-    done = train(captioned_shards, tmp_path / "run", *PAPERS_START)
+def test_the_papers_start_collapses_and_the_detector_says_so_within_its_windows(captioned_train_shards, tmp_path):
+    done = train(captioned_train_shards, tmp_path / "run", *PAPERS_START)
     assert done.returncode == 0, done.stderr[-2000:]
     lines = [line for line in done.stderr.splitlines() if "training has collapsed" in line]
     assert len(lines) == 1, done.stderr[-3000:]
@@ -69,8 +64,8 @@ def test_the_papers_start_collapses_and_the_detector_says_so_within_its_windows(
     assert len(history) == 7 and all(len(row.split(",")) == 9 for row in history)
 
 
-def test_on_collapse_stop_checkpoints_and_exits_2_with_the_line(captioned_shards, tmp_path):
-    done = train(captioned_shards, tmp_path / "run", *PAPERS_START, "--set", "train.on_collapse=stop")
+def test_on_collapse_stop_checkpoints_and_exits_2_with_the_line(captioned_train_shards, tmp_path):
+    done = train(captioned_train_shards, tmp_path / "run", *PAPERS_START, "--set", "train.on_collapse=stop")
     assert done.returncode == 2, done.stderr[-2000:]
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("cloob: stopped at step ") and "(train.on_collapse: stop; checkpoint" in last

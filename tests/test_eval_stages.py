@@ -24,22 +24,17 @@ def trained(mnist_train_shards, tmp_path_factory):
     return root / "run" / "model"
 
 
-@pytest.fixture
-def untrained(untrained_export):
-    return untrained_export
-
-
 def run(task: str, *args: str) -> int:
     """`cloob eval TASK`, on the packaged MNIST split unless the arguments name other data."""
     flag = "--train-data" if task == "linear-probe" else "--data"
     return main(["eval", task, *args, *([] if flag in args else [flag, "mnist"]), "--no-progress"])
 
 
-def test_zero_shot_trained_beats_chance_random_does_not(trained, untrained, tmp_path, capsys):
+def test_zero_shot_trained_beats_chance_random_does_not(trained, untrained_export, tmp_path, capsys):
     assert run("zeroshot", "--model", str(trained), "--output", str(tmp_path / "t")) == 0
     trained_top1 = json.loads((tmp_path / "t" / "mnist-test_zeroshot_classification.json").read_text())
     assert trained_top1["metrics"]["acc1"] > 0.3  # chance is 0.1; 3 epochs reach about 0.49
-    assert run("zeroshot", "--model", str(untrained), "--output", str(tmp_path / "r")) == 0
+    assert run("zeroshot", "--model", str(untrained_export), "--output", str(tmp_path / "r")) == 0
     random_top1 = json.loads((tmp_path / "r" / "mnist-test_zeroshot_classification.json").read_text())
     assert abs(random_top1["metrics"]["acc1"] - 0.1) < 0.08
     record = trained_top1
