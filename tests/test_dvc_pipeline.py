@@ -128,7 +128,9 @@ def test_a_parameter_change_reruns_exactly_the_affected_stages(reproduced):
     run(["dvc", "repro"], repo, env)  # back to the committed parameters for the tests below
 
 
-EXPERIMENTS = {  # name -> `dvc exp run -S` settings: the baseline (cloob) against the other families
+# name -> `dvc exp run -S` settings: the baseline (cloob) against the other families, each trained for 2 epochs (CI
+# time: what is tested is that each family runs in the pipeline and lands in the table, not how well it learns)
+EXPERIMENTS = {
     "clip": ["train.objective=clip"],
     "ring": ["train.objective=cloob_ring", "objective.p_in=0.02", "objective.p_out=0.5", "objective.anneal_steps=30"],
     "pvc": ["train.objective=pvc_geometric", "train.image_views=2", "train.text_views=2"],
@@ -141,7 +143,8 @@ def test_dvc_experiments_with_each_objective_family_compared_in_one_table(reprod
     run(["git", "add", "-A"], repo, env)
     run(["git", "commit", "-qm", "baseline results"], repo, env)
     for name, settings in EXPERIMENTS.items():
-        output = run(["dvc", "exp", "run", "--name", name, *(arg for s in settings for arg in ("-S", s))], repo, env)
+        output = run(["dvc", "exp", "run", "--name", name,
+                      *(arg for s in [*settings, "train.epochs=2"] for arg in ("-S", s))], repo, env)
         assert "train" in stages_run(output) and "acquire" not in stages_run(output), output
     table = run(["dvc", "exp", "show", "--no-pager", "--md"], repo, env)
     assert "clip" in table and "pvc_geometric" in table and "suite.zeroshot_acc1" in table, table

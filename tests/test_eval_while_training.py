@@ -200,18 +200,25 @@ def _kill_when(output: Path, trainer: subprocess.Popen, point: str) -> list:
     return orphans
 
 
-@pytest.mark.slow  # ~3 minutes: an uninterrupted run, then four runs killed at points around an evaluation
+@pytest.fixture(scope="module")
+def whole_run(mnist_train_shards, tmp_path_factory) -> Path:
+    """The run that the killed ones must end as: the same process and settings, never killed (one for both
+    resume modes)."""
+    output = tmp_path_factory.mktemp("whole") / "run"
+    assert _trainer(output, shards=mnist_train_shards).wait(timeout=600) == 0, _stderr(output)[-3000:]
+    return output
+
+
+@pytest.mark.slow  # ~3 minutes each: four runs killed at points around an evaluation, each resumed
 @pytest.mark.parametrize("resume", ["auto", "latest"])
 def test_a_run_killed_around_an_evaluation_resumes_to_the_same_history_and_weights(mnist_train_shards, tmp_path,
-                                                                                    resume):
+                                                                                    whole_run, resume):
     """kill -9 of the trainer at each point around an evaluation (its checkpoint written, the evaluation running,
     the evaluation recorded, the last step's evaluation running), then `--resume`: the evaluation process dies with
     its trainer, and the resumed run ends with the eval_history.csv and the weights of a run never killed."""
     import time
 
-    whole = _trainer(tmp_path / "whole", shards=mnist_train_shards)
-    assert whole.wait(timeout=600) == 0, _stderr(tmp_path / "whole")[-3000:]
-    expected = (tmp_path / "whole" / "eval_history.csv").read_text()
+    expected = (whole_run / "eval_history.csv").read_text()
     assert [line.split(",")[0] for line in expected.splitlines()[1:]] == ["4", "8"]
     for number, point in enumerate(["checkpoint 4 written", "evaluating step 4", "step 4 evaluated",
                                     "evaluating step 8"]):
@@ -227,4 +234,4 @@ def test_a_run_killed_around_an_evaluation_resumes_to_the_same_history_and_weigh
         resumed = _trainer(output, "--resume", resume, shards=mnist_train_shards)
         assert resumed.wait(timeout=600) == 0, (point, _stderr(output)[-3000:])
         assert (output / "eval_history.csv").read_text() == expected, point
-        assert _same(_weights(output), _weights(tmp_path / "whole")), point
+        assert _same(_weights(output), _weights(whole_run)), point
