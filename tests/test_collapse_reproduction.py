@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 import math
 import subprocess
-import sys
 from pathlib import Path
 
+import forked
 import pytest
 
 pytestmark = pytest.mark.slow
@@ -23,8 +23,11 @@ PAPERS_START = ["--set", "objective.start_without_hopfield=0"]  # the recipe bef
 
 
 def train(shards: Path, output: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cloob_core.cli", "train", "--shards", str(shards), "--output",
-                           str(output), *REPRODUCTION, *extra], capture_output=True, text=True, timeout=900)
+    """`cloob train` in a process of its own (forked: tests/forked.py), for its exit status and stderr."""
+    argv = ["train", "--shards", shards, "--output", output, *REPRODUCTION, *extra]
+    process = forked.start(argv)
+    out, err = process.communicate(timeout=900)
+    return subprocess.CompletedProcess(argv, process.returncode, out, err)
 
 
 def margin_share(metrics: dict) -> float:

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forked
 import pytest
 from safetensors.torch import load_file
 
@@ -108,14 +109,12 @@ def test_two_gloo_ranks_train_the_same_weights_with_and_without_evaluation(mnist
     assert "cloob_train_eval_step 8.0" in bodies
 
 
-def _trainer(output: Path, *extra: str, shards: Path) -> subprocess.Popen:
-    """`cloob train` with an evaluation every 4 steps, as a process; its stderr in OUTPUT.log (a file, so that a
-    run nobody reads while it is watched never blocks on a full pipe)."""
-    log = output.parent / f"{output.name}.log"
-    with log.open("a") as sink:
-        return subprocess.Popen([sys.executable, "-m", "cloob_core.cli",
-                                 *_cli(shards, output, "--eval-every", "4", *EVAL, *extra)],
-                                stdout=subprocess.DEVNULL, stderr=sink, text=True)
+def _trainer(output: Path, *extra: str, shards: Path) -> forked.Forked:
+    """`cloob train` with an evaluation every 4 steps, in a process of its own (forked: tests/forked.py); its
+    stderr appended to OUTPUT.log (a file, so that a run nobody reads while it is watched never blocks on a full
+    pipe). Its evaluations are processes the trainer starts, as in any run."""
+    return forked.start(_cli(shards, output, "--eval-every", "4", *EVAL, *extra),
+                        log=output.parent / f"{output.name}.log")
 
 
 def _stderr(output: Path) -> str:
