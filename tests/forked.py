@@ -3,7 +3,7 @@
 Tests that kill, pause or signal a command need it in a process of its own, but not a fresh interpreter: one
 importing torch, open_clip and cloob_core took about 4.5 s on the CI machine, more than most of the commands
 these tests start. multiprocessing's fork server imports them once per test worker and forks each command from
-there. The process is still the command's own: its pid, environment, working folder, stdout and stderr, its
+there. The process is still the command's own: its pid, environment, stdout and stderr, its
 default start method (its data loaders fork, as in a fresh process), its exit handlers, and its exit status from
 ``waitpid`` (``-9`` when killed). What stays a fresh ``python -m cloob_core.cli`` (the entry point itself, torchrun's
 ranks, DVC's and kfp.local's steps) is started as one by the tests that check it.
@@ -32,13 +32,11 @@ _SERVER = multiprocessing.get_context("forkserver")
 _SERVER.set_forkserver_preload(PRELOAD)
 
 
-def _command(argv: list[str], env: dict[str, str], cwd: str | None, out: str, err: str, append: bool,
+def _command(argv: list[str], env: dict[str, str], out: str, err: str, append: bool,
              prepare: Callable[[], None] | None) -> None:
-    """In the forked process: its environment, folder and output files, then ``prepare()``, then cloob."""
+    """In the forked process: its environment and output files, then ``prepare()``, then cloob."""
     os.environ.clear()
     os.environ.update(env)
-    if cwd:
-        os.chdir(cwd)
     for descriptor, path in ((1, out), (2, err)):
         opened = os.open(path, os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC), 0o600)
         os.dup2(opened, descriptor)
@@ -97,7 +95,7 @@ class Forked:
                 shutil.rmtree(self.scratch, ignore_errors=True)
 
 
-def start(argv: list, *, env: dict | None = None, cwd: Path | None = None, log: Path | None = None,
+def start(argv: list, *, env: dict | None = None, log: Path | None = None,
           prepare: Callable[[], None] | None = None) -> Forked:
     """``cloob ARGV`` started, with ``os.environ`` updated by ``env``; ``log``: a file its stderr is appended to
     (stdout then goes to /dev/null), else both go to files of a scratch folder, read by ``communicate``.
@@ -108,7 +106,7 @@ def start(argv: list, *, env: dict | None = None, cwd: Path | None = None, log: 
     else:
         scratch, out, err = None, Path(os.devnull), log
     process = _SERVER.Process(target=_command, args=(
-        [str(arg) for arg in argv], {**os.environ, **(env or {})}, str(cwd) if cwd else None, str(out), str(err),
+        [str(arg) for arg in argv], {**os.environ, **(env or {})}, str(out), str(err),
         log is not None, prepare))
     process.start()
     return Forked(process, out, err, scratch)

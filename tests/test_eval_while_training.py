@@ -121,7 +121,7 @@ def _stderr(output: Path) -> str:
     return (output.parent / f"{output.name}.log").read_text()
 
 
-def _evaluations(trainer: subprocess.Popen) -> list:
+def _evaluations(trainer: forked.Forked) -> list:
     import psutil
 
     found = []
@@ -172,7 +172,7 @@ def _alive(process) -> bool:
         return False
 
 
-def _kill_when(output: Path, trainer: subprocess.Popen, point: str) -> list:
+def _kill_when(output: Path, trainer: forked.Forked, point: str) -> list:
     """SIGKILL ``trainer`` at ``point``; the evaluation processes it had then."""
     import signal
     import time
