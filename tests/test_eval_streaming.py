@@ -18,8 +18,10 @@ from PIL import Image
 from cloob_core.cli import main
 from cloob_core.config import load_config
 from cloob_core.evaluation import features as features_module
-from cloob_core.evaluation.features import Encoding, _Spool, image_features
+from cloob_core.evaluation.features import Encoding, _Spool, image_features, text_features
+from cloob_core.evaluation.image_loader import image_batches
 from cloob_core.evaluation.inputs import Record, load_images
+from cloob_core.evaluation.kept import KeptInputs
 from cloob_core.model.dual_encoder import build_model
 from cloob_core.model.export import export_model
 from cloob_core.model.source import ModelSource, load_model
@@ -112,6 +114,44 @@ def test_an_image_is_decoded_once(model, monkeypatch):
     images = load_images("mnist", "test")
     image_features(model, images, Encoding(progress=False, workers=0))
     assert len(opened) == 1000
+
+
+def test_kept_inputs_give_the_next_model_the_same_features_without_decoding_or_tokenizing_again(model, monkeypatch,
+                                                                                               tmp_path):
+    opened = []
+    real_open = Image.open
+    monkeypatch.setattr(Image, "open", lambda *args, **kwargs: opened.append(1) or real_open(*args, **kwargs))
+    images = load_images("mnist", "test")
+    torch.manual_seed(1)  # other weights than the untrained export's
+    export_model(build_model(load_config().model), tmp_path / "other", {"objective": "none", "steps": 0})
+    other = load_model(ModelSource(model=str(tmp_path / "other"), device="cpu"))
+    kept = KeptInputs()
+    encoding = Encoding(progress=False, workers=0, batch_size=300, kept=kept)
+    first = image_features(model, images, encoding)
+    second = image_features(other, images, encoding)
+    assert len(opened) == 1000  # the second model embedded the kept batches
+    assert torch.equal(first.features, image_features(model, images, Encoding(progress=False, workers=0)).features)
+    assert torch.equal(second.features, image_features(other, images, Encoding(progress=False, workers=0)).features)
+    assert first.labels == second.labels and not torch.equal(first.features, second.features)
+    tokenized = []
+    for net in (model, other):
+        monkeypatch.setattr(net, "tokenizer", lambda texts, real=net.tokenizer: tokenized.append(len(texts))
+                            or real(texts))
+    prompts = [f"a photo of the digit {digit}." for digit in range(10)]
+    text_features(model, prompts, encoding, "prompts")
+    kept_text = text_features(other, prompts, encoding, "prompts")
+    assert tokenized == [10]  # the second model's prompts were kept
+    assert torch.equal(kept_text, text_features(other, prompts, Encoding(progress=False), "prompts"))
+
+    opened.clear()
+    small = KeptInputs(budget_bytes=3 * 300 * 3 * 32 * 32 * 4)  # three of the four batches fit
+    partial = image_batches(images, model.transform, batch_size=300, workers=0, kept=small)
+    next(partial)
+    partial.close()  # a read stopped early is not kept
+    for _ in range(2):  # a set over the budget is read each time
+        assert sum(len(batch.keys) for batch in image_batches(images, model.transform, batch_size=300, workers=0,
+                                                              kept=small)) == 1000
+    assert len(opened) == 300 + 2 * 1000
 
 
 def test_the_spool_puts_rows_in_key_order_a_block_at_a_time(monkeypatch, tmp_path):

@@ -8,7 +8,8 @@ Image features are computed as the images stream in: the batches the data loader
 (on a GPU, the next batch is sent before the last one's features are fetched) and each batch's features go to a
 spool file at once. Memory holds the images in flight and, at the end, the ``N x d`` features the tasks need
 (retrieval, the probe and zero-shot all score every image against the others or against classes); the encoded
-images are never held (docs/evaluation.md, "Memory").
+images are not held (docs/evaluation.md, "Memory"), unless a caller that embeds the same sets with many models
+keeps them, within a budget (``Encoding.kept``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from cloob_core.data.shard_files import SkipCounter
 from cloob_core.devices import AUTOCAST_DTYPES
 from cloob_core.evaluation.image_loader import Batch, Unreadable, image_batches
 from cloob_core.evaluation.inputs import ImageSet, Indexed, Record
+from cloob_core.evaluation.kept import KeptInputs
 from cloob_core.io import UnreadableFile, read_torch, write_torch
 from cloob_core.model.source import EvalModel
 from cloob_core.threads import CoreBalance, plan_eval_threads
@@ -44,13 +46,15 @@ log = logging.getLogger(__name__)
 class Encoding:
     """How features are computed: the cache folder (None: none), images per batch, progress bars, a folder of
     features computed ahead that is only read (a Kubeflow step's input artifact, shared by a data set's tasks),
-    and the data-loader workers (None: as the thread budget gives, :func:`cloob_core.threads.plan_eval_threads`)."""
+    the data-loader workers (None: as the thread budget gives, :func:`cloob_core.threads.plan_eval_threads`), and
+    where decoded images and tokens are kept for the next model (None: made each time)."""
 
     cache: Path | None = None
     batch_size: int = 256
     progress: bool = True
     shared: Path | None = None
     workers: int | None = None
+    kept: KeptInputs | None = None
 
 
 @dataclass
@@ -188,7 +192,7 @@ def _embed_into(spool: _Spool, model: EvalModel, images: ImageSet, encoding: Enc
     bar = tqdm(total=total, desc=f"embed {images.name}", unit="img", disable=not encoding.progress)
     pending: tuple[Tensor, Batch] | None = None  # a GPU batch whose features are not fetched yet
     batches = image_batches(images, model.transform, batch_size=encoding.batch_size, workers=workers,
-                            pin_memory=device.type == "cuda")
+                            pin_memory=device.type == "cuda", kept=encoding.kept)
     while True:
         started = time.perf_counter()
         batch = next(batches, None)
@@ -212,10 +216,18 @@ def _embed_into(spool: _Spool, model: EvalModel, images: ImageSet, encoding: Enc
 
 
 def text_features(model: EvalModel, texts: Sequence[str], encoding: Encoding, tag: str) -> Tensor:
+    step = 2 * encoding.batch_size  # texts are cheaper to encode than images
+    tokenizer = f"{model.architecture}|{type(model.tokenizer).__name__}"
+
+    def tokens(start: int) -> Tensor:
+        def tokenize() -> Tensor:
+            return model.tokenizer(list(texts[start : start + step]))
+
+        kept = encoding.kept
+        return tokenize() if kept is None else kept.tokens((tokenizer, f"{digest}|{start}|{step}"), tokenize)
+
     def compute() -> Tensor:
-        step = 2 * encoding.batch_size  # texts are cheaper to encode than images
-        chunks = [texts[i : i + step] for i in range(0, len(texts), step)]
-        return torch.cat([model.encode_texts(model.tokenizer(list(chunk))).cpu() for chunk in chunks])
+        return torch.cat([model.encode_texts(tokens(start)).cpu() for start in range(0, len(texts), step)])
 
     digest = hashlib.sha256("\n".join(texts).encode()).hexdigest()
     return _cached(encoding, f"texts|{model.fingerprint}|{tag}|{digest}{_precision_key(model.precision)}", compute)

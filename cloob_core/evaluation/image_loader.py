@@ -22,6 +22,7 @@ from PIL import Image
 from torch import Tensor
 
 from cloob_core.evaluation.inputs import ImageSet, Indexed, Record, ShardStream
+from cloob_core.evaluation.kept import KeptInputs
 
 log = logging.getLogger(__name__)
 SHARD_STRIDE = 1 << 32  # a stream sample's key: shard index * SHARD_STRIDE + its position in the shard
@@ -137,9 +138,13 @@ def _collate(items: list[_Item]) -> Batch:
 
 
 def image_batches(images: ImageSet, transform: Callable[[Image.Image], Tensor], *, batch_size: int, workers: int,
-                  pin_memory: bool = False) -> Iterator[Batch]:
+                  pin_memory: bool = False, kept: KeptInputs | None = None) -> Iterator[Batch]:
     """``images`` in batches of up to ``batch_size`` readable samples (a stream's last batch of each worker may be
-    short), read by ``workers`` processes (0: in this one)."""
+    short), read by ``workers`` processes (0: in this one), or from ``kept`` when it holds them."""
+    if kept is not None:
+        yield from kept.batches((images.identity, str(transform)), lambda: image_batches(
+            images, transform, batch_size=batch_size, workers=workers, pin_memory=pin_memory))
+        return
     reader = images.reader
     if isinstance(reader, ShardStream):
         dataset: torch.utils.data.Dataset = _StreamedImages(reader, transform)

@@ -12,6 +12,7 @@ from typing import Any
 from cloob_core import lease, storage
 from cloob_core.evaluation.features import Encoding
 from cloob_core.evaluation.inputs import ImageSet, load_images
+from cloob_core.evaluation.kept import KeptInputs
 from cloob_core.evaluation.tasks.diagnostics import embedding_diagnostics, matched_features
 from cloob_core.evaluation.tasks.retrieval import caption_pairs
 from cloob_core.io import write_json
@@ -72,8 +73,8 @@ def evaluate_trajectory(run: str, data: str, split: str, output: str | Path, *, 
     """`cloob eval trajectory`: the diagnostics of ``data``'s ``split`` at every checkpoint of ``run``, into
     ``output/trajectory.json``."""
     images = load_images(data, split)
-    points = diagnostics_over_training(run_checkpoints(run), images, Encoding(progress=progress, workers=workers),
-                                       device, precision)
+    encoding = Encoding(progress=progress, workers=workers, kept=KeptInputs())  # the same images at every step
+    points = diagnostics_over_training(run_checkpoints(run), images, encoding, device, precision)
     file = write_json(Path(output) / "trajectory.json", {
         "run": run, "data": images.name, "points": [{"step": p.step, **p.metrics} for p in points]})
     lines = [f"step {p.step}: effective eigenvalues image {p.metrics['effective_eigenvalues_image']} text "

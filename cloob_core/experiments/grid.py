@@ -17,7 +17,7 @@ import math
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from cloob_core.config import CloobConfig, ConfigError, config_from_mapping
 from cloob_core.data.shard_files import shard_list
 from cloob_core.evaluation.features import Encoding, image_features
 from cloob_core.evaluation.inputs import ImageSet, load_images
+from cloob_core.evaluation.kept import KeptInputs
 from cloob_core.evaluation.tasks.diagnostics import embedding_diagnostics, matched_features
 from cloob_core.evaluation.tasks.retrieval import caption_pairs, retrieval_metrics
 from cloob_core.evaluation.tasks.zeroshot import class_embeddings, classification_metrics, ranked_classes
@@ -41,23 +42,27 @@ from cloob_core.training.optim import first_restart
 
 log = logging.getLogger(__name__)
 RESULT_FILE = "result.json"
-_ENCODING = Encoding(progress=False)
 
 
 @dataclass(frozen=True)
 class Measured:
-    """The suite's image sets by role: what each checkpoint is measured on."""
+    """The suite's image sets by role: what each checkpoint is measured on; each set is read once, and its
+    decoded images are kept for the next checkpoint (within ``KeptInputs``' budget)."""
 
     zeroshot: dict[str, ImageSet]
     retrieval: dict[str, ImageSet]
     diagnostics: dict[str, ImageSet]
+    encoding: Encoding = field(default_factory=lambda: Encoding(progress=False, kept=KeptInputs()))
 
     @classmethod
     def from_suite(cls, config: CloobConfig) -> Measured:
         sets: dict[str, dict[str, ImageSet]] = {"zeroshot": {}, "retrieval": {}, "diagnostics": {}}
         for name, entry in config.eval.datasets.items():
-            for task in set(entry.tasks) & set(sets):
-                sets[task][name] = load_images(entry.source, entry.splits.test, entry.label_key, entry.classnames)
+            tasks = set(entry.tasks) & set(sets)
+            if tasks:
+                images = load_images(entry.source, entry.splits.test, entry.label_key, entry.classnames)
+                for task in tasks:
+                    sets[task][name] = images
         if not any(sets.values()):
             raise ConfigError("the eval suite has no zeroshot, retrieval or diagnostics task to measure runs on")
         return cls(**sets)
@@ -65,21 +70,23 @@ class Measured:
 
 @torch.no_grad()
 def measure(model: EvalModel, sets: Measured) -> dict[str, Any]:
-    """One model's figures, as ``<data set>.<metric>``; the diagnostics' spectra are lists."""
+    """One model's figures, as ``<data set>.<metric>``; the diagnostics' spectra are lists. A set that is both
+    retrieved and diagnosed is embedded once."""
+    encoding = sets.encoding
     found: dict[str, Any] = {}
     for name, images in sets.zeroshot.items():
-        embedded = image_features(model, images, _ENCODING)
+        embedded = image_features(model, images, encoding)
         classnames, templates = ranked_classes(images, embedded)
-        scores = embedded.features @ class_embeddings(model, classnames, templates, _ENCODING).T
+        scores = embedded.features @ class_embeddings(model, classnames, templates, encoding).T
         found[f"{name}.zeroshot_acc1"] = classification_metrics(scores, torch.tensor(embedded.labels),
                                                                 len(classnames))["acc1"]
-    for name, images in sets.retrieval.items():
-        pairs = caption_pairs(model, images, _ENCODING)
-        found.update({f"{name}.{key}": value for key, value in retrieval_metrics(pairs.image, pairs.text,
-                                                                                 pairs.matches).items()
-                      if "recall@" in key})
-    for name, images in sets.diagnostics.items():
-        diagnosed = embedding_diagnostics(*matched_features(caption_pairs(model, images, _ENCODING)), model.inv_tau)
+    pairs = {name: caption_pairs(model, images, encoding)
+             for name, images in {**sets.retrieval, **sets.diagnostics}.items()}
+    for name in sets.retrieval:
+        found.update({f"{name}.{key}": value for key, value in retrieval_metrics(
+            pairs[name].image, pairs[name].text, pairs[name].matches).items() if "recall@" in key})
+    for name in sets.diagnostics:
+        diagnosed = embedding_diagnostics(*matched_features(pairs[name]), model.inv_tau)
         found.update({f"{name}.{key}": value for key, value in diagnosed.metrics.items()})
     return found
 
