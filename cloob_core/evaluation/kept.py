@@ -6,12 +6,16 @@ the same prompts again half of what was left."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import Any, Protocol, TypeVar
 
 from torch import Tensor
 
-if TYPE_CHECKING:
-    from cloob_core.evaluation.image_loader import Batch
+
+class _Images(Protocol):  # image_loader's Batch, without importing it (image_loader imports this module)
+    images: Tensor
+
+
+Batch = TypeVar("Batch", bound=_Images)
 
 
 class KeptInputs:
@@ -21,7 +25,7 @@ class KeptInputs:
 
     def __init__(self, budget_bytes: int = 1 << 30):
         self.budget_bytes = budget_bytes
-        self._batches: dict[tuple[str, str], list[Batch]] = {}
+        self._batches: dict[tuple[str, str], list[Any]] = {}
         self._tokens: dict[tuple[str, str], Tensor] = {}
         self._used = 0
 
