@@ -12,7 +12,14 @@ import yaml
 from kfp import dsl, kubernetes
 
 from cloob_core.config.cluster import MAX_DOWNLOAD_GROUPS, ClusterSettings, cpu_count
-from cloob_core.ops.trainjob import IMAGE_UID, PART_OF, POD_NAME_ENV, POD_UID_ENV, SECRET_KEYS
+from cloob_core.ops.trainjob import (
+    IMAGE_UID,
+    PART_OF,
+    SECRET_KEYS,
+    WATCHER_ANNOTATIONS,
+    WORKFLOW_ENV,
+    WORKFLOW_LABEL,
+)
 from components import steps
 from components.images import CUDA_IMAGE
 
@@ -102,9 +109,11 @@ def train_task(params: str, shards: Any, settings: ClusterSettings) -> dsl.Pipel
     if settings.nodes > 1:
         watcher = steps.train_multinode(params=params, shards=shards, job=settings.to_json(),
                                         run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
-        # the job's owner (ops/trainjob.py): deleting the run's pods deletes the job; a retry adopts the job
-        kubernetes.use_field_path_as_env(watcher, env_name=POD_NAME_ENV, field_path="metadata.name")
-        kubernetes.use_field_path_as_env(watcher, env_name=POD_UID_ENV, field_path="metadata.uid")
+        # the run's Argo Workflow (ops/trainjob.py): the job's owner, and what tells a stopped run from a drain
+        kubernetes.use_field_path_as_env(watcher, env_name=WORKFLOW_ENV,
+                                         field_path=f"metadata.labels['{WORKFLOW_LABEL}']")
+        for key, value in WATCHER_ANNOTATIONS.items():  # not moved by a consolidation while it watches GPUs
+            kubernetes.add_pod_annotation(watcher, annotation_key=key, annotation_value=value)
         watcher.set_retry(num_retries=settings.train_retries, backoff_duration=f"{settings.train_retry_backoff_s}s")
         return watcher.set_cpu_request("500m").set_memory_request("1Gi")
     trained = steps.train(params=params, shards=shards, gpus=settings.gpus, workdir=settings.job_workdir,

@@ -168,13 +168,15 @@ class FakeTrainingCluster(JsonApiServer):
             if key in self.objects:
                 return 409, {"kind": "Status", "status": "Failure", "reason": "AlreadyExists", "code": 409}
             self.objects[key] = body
-            if self.run_pods:
+            if self.run_pods and plural in SUCCESS:  # a training job; other objects (a Workflow) are only kept
                 self._start(key, plural, body)
             return 201, body
         key = (ns, plural, name)
         if key not in self.objects:
             return 404, {"kind": "Status", "status": "Failure", "reason": "NotFound", "code": 404}
         if method == "GET":
+            if plural not in SUCCESS:
+                return 200, self.objects[key]
             return 200, {**self.objects[key], "status": self._status(key, plural)}
         if method == "PATCH":  # a JSON merge patch of the metadata (what the watcher patches)
             self.objects[key]["metadata"].update(body.get("metadata", {}))

@@ -552,7 +552,11 @@ def test_the_one_node_training_step_is_retried_and_resumes_from_the_runs_checkpo
     assert watcher["retryPolicy"]["maxRetryCount"] == 3  # a retried watcher adopts the running job
     platform = multi["platform"]["exec-train-multinode"]
     fields = {entry["name"]: entry["fieldPath"] for entry in platform["fieldPathAsEnv"]}
-    assert fields == {"CLOOB_POD_NAME": "metadata.name", "CLOOB_POD_UID": "metadata.uid"}  # the job's owner
+    # the job's owner and what says whether the run was stopped: the run's Workflow, named by Argo's pod label
+    assert fields == {"CLOOB_WORKFLOW": "metadata.labels['workflows.argoproj.io/workflow']"}
+    annotations = platform["podMetadata"]["annotations"]  # a consolidation does not evict it mid-watch
+    assert annotations == {"karpenter.sh/do-not-disrupt": "true",
+                           "cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}
 
 
 def test_schedules_refuse_a_second_of_the_same_name_and_impossible_times(package, capsys):

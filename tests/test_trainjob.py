@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -341,15 +344,104 @@ def test_polls_failing_until_the_deadline_delete_the_job():
     assert api.calls[-1] == "DELETE"
 
 
-def test_a_retried_watcher_adopts_its_runs_job_and_becomes_a_second_owner(tmp_path, monkeypatch):
-    import urllib.request
+def _workflow(cluster, name: str = "run-wf", namespace: str = "team-a") -> dict:
+    """The run's Argo Workflow in the stand-in API server, running, as KFP's backend leaves it."""
+    workflow = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow",
+                "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}"},
+                "spec": {"entrypoint": "entrypoint"}, "status": {"phase": "Running"}}
+    cluster.objects[(namespace, "workflows", name)] = workflow
+    return workflow
 
+
+def _in_run(tmp_path, monkeypatch, cluster, workflow: str = "run-wf") -> None:
+    """This process as the watcher pod of workflow ``workflow`` in namespace team-a."""
     namespace_file = tmp_path / "namespace"
     namespace_file.write_text("team-a")
-    monkeypatch.setattr(trainjob, "_NAMESPACE_FILE", namespace_file)  # as in a pod of namespace team-a
+    monkeypatch.setattr(trainjob, "_NAMESPACE_FILE", namespace_file)
+    monkeypatch.setenv(trainjob.WORKFLOW_ENV, workflow)
+    monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig(tmp_path / "kubeconfig")))
+    monkeypatch.setattr(trainjob, "_custom_objects_api", _kubeconfig_api)
+
+
+def _sigterm_once(cluster, key: tuple[str, str, str], before=lambda: None) -> threading.Thread:
+    """SIGTERM to this process once the job ``key`` exists, as a drain sends it to the watcher pod."""
+    def send() -> None:
+        for _ in range(500):
+            if key in cluster.objects:
+                break
+            time.sleep(0.01)
+        time.sleep(0.3)
+        before()
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    thread = threading.Thread(target=send, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_sigterm_while_the_run_goes_on_deletes_nothing_and_the_next_try_adopts_the_job(tmp_path, monkeypatch):
+    """A node drain, a consolidation or a spot reclaim sends the watcher SIGTERM while its pipeline run goes on:
+    the job is left running (before: deleted), owned by the run's Workflow rather than the pod, and the step's
+    next try adopts it to its end."""
+    with FakeTrainingCluster(extra_env=_stub_python(tmp_path / "bin", "sleep 3\nexit 0\n")) as cluster:
+        _in_run(tmp_path, monkeypatch, cluster)
+        workflow = _workflow(cluster)
+        job = settings(nodes=2, gpus=0, job_poll_s=0.05, job_namespace="team-a", s3_secret="")
+        body = trainjob.manifest(job, "cloob-train-drain", job_config(), "s3://w")
+        key = ("team-a", "pytorchjobs", "cloob-train-drain")
+        _sigterm_once(cluster, key).join(timeout=0)
+        with pytest.raises(JobFailed, match=r"while its pipeline run goes on .* left running, and the step's next "
+                                            r"try adopts it"):
+            trainjob.run(body, job)
+        assert not cluster.calls("DELETE", ".*")
+        owners = cluster.objects[key]["metadata"]["ownerReferences"]
+        assert owners == [{"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "name": "run-wf",
+                           "uid": workflow["metadata"]["uid"], "controller": False, "blockOwnerDeletion": False}]
+        assert trainjob.run(body, job).startswith("Succeeded")  # the retry
+    assert len(cluster.calls("POST", ".*")) == 2 and len(cluster.pods) == 1  # one job, adopted
+    assert not cluster.calls("DELETE", ".*") and not cluster.calls("PATCH", ".*")  # its owner was there
+
+
+@pytest.mark.parametrize("stop", ["kfp-terminate", "argo-stop", "deleted"])
+def test_a_sigterm_after_the_run_was_stopped_deletes_the_job(tmp_path, monkeypatch, stop):
+    with FakeTrainingCluster(extra_env=_stub_python(tmp_path / "bin", "sleep 30\nexit 0\n")) as cluster:
+        _in_run(tmp_path, monkeypatch, cluster)
+        workflow = _workflow(cluster)
+
+        def stopped() -> None:  # what KFP's "terminate run" does, what `argo stop` does, the run deleted
+            if stop == "kfp-terminate":
+                workflow["spec"]["activeDeadlineSeconds"] = 0
+            elif stop == "argo-stop":
+                workflow["spec"]["shutdown"] = "Stop"
+            else:
+                del cluster.objects[("team-a", "workflows", "run-wf")]
+
+        job = settings(nodes=2, gpus=0, job_poll_s=0.05, job_namespace="team-a", s3_secret="")
+        body = trainjob.manifest(job, "cloob-train-stop", job_config(), "s3://w")
+        _sigterm_once(cluster, ("team-a", "pytorchjobs", "cloob-train-stop"), stopped).join(timeout=0)
+        with pytest.raises(JobFailed, match=r"cancelled: the pipeline run (was terminated|was stopped|is gone)"):
+            trainjob.run(body, job)
+        assert len(cluster.calls("DELETE", ".*pytorchjobs/cloob-train-stop")) == 1
+
+
+def test_how_a_run_was_stopped_is_read_from_its_workflow():
+    running = {"metadata": {"name": "w", "uid": "u"}, "spec": {}, "status": {"phase": "Running"}}
+    assert trainjob.run_stopped(running) is None and trainjob.run_stopped(None) is None  # goes on; cannot tell
+    assert "is gone" in trainjob.run_stopped({})
+    deleting = {**running, "metadata": {"deletionTimestamp": "2026-11-28T00:00:00Z"}}
+    assert "being deleted" in trainjob.run_stopped(deleting)
+    assert "Terminate" in trainjob.run_stopped({**running, "spec": {"shutdown": "Terminate"}})
+    assert "terminated" in trainjob.run_stopped({**running, "spec": {"activeDeadlineSeconds": 0}})
+    assert trainjob.run_stopped({**running, "spec": {"activeDeadlineSeconds": 3600}}) is None
+    assert "phase Failed" in trainjob.run_stopped({**running, "status": {"phase": "Failed"}})
+
+
+def test_a_retried_watcher_adopts_a_job_its_pod_owned_and_adds_the_runs_workflow(tmp_path, monkeypatch):
+    import urllib.request
+
     with FakeTrainingCluster(extra_env=_stub_python(tmp_path / "bin", "sleep 2\nexit 0\n")) as cluster:
-        monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig(tmp_path / "kubeconfig")))
-        monkeypatch.setattr(trainjob, "_custom_objects_api", _kubeconfig_api)
+        _in_run(tmp_path, monkeypatch, cluster)
+        _workflow(cluster)
         job = settings(nodes=2, gpus=0, job_poll_s=0.05, job_namespace="team-a", s3_secret="")
         body = trainjob.manifest(job, "cloob-train-adopt", job_config(), "s3://w")
         first = {**body, "metadata": {**body["metadata"], "ownerReferences": [
@@ -357,12 +449,10 @@ def test_a_retried_watcher_adopts_its_runs_job_and_becomes_a_second_owner(tmp_pa
         request = urllib.request.Request(f"{cluster.url}/apis/kubeflow.org/v1/namespaces/team-a/pytorchjobs",
                                          data=json.dumps(first).encode(), method="POST",
                                          headers={"Content-Type": "application/json"})
-        urllib.request.urlopen(request).read()  # what the first watcher pod created before it was evicted
-        monkeypatch.setenv(trainjob.POD_NAME_ENV, "watcher-2")
-        monkeypatch.setenv(trainjob.POD_UID_ENV, "uid-2")
+        urllib.request.urlopen(request).read()  # what a watcher of the version before created, owned by its pod
         assert trainjob.run(body, job).startswith("Succeeded")
         owners = cluster.objects[("team-a", "pytorchjobs", "cloob-train-adopt")]["metadata"]["ownerReferences"]
-    assert [owner["uid"] for owner in owners] == ["uid-1", "uid-2"]
+    assert [owner["uid"] for owner in owners] == ["uid-1", "uid-run-wf"]  # the pod's eviction no longer takes it
     assert len(cluster.calls("POST", ".*")) == 2 and len(cluster.pods) == 1  # one job, not a second one
     assert not cluster.calls("DELETE", ".*")
 
@@ -374,22 +464,26 @@ def _kubeconfig_api():
     return client.CustomObjectsApi()
 
 
-def test_a_watcher_in_the_jobs_namespace_owns_it(tmp_path, monkeypatch):
+def test_the_runs_workflow_in_the_jobs_namespace_owns_it(tmp_path, monkeypatch):
     namespace_file = tmp_path / "namespace"
     namespace_file.write_text("ml")
     monkeypatch.setattr(trainjob, "_NAMESPACE_FILE", namespace_file)
-    monkeypatch.setenv(trainjob.POD_NAME_ENV, "watcher")
-    monkeypatch.setenv(trainjob.POD_UID_ENV, "uid-w")
+    monkeypatch.setenv(trainjob.WORKFLOW_ENV, "wf")
     created = []
 
     class Api(_FlakyApi):
         def create_namespaced_custom_object(self, group, version, namespace, plural, body, **kwargs):
             created.append(body)
 
+        def get_namespaced_custom_object(self, group, version, namespace, plural, name, **kwargs):
+            if plural == "workflows":
+                return {"metadata": {"name": name, "uid": "uid-wf"}, "spec": {}, "status": {"phase": "Running"}}
+            return super().get_namespaced_custom_object(**kwargs)
+
     job = settings(nodes=2, gpus=0, job_poll_s=0.01, job_namespace="ml")
     trainjob.run(trainjob.manifest(job, "cloob-train-o", job_config(), "s3://w"), job, api=Api(["Succeeded"]))
-    assert created[0]["metadata"]["ownerReferences"] == [{"apiVersion": "v1", "kind": "Pod", "name": "watcher",
-                                                          "uid": "uid-w", "controller": False,
+    assert created[0]["metadata"]["ownerReferences"] == [{"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow",
+                                                          "name": "wf", "uid": "uid-wf", "controller": False,
                                                           "blockOwnerDeletion": False}]
     other = settings(nodes=2, gpus=0, job_poll_s=0.01, job_namespace="elsewhere")  # no cross-namespace owner
     trainjob.run(trainjob.manifest(other, "cloob-train-p", job_config(), "s3://w"), other, api=Api(["Succeeded"]))

@@ -11,11 +11,15 @@ Kubernetes secret, by reference).
 The caller needs RBAC to create, get, patch and delete the job kind in its namespace: infra/k8s/base/rbac.yaml.
 
 The watcher survives its API: a status poll that times out, is reset or answers 5xx/429 is retried with backoff
-and never ends the job; it deletes the job only when it saw it fail, when the job's time is up, or when it is
-cancelled. Two things bound an orphan's life if the watcher dies for good: the job's own ``activeDeadlineSeconds``
-(the job timeout) and an owner reference to the watcher pod (same namespace only: Kubernetes forbids cross-namespace
-owners), so deleting the pipeline run's pods deletes the job. A retried watcher pod adopts the job of its run
-(same name) and adds itself as a second owner, rather than creating a second job.
+and never ends the job. It deletes the job only when it saw it fail, when the job's time is up, or when the
+pipeline run itself was stopped. A stop signal alone is not that: a node drain, an autoscaler's or Karpenter's
+consolidation and a spot reclaim of the watcher's small CPU pod all send SIGTERM while the run goes on. So on
+SIGTERM the watcher asks the run's Argo Workflow (named by its pod's ``workflows.argoproj.io/workflow`` label):
+terminated by KFP (``spec.activeDeadlineSeconds: 0``) or Argo (``spec.shutdown``), ended, being deleted or gone
+means stopped, and the job is deleted; otherwise, or when it cannot tell, the job is left running and the step's
+next try adopts it (same name). The job's owner is that Workflow (same namespace only: Kubernetes forbids
+cross-namespace owners), not the watcher pod, so an evicted watcher does not take the job with it, and deleting
+the run deletes the job; the job's own ``activeDeadlineSeconds`` (the job timeout) bounds an orphan's life.
 """
 
 from __future__ import annotations
@@ -58,8 +62,15 @@ IMAGE_UID = 10001  # the user infra/images/Dockerfile runs as: every pod runs as
 POD_SECURITY = {"runAsNonRoot": True, "runAsUser": IMAGE_UID, "runAsGroup": IMAGE_UID, "fsGroup": IMAGE_UID,
                 "seccompProfile": {"type": "RuntimeDefault"}}
 CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "runAsNonRoot": True}
-# The watcher pod's identity, from the downward API (pipelines/pretrain.py sets them): the job's owner.
-POD_NAME_ENV, POD_UID_ENV = "CLOOB_POD_NAME", "CLOOB_POD_UID"
+# The watcher pod's Argo Workflow, from the downward API (pipelines/pretrain.py sets it): the job's owner, and what
+# says whether the pipeline run was stopped.
+WORKFLOW_ENV = "CLOOB_WORKFLOW"
+WORKFLOW_LABEL = "workflows.argoproj.io/workflow"  # Argo labels every pod of a workflow with its name
+WORKFLOW_API = ("argoproj.io", "v1alpha1", "workflows")
+ENDED_PHASES = frozenset({"Succeeded", "Failed", "Error"})
+# The watcher pod is not to be evicted by Karpenter's or the cluster autoscaler's consolidation: moving it only
+# costs a retry, but each retry is one of the step's few.
+WATCHER_ANNOTATIONS = {"karpenter.sh/do-not-disrupt": "true", "cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}
 _NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
@@ -237,16 +248,16 @@ def _raise_cancelled(signum: int, _frame: Any) -> None:
 
 def run(body: dict[str, Any], settings: ClusterSettings, api: Any = None) -> str:
     """Create the job (or adopt this run's, made by an earlier try of the watcher) and wait for it to end. A job
-    seen failing, one past ``job_timeout_s`` and one whose watcher is cancelled (SIGTERM, as when the pipeline run
-    is stopped) are deleted, so no GPU node stays held by an orphan; API faults are waited out, never a reason to
-    delete."""
+    seen failing, one past ``job_timeout_s`` and one whose pipeline run was stopped are deleted, so no GPU node
+    stays held by an orphan; API faults and a SIGTERM while the run goes on (a drain, an eviction) are never a
+    reason to delete."""
     group, version, plural, kind = KINDS[settings.job_kind]
     api = api or _custom_objects_api()
     namespace = settings.job_namespace or current_namespace()
     name = body["metadata"]["name"]
     where = f"{kind} {namespace}/{name}"
     timeout = settings.job_api_timeout_s
-    owner = _watcher_pod(namespace)
+    owner = _workflow_owner(_workflow(api, namespace, settings))
     if owner:
         body = {**body, "metadata": {**body["metadata"], "ownerReferences": [owner]}}
     previous = signal.signal(signal.SIGTERM, _raise_cancelled) if _main_thread() else None
@@ -291,7 +302,13 @@ def run(body: dict[str, Any], settings: ClusterSettings, api: Any = None) -> str
                                 f"training.kubeflow.org/job-name={name})")
             _sleep_until(settings.job_poll_s, deadline, settings, where)
     except _Cancelled as err:
-        raise JobFailed(f"{where} cancelled ({err})") from None
+        stopped = run_stopped(_workflow(api, namespace, settings))
+        if stopped is None:
+            delete = False
+            raise JobFailed(f"{where}: this watcher got {err} while its pipeline run goes on (a drain or an "
+                            "eviction, or a run this watcher cannot see): the job is left running, and the "
+                            "step's next try adopts it") from None
+        raise JobFailed(f"{where} cancelled: the pipeline run {stopped}") from None
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
@@ -362,31 +379,73 @@ def _create(api: Any, where: tuple[str, str, str, str], body: dict[str, Any], se
     return True
 
 
-def _watcher_pod(namespace: str) -> dict[str, Any] | None:
-    """An owner reference to the pod this runs in (from the downward API), where it may own the job: in the
-    job's own namespace."""
-    name, uid = os.environ.get(POD_NAME_ENV), os.environ.get(POD_UID_ENV)
-    if not (name and uid) or _pod_namespace() != namespace:
+def _workflow(api: Any, namespace: str, settings: ClusterSettings) -> dict[str, Any] | None:
+    """This pod's Argo Workflow, as the API server has it; ``{}`` when it is gone; None when there is none to ask
+    (no workflow named, another namespace) or it cannot be read."""
+    name = os.environ.get(WORKFLOW_ENV)
+    if not name or _pod_namespace() != namespace:
         return None
-    return {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid, "controller": False,
-            "blockOwnerDeletion": False}
+    group, version, plural = WORKFLOW_API
+    try:
+        return _retried(lambda: api.get_namespaced_custom_object(group, version, namespace, plural, name,
+                                                                 _request_timeout=settings.job_api_timeout_s),
+                        f"reading workflow {name}", settings)
+    except Exception as err:
+        if _status_code(err) == 404:
+            return {}
+        log.warning("could not read this run's workflow %s/%s: %s", namespace, name, _describe(err))
+        return None
+
+
+def run_stopped(workflow: dict[str, Any] | None) -> str | None:
+    """How the pipeline run was stopped, from its Workflow (:func:`_workflow`); None while it goes on, or when
+    there is no workflow to tell."""
+    if workflow is None:
+        return None
+    if not workflow:
+        return "is gone (its workflow was deleted)"
+    spec, meta = workflow.get("spec", {}), workflow.get("metadata", {})
+    phase = workflow.get("status", {}).get("phase")
+    if meta.get("deletionTimestamp"):
+        return "is being deleted"
+    if spec.get("shutdown"):
+        return f"was stopped (workflow spec.shutdown: {spec['shutdown']})"
+    if spec.get("activeDeadlineSeconds") == 0:
+        return "was terminated (workflow spec.activeDeadlineSeconds: 0, as KFP terminates a run)"
+    if phase in ENDED_PHASES:
+        return f"has ended (workflow phase {phase})"
+    return None
+
+
+def _workflow_owner(workflow: dict[str, Any] | None) -> dict[str, Any] | None:
+    """An owner reference to the run's Workflow: outlives an evicted watcher pod, goes with the run."""
+    meta = (workflow or {}).get("metadata", {})
+    if not (meta.get("name") and meta.get("uid")):
+        return None
+    group, version, _ = WORKFLOW_API
+    return {"apiVersion": f"{group}/{version}", "kind": "Workflow", "name": meta["name"], "uid": meta["uid"],
+            "controller": False, "blockOwnerDeletion": False}
 
 
 def _add_owner(api: Any, where: tuple[str, str, str, str, str], owner: dict[str, Any],
                settings: ClusterSettings) -> None:
-    """This watcher as one more owner of an adopted job: the garbage collector deletes it once every owner is
-    gone, so the earlier watcher pod's removal does not take the job with it."""
+    """The run's Workflow as an owner of an adopted job that lacks it (one created by an earlier version, whose
+    owner was its watcher pod): the garbage collector deletes a job once every owner is gone."""
     group, version, namespace, plural, name = where
     try:
         current = _retried(lambda: api.get_namespaced_custom_object(group, version, namespace, plural, name,
                                                                     _request_timeout=settings.job_api_timeout_s),
                            f"reading {name}", settings)
-        owners = [ref for ref in current.get("metadata", {}).get("ownerReferences", []) if ref["uid"] != owner["uid"]]
+        owners = current.get("metadata", {}).get("ownerReferences", [])
+        if any(ref.get("uid") == owner["uid"] for ref in owners):
+            return
         _retried(lambda: api.patch_namespaced_custom_object(
             group, version, namespace, plural, name, {"metadata": {"ownerReferences": [*owners, owner]}},
-            _request_timeout=settings.job_api_timeout_s), f"adding this pod as an owner of {name}", settings)
-    except Exception as err:  # the job still has its first owner and its deadline
-        log.warning("could not add this pod as an owner of %s/%s: %s", namespace, name, _describe(err))
+            _request_timeout=settings.job_api_timeout_s), f"adding workflow {owner['name']} as an owner of {name}",
+            settings)
+    except Exception as err:  # the job keeps its owners and its deadline
+        log.warning("could not add workflow %s as an owner of %s/%s: %s", owner["name"], namespace, name,
+                    _describe(err))
 
 
 def _delete(api: Any, where: tuple[str, str, str, str, str], settings: ClusterSettings) -> None:
