@@ -13,9 +13,10 @@ from kfp import dsl, kubernetes
 
 from cloob_core.config.cluster import MAX_DOWNLOAD_GROUPS, ClusterSettings, cpu_count
 from cloob_core.ops.trainjob import (
+    CREDENTIAL_KEYS,
+    ENDPOINT_KEY,
     IMAGE_UID,
     PART_OF,
-    SECRET_KEYS,
     WATCHER_ANNOTATIONS,
     WORKFLOW_ENV,
     WORKFLOW_LABEL,
@@ -39,7 +40,9 @@ def on_cluster(task: dsl.PipelineTask, settings: ClusterSettings, s3: bool = Tru
         kubernetes.set_image_pull_secrets(task, list(settings.image_pull_secrets))
     if s3 and settings.s3_secret:
         kubernetes.use_secret_as_env(task, secret_name=settings.s3_secret, optional=False,
-                                     secret_key_to_env={key: key for key in SECRET_KEYS})
+                                     secret_key_to_env={key: key for key in CREDENTIAL_KEYS})
+        kubernetes.use_secret_as_env(task, secret_name=settings.s3_secret, optional=True,  # none on AWS S3
+                                     secret_key_to_env={ENDPOINT_KEY: ENDPOINT_KEY})
     return task
 
 

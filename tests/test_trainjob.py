@@ -497,7 +497,8 @@ def test_a_missing_secret_keeps_the_pods_from_starting_and_the_job_is_deleted_at
     body = trainjob.manifest(settings(nodes=2, gpus=0), "cloob-train-s", job_config(), "s3://w")
     refs = [e["valueFrom"]["secretKeyRef"] for e in body["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
             ["containers"][0]["env"] if "valueFrom" in e and "secretKeyRef" in e["valueFrom"]]
-    assert refs and all(ref["optional"] is False for ref in refs)
+    assert {ref["key"]: ref["optional"] for ref in refs} == {"AWS_ACCESS_KEY_ID": False,
+                                                             "AWS_SECRET_ACCESS_KEY": False, "AWS_ENDPOINT_URL": True}
     with FakeTrainingCluster(secrets={"cloob-s3-typo": {}}) as cluster:
         monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig(tmp_path / "kubeconfig")))
         job = settings(nodes=2, gpus=0, job_poll_s=0.05, job_timeout_s=1.0, job_namespace="team-a")
@@ -505,6 +506,21 @@ def test_a_missing_secret_keeps_the_pods_from_starting_and_the_job_is_deleted_at
             trainjob.run(body, job)
         assert cluster.unstartable and not any(cluster.pods.values())
     assert cluster.requests[-1]["method"] == "DELETE"
+
+
+def test_a_secret_without_an_endpoint_starts_the_pods_for_aws_s3(tmp_path, monkeypatch):
+    """AWS S3 needs no endpoint, and docs/kubernetes.md says to leave it out: the pods start with the credentials
+    alone (before, every pod stopped at CreateContainerConfigError)."""
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)  # the pods' environment is this one's, as an image's is
+    stub = _stub_python(tmp_path / "bin", 'echo "key=$AWS_ACCESS_KEY_ID endpoint=${AWS_ENDPOINT_URL-unset}"\n')
+    credentials = {"AWS_ACCESS_KEY_ID": "AKIA-test", "AWS_SECRET_ACCESS_KEY": "s3cret"}
+    with FakeTrainingCluster(secrets={"cloob-s3": credentials}, extra_env=stub) as cluster:
+        monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig(tmp_path / "kubeconfig")))
+        job = settings(nodes=2, gpus=0, job_poll_s=0.05, job_namespace="team-a")
+        assert trainjob.run(trainjob.manifest(job, "cloob-train-aws", job_config(), "s3://w"), job).startswith(
+            "Succeeded")
+        logs = cluster.pod_logs(("team-a", "pytorchjobs", "cloob-train-aws"))
+    assert logs.count("key=AKIA-test endpoint=unset") == 2 and not cluster.unstartable
 
 
 def test_the_job_pods_are_admitted_under_pod_security_restricted_and_pull_from_a_private_registry():

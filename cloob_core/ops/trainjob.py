@@ -53,7 +53,11 @@ PARAMS_ENV = "CLOOB_PARAMS"
 WORKSPACE = "/workspace"  # an emptyDir in each pod: the image's user may write there, and pods never share it
 METRICS_PORT = 9400
 PART_OF = {"app.kubernetes.io/part-of": "cloob-pipelines", "app.kubernetes.io/component": "train"}
-SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL")
+# The S3 secret's keys: the credentials are required (a misspelled secret stops a pod at its start, not a step at
+# its first read); the endpoint is optional, since AWS S3 itself has none (MinIO, Ceph and the like do).
+CREDENTIAL_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+ENDPOINT_KEY = "AWS_ENDPOINT_URL"
+SECRET_KEYS = (*CREDENTIAL_KEYS, ENDPOINT_KEY)
 TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})  # an API server's answers worth asking again
 CREATE_ATTEMPTS = 6  # creating (and deleting) the job: at most this many tries over transient faults
 MAX_BACKOFF_S = 300.0
@@ -111,7 +115,7 @@ def _env(settings: ClusterSettings, params_text: str) -> list[dict[str, Any]]:
     env += [{"name": key, "value": value} for key, value in sorted(settings.job_nccl_env().items())]
     if settings.s3_secret:
         env += [{"name": key, "valueFrom": {"secretKeyRef": {"name": settings.s3_secret, "key": key,
-                                                             "optional": False}}} for key in SECRET_KEYS]
+                                                             "optional": key == ENDPOINT_KEY}}} for key in SECRET_KEYS]
     return env
 
 
