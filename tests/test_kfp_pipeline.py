@@ -523,6 +523,21 @@ def test_key_value_flags_keep_their_values_as_text(tmp_path):
     assert job["nccl_env"]["NCCL_IB_DISABLE"] == "0" and job["nccl_env"]["NCCL_NET_GDR_LEVEL"] == "2"
 
 
+def test_a_metrics_port_a_node_agent_holds_is_refused_on_the_host_network(tmp_path, capsys):
+    """With --host-network the pods' metrics port is the node's: dcgm-exporter's 9400 (the default before) failed
+    the run at its first step with Errno 98; now the default is free and a clash is refused at compile time."""
+    from pipelines.__main__ import main
+
+    multi = ["compile", "--output", str(tmp_path / "p.yaml"), "--nodes", "2", "--gpus", "8", "--host-network"]
+    assert main([*multi, "--metrics-port", "9400"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "metrics_port 9400 is NVIDIA dcgm-exporter's port on the node" in err, err
+    compiled = compile_with(tmp_path, *multi[3:])
+    job = json.loads(tasks_of(compiled["spec"])["train-multinode"]["inputs"]["parameters"]["job"]["runtimeValue"]
+                     ["constant"])
+    assert job["metrics_port"] == 9401 and job["host_network"] is True
+
+
 def test_every_cluster_setting_reaches_the_one_node_training_step_or_is_refused(tmp_path, capsys):
     """One node: the NCCL settings reach the training pod's environment; the host network, RDMA devices and a
     job service account, which no KFP step can take, are refused in one line instead of dropped."""

@@ -68,7 +68,7 @@ def test_a_pytorchjob_has_a_master_workers_gpus_shm_and_secrets_by_reference(mon
         assert all(ref["name"] == "cloob-s3" for ref in refs.values())
         assert {"name": "CLOOB_PARAMS", "value": launch.config_text(config)} in container["env"]
         assert replicas[role]["template"]["metadata"]["labels"]["app.kubernetes.io/part-of"] == "cloob-pipelines"
-        assert container.get("ports") == ([{"name": "metrics", "containerPort": trainjob.METRICS_PORT}]
+        assert container.get("ports") == ([{"name": "metrics", "containerPort": ClusterSettings().metrics_port}]
                                           if role == "Master" else None)  # rank 0 alone serves metrics
     assert "do-not-leak-me" not in json.dumps(body)
 
@@ -112,7 +112,8 @@ def test_the_pod_command_writes_the_validated_config_and_calls_torchrun_with_int
     subprocess.run(container["command"], cwd=tmp_path, env=env, check=True)
     assert load_config(tmp_path / "params.yaml") == config
     assert config.train.shards == ODD_SHARDS and config.train.objective == "infoloob"
-    assert config.train.checkpoint_sync == "s3://w/n/checkpoints" and config.train.metrics_port == trainjob.METRICS_PORT
+    assert config.train.checkpoint_sync == "s3://w/n/checkpoints"
+    assert config.train.metrics_port == ClusterSettings().metrics_port
     argv = json.loads((tmp_path / "argv.json").read_text())
     assert argv[:5] == ["-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=4", "-m"]
     assert argv[argv.index("--params") + 1] == "params.yaml" and "--set" not in argv

@@ -20,6 +20,10 @@ NCCL_DEFAULTS = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "NCCL_DEBUG": "WARN", "
 # fork safety (the data loader forks its workers after libfabric registered memory).
 EFA_NCCL_ENV = {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1"}
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
+# Ports node agents hold on a GPU node's own network: a multi-node pod on the host network cannot serve its metrics
+# there (the run fails with Errno 98 at its first step).
+NODE_AGENT_PORTS = {9100: "node-exporter", 9400: "NVIDIA dcgm-exporter", 10249: "kube-proxy's metrics",
+                    10250: "the kubelet", 10256: "kube-proxy's health check"}
 
 
 def cpu_count(quantity: str) -> int:
@@ -57,6 +61,10 @@ class ClusterSettings(BaseModel):
     host_network: bool = Field(False, description="Multi-node pods on the node's network (hostNetwork, "
                                "ClusterFirstWithHostNet DNS): NCCL then reaches the node's fast interfaces; needs a "
                                "namespace that allows it.")
+    metrics_port: int = Field(9401, ge=1024, le=65535, description="Port a multi-node job's pods serve Prometheus "
+                              "/metrics on (the PodMonitor finds it by its name, metrics). With host_network it is "
+                              "the node's port: not one a node agent holds (dcgm-exporter's 9400, node-exporter's "
+                              "9100, the kubelet's).")
     rdma_resources: dict[str, str] = Field(default_factory=dict, description="Extra resources each multi-node pod "
                                            "asks for, e.g. rdma/rdma_shared_device_a=1 (the NVIDIA network "
                                            "operator's InfiniBand/RoCE devices); NCCL uses them when present.")
@@ -131,6 +139,14 @@ class ClusterSettings(BaseModel):
         if self.nodes > 1 and not self.job_workdir.startswith("s3://"):
             raise ValueError(f"a multi-node job needs a work folder its pods share (an s3:// prefix), not "
                              f"{self.job_workdir!r}")
+        return self
+
+    @model_validator(mode="after")
+    def _metrics_port_free_on_the_node(self) -> ClusterSettings:
+        if self.host_network and self.metrics_port in NODE_AGENT_PORTS:
+            raise ValueError(f"metrics_port {self.metrics_port} is {NODE_AGENT_PORTS[self.metrics_port]}'s port on "
+                             "the node, and host_network serves the training pods' metrics there: choose another "
+                             f"(default {type(self).model_fields['metrics_port'].default})")
         return self
 
     @model_validator(mode="after")

@@ -176,8 +176,8 @@ def train_multinode(params: Params, shards: str, output_dir: str, job: str, run_
     config.train.check_shape(settings.nodes * max(settings.gpus, 1))
     name = trainjob.job_name(run_id)
     workdir = storage.join(settings.job_workdir, name)
-    trainjob.run(trainjob.manifest(settings, name, trainjob.job_config(config, shards, workdir, settings.gpus),
-                                  workdir), settings)
+    job = trainjob.job_config(config, shards, workdir, settings.gpus, settings.metrics_port)
+    trainjob.run(trainjob.manifest(settings, name, job, workdir), settings)
     publish.fetch(storage.join(workdir, "output"), output_dir)  # the unit rank 0 published: old or new, whole
     return _record_training(storage.read_json(Path(output_dir) / "metrics.json"), shards, model, metrics)
 

@@ -51,7 +51,6 @@ KINDS = {
 SUCCEEDED = {"pytorchjob": "Succeeded", "trainjob": "Complete"}
 PARAMS_ENV = "CLOOB_PARAMS"
 WORKSPACE = "/workspace"  # an emptyDir in each pod: the image's user may write there, and pods never share it
-METRICS_PORT = 9400
 PART_OF = {"app.kubernetes.io/part-of": "cloob-pipelines", "app.kubernetes.io/component": "train"}
 # The S3 secret's keys: the credentials are required (a misspelled secret stops a pod at its start, not a step at
 # its first read); the endpoint is optional, since AWS S3 itself has none (MinIO, Ceph and the like do).
@@ -88,13 +87,14 @@ def job_name(run_id: str) -> str:
     return f"cloob-train-{slug}"[:52].rstrip("-")
 
 
-def job_config(config: CloobConfig, shards: str, workdir: str, gpus: int = 0) -> CloobConfig:
+def job_config(config: CloobConfig, shards: str, workdir: str, gpus: int = 0,
+               metrics_port: int = ClusterSettings.model_fields["metrics_port"].default) -> CloobConfig:
     """The run's configuration as every pod trains with it: the shards where they lie, checkpoints mirrored to
-    the job's folder (a restarted pod resumes from there), metrics served on the pod's port; on pods given GPUs,
-    CUDA (:func:`launch.on_gpus`)."""
+    the job's folder (a restarted pod resumes from there), metrics served on the pods' port
+    (``ClusterSettings.metrics_port``); on pods given GPUs, CUDA (:func:`launch.on_gpus`)."""
     return launch.on_gpus(config_from_mapping(config.model_dump(), values={"train": {
         "shards": shards, "checkpoint_sync": f"{workdir}/checkpoints", "metrics_host": "0.0.0.0",
-        "metrics_port": METRICS_PORT}}), gpus)
+        "metrics_port": metrics_port}}), gpus)
 
 
 def worker_script(settings: ClusterSettings, workdir: str) -> str:
@@ -163,7 +163,7 @@ def manifest(settings: ClusterSettings, name: str, config: CloobConfig, workdir:
     if settings.job_namespace:
         metadata["namespace"] = settings.job_namespace
     deadline = math.ceil(settings.job_timeout_s)  # the job ends itself then, watched or not
-    port = [{"name": "metrics", "containerPort": METRICS_PORT}]
+    port = [{"name": "metrics", "containerPort": settings.metrics_port}]
     if settings.job_kind == "pytorchjob":
         container = {"name": "pytorch", "image": settings.image, "command": command, "workingDir": WORKSPACE,
                      "env": _env(settings, params_text), "resources": _resources(settings), "volumeMounts": mounts,
