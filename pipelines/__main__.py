@@ -15,6 +15,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from cloob_core.config import ConfigError
 from cloob_core.config.cluster import ClusterSettings
 from cloob_core.errors import StageError, fail, user_facing
 from cloob_core.flags import add_model_flags, flag_values
@@ -50,6 +51,9 @@ def _images_under(registry: str | None) -> Iterator[None]:
     from components.image_names import image_names
 
     names = image_names(registry)
+    named = [name for name in names if os.environ.get(name)]
+    if named:  # before, --registry replaced them without a word
+        raise ConfigError(f"--registry {registry} and {' and '.join(named)} both name the steps' images: give one")
     before = {name: os.environ.get(name) for name in names}
 
     def reimport() -> None:
@@ -221,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--output", type=Path, default=DEFAULT_PACKAGE)
     comp.add_argument("--registry", metavar="REGISTRY", help="name the steps' images under this registry (e.g. "
                       "ghcr.io/acme: ghcr.io/acme/cloob-pipelines:VERSION-cpu), where infra/images/build.sh pushed "
-                      "them; default: CLOOB_IMAGE_CPU / CLOOB_IMAGE_CUDA, else no registry (a warning)")
+                      "them; default: CLOOB_IMAGE_CPU / CLOOB_IMAGE_CUDA, else no registry (a warning); not both")
     add_model_flags(comp, ClusterSettings, "cluster", "cluster settings (cloob_core.config.cluster.ClusterSettings)",
                     skip=("image",))
     comp.set_defaults(func=_compile)

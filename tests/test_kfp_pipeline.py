@@ -347,6 +347,17 @@ def test_what_a_cluster_cannot_use_is_refused_or_named_before_anything_is_sent(p
                       "registry.example:5000/ml/cloob-pipelines:0.1.0-cuda"}
 
 
+def test_a_registry_and_an_image_variable_together_are_refused_not_one_silently_dropped(tmp_path, monkeypatch,
+                                                                                      capsys):
+    from pipelines.__main__ import main
+
+    monkeypatch.setenv("CLOOB_IMAGE_CPU", "mirror.example/cloob:cpu")
+    assert main(["compile", "--output", str(tmp_path / "p.yaml"), "--registry", "ghcr.io/acme"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "pipelines: --registry ghcr.io/acme and CLOOB_IMAGE_CPU both name the steps' images: give one", err
+    assert not (tmp_path / "p.yaml").exists()
+
+
 def test_a_bad_configuration_is_refused_before_anything_is_sent(package, capsys):
     from kfp_api_server import KfpApiServer
 
