@@ -59,6 +59,8 @@ def build(settings: ClusterSettings | None = None):
 
     def train_and_promote(params: str, shards: Any) -> None:
         shard_gate = on_cluster(steps.validate_shards(params=params, shards=shards), settings)
+        # the shards' folder keeps its name as a crawl grows: a cache hit would skip the last check before GPU hours
+        shard_gate.set_caching_options(False)
         trained = train_task(params, shards, settings)
         trained.after(shard_gate)
         trained.set_caching_options(False)  # a retraining run must train, even on unchanged inputs
@@ -85,6 +87,7 @@ def build(settings: ClusterSettings | None = None):
         # ParallelFor body the loop item in place of any task-output parameter passed into it).
         shards = acquired.outputs["Output"]
         gate = on_cluster(steps.validate_manifest(params=params, manifest=acquired.outputs["manifest"]), settings)
+        gate.set_caching_options(False)  # a gate checks what is there now, never a cached verdict on older data
         # the loop's items are planned at run time from the manifest's index: at most 256 contiguous ranges of
         # shards, so Argo's node status stays far below etcd's object limit whatever the data (docs/kubernetes.md)
         planned = on_cluster(steps.plan_download(params=params, manifest=acquired.outputs["manifest"],

@@ -347,6 +347,18 @@ def test_what_a_cluster_cannot_use_is_refused_or_named_before_anything_is_sent(p
                       "registry.example:5000/ml/cloob-pipelines:0.1.0-cuda"}
 
 
+@pytest.mark.parametrize("data", ["acquire", "import"])
+def test_no_data_gate_is_skipped_by_kfps_cache(tmp_path, data):
+    """The gates read locations whose contents change under the same name (a grown crawl's shards folder): a
+    cached verdict would let new data reach training unchecked, so KFP's cache is off for them."""
+    extra = ("--data", "import") if data == "import" else ()
+    tasks = tasks_of(compile_with(tmp_path, *extra)["spec"])
+    gates = [name for name in tasks if name.startswith("validate-")]
+    assert gates == (["validate-manifest", "validate-shards"] if data == "acquire" else ["validate-shards"])
+    for name in gates:
+        assert not tasks[name].get("cachingOptions", {}).get("enableCache"), name
+
+
 def test_a_registry_and_an_image_variable_together_are_refused_not_one_silently_dropped(tmp_path, monkeypatch,
                                                                                       capsys):
     from pipelines.__main__ import main
