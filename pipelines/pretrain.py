@@ -5,6 +5,7 @@ promotion. The stages are the DVC pipeline's, run by the components in component
 # No `from __future__ import annotations`: KFP reads the pipeline parameter types from the live annotations.
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +129,8 @@ def train_task(params: str, shards: Any, settings: ClusterSettings) -> dsl.Pipel
         trained.set_env_variable(key, value)
     # an evicted or failed pod is retried, and the retry resumes from the checkpoints mirrored to workdir
     trained.set_retry(num_retries=settings.train_retries, backoff_duration=f"{settings.train_retry_backoff_s}s")
+    # bounded as a multi-node job is (its activeDeadlineSeconds): a hung step does not hold a GPU node for ever
+    kubernetes.set_timeout(trained, math.ceil(settings.job_timeout_s))
     with_shared_memory(on_training_nodes(sized(trained, settings.training_cpus(), settings.memory), settings,
                                          settings.gpus), settings)
     for key, value in PART_OF.items():  # the PodMonitor in infra/k8s selects training pods by these labels

@@ -586,6 +586,9 @@ def test_the_one_node_training_step_is_retried_and_resumes_from_the_runs_checkpo
     parameters = train["inputs"]["parameters"]
     assert parameters["workdir"]["runtimeValue"]["constant"] == "s3://team/jobs"
     assert parameters["run_id"]["runtimeValue"]["constant"] == "{{$.pipeline_job_uuid}}"
+    assert compiled["platform"]["exec-train"]["activeDeadlineSeconds"] == "604800"  # job_timeout_s: each try bounded
+    bounded = compile_with(tmp_path, "--gpus", "8", "--job-workdir", "s3://team/jobs", "--job-timeout-s", "3600")
+    assert bounded["platform"]["exec-train"]["activeDeadlineSeconds"] == "3600"
     multi = compile_with(tmp_path, "--nodes", "2", "--gpus", "8")
     watcher = tasks_of(multi["spec"])["train-multinode"]
     assert watcher["retryPolicy"]["maxRetryCount"] == 3  # a retried watcher adopts the running job

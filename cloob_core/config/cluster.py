@@ -107,7 +107,9 @@ class ClusterSettings(BaseModel):
     job_runtime: str = Field("torch-distributed", description="Trainer v2 ClusterTrainingRuntime of a trainjob.")
     job_backoff_limit: int = Field(3, ge=0, description="Pod restarts before the job fails; each restart resumes "
                                    "from the last checkpoint.")
-    job_timeout_s: float = Field(7 * 24 * 3600.0, gt=0, description="Seconds the job may run before it is deleted.")
+    job_timeout_s: float = Field(7 * 24 * 3600.0, gt=0, description="Seconds training may run: a multi-node job's "
+                                 "activeDeadlineSeconds (it is deleted then), the one-node training pod's (each "
+                                 "try's).")
     job_poll_s: float = Field(20.0, gt=0, description="Seconds between looks at the job's status; after an API "
                               "fault, the first wait before asking again (doubling, at most 5 minutes).")
     job_api_timeout_s: float = Field(60.0, gt=0, description="Deadline of each Kubernetes API call of the job's "
