@@ -216,6 +216,7 @@ def _embed_into(spool: _Spool, model: EvalModel, images: ImageSet, encoding: Enc
 
 
 def text_features(model: EvalModel, texts: Sequence[str], encoding: Encoding, tag: str) -> Tensor:
+    digest = hashlib.sha256("\n".join(texts).encode()).hexdigest()
     step = 2 * encoding.batch_size  # texts are cheaper to encode than images
     tokenizer = f"{model.architecture}|{type(model.tokenizer).__name__}"
 
@@ -229,5 +230,4 @@ def text_features(model: EvalModel, texts: Sequence[str], encoding: Encoding, ta
     def compute() -> Tensor:
         return torch.cat([model.encode_texts(tokens(start)).cpu() for start in range(0, len(texts), step)])
 
-    digest = hashlib.sha256("\n".join(texts).encode()).hexdigest()
     return _cached(encoding, f"texts|{model.fingerprint}|{tag}|{digest}{_precision_key(model.precision)}", compute)
