@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from json_api_server import JsonApiServer
@@ -32,8 +33,10 @@ def _free_port() -> int:
 
 class FakeTrainingCluster(JsonApiServer):
     def __init__(self, secrets: dict[str, dict[str, str]] | None = None, run_pods: bool = True,
-                 extra_env: dict[str, str] | None = None, status_faults: list[str | int] | None = None) -> None:
+                 extra_env: dict[str, str] | None = None, status_faults: list[str | int] | None = None,
+                 prune: Callable[[dict], dict] | None = None) -> None:
         self.secrets = secrets or {}
+        self.prune = prune  # a job's CRD schema, as the API server applies it: unknown fields dropped in silence
         self.status_faults = list(status_faults or [])  # injected, one per GET of a job, in order
         self.unstartable: dict[tuple[str, str, str], str] = {}  # jobs whose pods cannot start, and why
         self.run_pods = run_pods
@@ -167,6 +170,8 @@ class FakeTrainingCluster(JsonApiServer):
             key = (ns, plural, body["metadata"]["name"])
             if key in self.objects:
                 return 409, {"kind": "Status", "status": "Failure", "reason": "AlreadyExists", "code": 409}
+            if self.prune is not None and plural in SUCCESS:
+                body = self.prune(body)
             self.objects[key] = body
             if self.run_pods and plural in SUCCESS:  # a training job; other objects (a Workflow) are only kept
                 self._start(key, plural, body)

@@ -94,10 +94,22 @@ def test_rbac_lets_the_pipeline_account_run_training_jobs(rendered):
 
 def test_the_pod_monitor_selects_the_training_pods_and_their_metrics_port(rendered):
     _, documents = rendered
-    (monitor,) = by_kind(documents, "PodMonitor")
+    monitors = {doc["metadata"]["name"]: doc for doc in by_kind(documents, "PodMonitor")}
+    monitor = monitors["cloob-training"]
     selector = monitor["spec"]["selector"]["matchLabels"]
     settings = ClusterSettings(image="i", job_workdir="s3://w", nodes=2)
     config = trainjob.job_config(CloobConfig(), "s3://d", "s3://w")
+    # a TrainJob's pods carry the labels and serve on the default port, which cloob-trainjob scrapes by number
+    trainer = monitors["cloob-trainjob"]
+    assert trainer["spec"]["podMetricsEndpoints"][0]["portNumber"] == ClusterSettings().metrics_port
+    assert config.train.metrics_port == ClusterSettings().metrics_port
+    for release in ("v2.1", "v2.3"):
+        body = trainjob.manifest(settings.model_copy(update={"job_kind": "trainjob", "trainer_release": release}),
+                                 "n", config, "s3://w")
+        patches = body["spec"].get("podTemplateOverrides") or [
+            job["template"]["spec"]["template"] for patch in body["spec"]["runtimePatches"]
+            for job in patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]]
+        assert trainer["spec"]["selector"]["matchLabels"].items() <= patches[0]["metadata"]["labels"].items()
     replicas = trainjob.manifest(settings, "n", config, "s3://w")["spec"]["pytorchReplicaSpecs"]
     pod = replicas["Master"]["template"]
     assert selector.items() <= pod["metadata"]["labels"].items()
@@ -111,24 +123,30 @@ def test_the_pod_monitor_selects_the_training_pods_and_their_metrics_port(render
     assert service_monitor["spec"]["endpoints"][0]["honorLabels"] is True  # the pushers' job/partition labels
 
 
-@pytest.mark.parametrize("kind", sorted(trainjob.KINDS))
-def test_training_job_pod_templates_are_valid_kubernetes(kind):
-    """The operators copy these into pods: as a core PodTemplate they must validate strictly."""
+@pytest.mark.parametrize("kind, release", [("pytorchjob", "v2.3"), ("trainjob", "v2.1"), ("trainjob", "v2.3")])
+def test_training_job_pod_templates_are_valid_kubernetes(kind, release):
+    """The operators copy these into pods: as a core PodTemplate they must validate strictly (the job APIs'
+    own fields: tests/test_trainjob.py, against infra/training/crd_schemas.yaml)."""
     kv = validator()
     settings = ClusterSettings(image="reg/cloob:cuda", job_workdir="s3://w", job_kind=kind, nodes=3,
-                                    node_selector={"pool": "a100"}, service_account="cloob-pipeline")
+                               trainer_release=release, node_selector={"pool": "a100"},
+                               service_account="cloob-pipeline")
     body = trainjob.manifest(settings, "cloob-train-x", trainjob.job_config(CloobConfig(), "s3://d", "s3://w/x"),
                              "s3://w/x")
+    spec = body["spec"]
     if kind == "pytorchjob":
-        templates = [replica["template"] for replica in body["spec"]["pytorchReplicaSpecs"].values()]
-    else:  # the trainer's container (with the runtime's defaults) plus the override of the node job's pods
-        trainer = body["spec"]["trainer"]
-        override = body["spec"]["podTemplateOverrides"][0]
+        templates = [replica["template"] for replica in spec["pytorchReplicaSpecs"].values()]
+    else:  # the trainer's container (with the runtime's defaults) plus the node job's override or patch
+        trainer = spec["trainer"]
+        if release == "v2.1":
+            pod = spec["podTemplateOverrides"][0]
+        else:
+            pod = spec["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0][
+                "template"]["spec"]["template"]
         container = {"name": "node", "image": trainer["image"], "command": trainer["command"],
-                     "env": trainer["env"], "resources": trainer["resourcesPerNode"],
-                     **override["spec"]["containers"][0]}
-        spec = {key: value for key, value in override["spec"].items() if key != "containers"}
-        templates = [{"metadata": override["metadata"], "spec": {**spec, "containers": [container]}}]
+                     "env": trainer["env"], "resources": trainer["resourcesPerNode"], **pod["spec"]["containers"][0]}
+        rest = {key: value for key, value in pod["spec"].items() if key != "containers"}
+        templates = [{"metadata": pod["metadata"], "spec": {**rest, "containers": [container]}}]
     for template in templates:
         kv.validate({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"}, "template": template},
                     K8S_VERSION, strict=True)
@@ -217,7 +235,7 @@ def test_the_monitoring_resources_validate_against_their_schemas(rendered):
     for doc in monitoring:
         errors = [f"{list(error.path)}: {error.message}" for error in validators[doc["kind"]].iter_errors(doc)]
         assert not errors, (doc["kind"], errors)
-    (monitor,) = by_kind(documents, "PodMonitor")
+    monitor = by_kind(documents, "PodMonitor")[0]
     broken = json.loads(json.dumps(monitor))
     broken["spec"]["podMetricsEndpoints"][0]["intervall"] = "30s"
     assert list(validators["PodMonitor"].iter_errors(broken))

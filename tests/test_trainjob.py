@@ -26,6 +26,7 @@ from cloob_core.ops import kubeflow, launch, trainjob
 from cloob_core.ops.trainjob import JobFailed
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import job_schemas
 from k8s_api_server import FakeTrainingCluster
 from trained_weights import largest_difference
 
@@ -80,9 +81,22 @@ def test_one_node_has_no_workers_and_a_cpu_job_asks_for_no_gpu():
         "resources"]
 
 
-def test_a_trainjob_uses_the_torch_runtime_with_nodes_and_overrides():
-    body = trainjob.manifest(settings(job_kind="trainjob", job_namespace="team-a"), "cloob-train-run1",
-                             job_config(), "s3://w")
+def pod_settings(body: dict) -> list[dict]:
+    """The pod-spec fields a body sets for its pods, whatever its API: a PyTorchJob's templates, Trainer v2.1's
+    podTemplateOverrides, v2.3's runtimePatches."""
+    spec = body["spec"]
+    if "pytorchReplicaSpecs" in spec:
+        return [replica["template"]["spec"] for replica in spec["pytorchReplicaSpecs"].values()]
+    if "podTemplateOverrides" in spec:
+        return [override["spec"] for override in spec["podTemplateOverrides"]]
+    return [job["template"]["spec"]["template"]["spec"] for patch in spec["runtimePatches"]
+            for job in patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]]
+
+
+@pytest.mark.parametrize("release", ["v2.1", "v2.3"])
+def test_a_trainjob_uses_the_torch_runtime_with_nodes_and_the_pods_settings_its_release_takes(release):
+    body = trainjob.manifest(settings(job_kind="trainjob", trainer_release=release, job_namespace="team-a"),
+                             "cloob-train-run1", job_config(), "s3://w")
     assert body["apiVersion"] == "trainer.kubeflow.org/v1alpha1" and body["kind"] == "TrainJob"
     assert body["metadata"]["namespace"] == "team-a"
     spec = body["spec"]
@@ -90,10 +104,68 @@ def test_a_trainjob_uses_the_torch_runtime_with_nodes_and_overrides():
                                   "kind": "ClusterTrainingRuntime"}
     assert spec["trainer"]["numNodes"] == 3 and spec["trainer"]["numProcPerNode"] == 8
     assert spec["trainer"]["resourcesPerNode"]["limits"] == {"nvidia.com/gpu": "8"}
-    override = spec["podTemplateOverrides"][0]
-    assert override["targetJobs"] == [{"name": "node"}]
-    assert override["spec"]["nodeSelector"] == {"pool": "h100"}
-    assert {"name": "dshm", "mountPath": "/dev/shm"} in override["spec"]["containers"][0]["volumeMounts"]
+    (pod,) = pod_settings(body)
+    assert pod["nodeSelector"] == {"pool": "h100"}
+    assert pod["containers"][0]["name"] == "node"
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in pod["containers"][0]["volumeMounts"]
+    if release == "v2.1":  # v2.1 has neither: the watcher's deadline is the only one, the runtime's context
+        assert "activeDeadlineSeconds" not in spec and "securityContext" not in pod
+        assert spec["podTemplateOverrides"][0]["targetJobs"] == [{"name": "node"}]
+    else:
+        assert spec["activeDeadlineSeconds"] == 7 * 24 * 3600 and pod["securityContext"]["runAsNonRoot"]
+        assert spec["runtimePatches"][0]["manager"] == "cloob-pipelines"
+
+
+BODY_SETTINGS = [  # each job kind and release, with every setting that changes a body
+    {"job_kind": "pytorchjob", "nodes": 1, "gpus": 0},
+    {"job_kind": "pytorchjob", "host_network": True, "rdma_resources": {"rdma/hca": "1"}, "efa_devices": 4,
+     "image_pull_secrets": ["regcred"], "service_account": "cloob-train", "job_namespace": "team-a"},
+    *({"job_kind": "trainjob", "trainer_release": release, "efa_devices": 4, "image_pull_secrets": ["regcred"],
+       "service_account": "cloob-train", "gpu_taint": "", "s3_secret": ""} for release in ("v2.1", "v2.3")),
+    *({"job_kind": "trainjob", "trainer_release": release, "nodes": 2, "gpus": 0} for release in ("v2.1", "v2.3")),
+]
+
+
+@pytest.mark.parametrize("changes", BODY_SETTINGS, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items())[:60])
+def test_every_job_body_validates_against_its_apis_strict_schema(changes):
+    """Written from the operators' CRDs (infra/training/crd_schemas.yaml), with unknown fields an error: an API
+    server would prune them without a word (before: a TrainJob's securityContext, hostNetwork and dnsPolicy under
+    podTemplateOverrides, and a deadline v2.1 does not have)."""
+    job = settings(**changes)
+    body = trainjob.manifest(job, "cloob-train-v", job_config(), "s3://w")
+    name = job_schemas.schema_name(job.job_kind, job.trainer_release)
+    assert job_schemas.errors(name, body) == []
+    assert trainjob.missing_fields(body, job_schemas.pruned(name, body)) == []  # nothing its server would drop
+    broken = json.loads(json.dumps(body))
+    pod_settings(broken)[0]["containers"][0]["volumeMount"] = []  # a misspelling
+    assert any("'volumeMount' was unexpected" in error for error in job_schemas.errors(name, broken))
+    if job.job_kind == "trainjob":  # each release's body is refused by the other's schema
+        other = "TrainJob/v2.1" if job.trainer_release == "v2.3" else "TrainJob/v2.3"
+        assert job_schemas.errors(other, body)
+
+
+def test_a_trainjob_cannot_ask_for_the_nodes_network():
+    with pytest.raises(ValueError, match="host_network with job_kind trainjob: a TrainJob cannot set hostNetwork"):
+        settings(job_kind="trainjob", host_network=True)
+
+
+@pytest.mark.parametrize("sent, served", [("v2.3", "v2.1"), ("v2.1", "v2.3")])
+def test_a_job_whose_fields_the_api_server_pruned_is_deleted_with_what_was_lost(sent, served, tmp_path,
+                                                                                monkeypatch):
+    """The cluster runs another Trainer release than the body's: its structural schema drops the pods' settings
+    (v2.3's runtimePatches on v2.1, v2.1's podTemplateOverrides on v2.3). The watcher reads the job back, names
+    what is missing and the setting to change, and deletes it rather than train without volumes or selectors."""
+    with FakeTrainingCluster(run_pods=False, prune=lambda body: job_schemas.pruned(f"TrainJob/{served}", body)) as \
+            cluster:
+        monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig(tmp_path / "kubeconfig")))
+        job = settings(job_kind="trainjob", trainer_release=sent, nodes=2, gpus=0, job_poll_s=0.05,
+                       job_namespace="team-a")
+        lost = "spec.runtimePatches" if sent == "v2.3" else "spec.podTemplateOverrides"
+        with pytest.raises(JobFailed, match=rf"dropped \d field\(s\) the body set \(.*{lost}.*\): its TrainJob "
+                                            rf"schema lacks them, so the job is deleted\. Is the cluster's Kubeflow "
+                                            rf"Trainer the release trainer_release names \({sent}\)\?"):
+            trainjob.run(trainjob.manifest(job, "cloob-train-pruned", job_config(), "s3://w"), job)
+    assert cluster.requests[-1]["method"] == "DELETE"
 
 
 def test_the_pod_command_writes_the_validated_config_and_calls_torchrun_with_intact_arguments(tmp_path):
@@ -289,17 +361,18 @@ class _FlakyApi:
     the third poll), then more."""
 
     def __init__(self, polls: list[object]):
-        self.polls, self.calls = polls, []
+        self.polls, self.calls, self.body = polls, [], {}
 
     def create_namespaced_custom_object(self, *args, **kwargs):
         self.calls.append("create")
+        self.body = args[4]
 
     def get_namespaced_custom_object(self, *args, **kwargs):
         self.calls.append("get")
         answer = self.polls.pop(0)
         if isinstance(answer, BaseException):
             raise answer
-        return {"status": {"conditions": [{"type": answer, "status": "True"}]}}
+        return {**self.body, "status": {"conditions": [{"type": answer, "status": "True"}]}}
 
     def delete_namespaced_custom_object(self, *args, **kwargs):
         self.calls.append("DELETE")
@@ -475,6 +548,7 @@ def test_the_runs_workflow_in_the_jobs_namespace_owns_it(tmp_path, monkeypatch):
     class Api(_FlakyApi):
         def create_namespaced_custom_object(self, group, version, namespace, plural, body, **kwargs):
             created.append(body)
+            self.body = body
 
         def get_namespaced_custom_object(self, group, version, namespace, plural, name, **kwargs):
             if plural == "workflows":
@@ -528,11 +602,7 @@ def test_the_job_pods_are_admitted_under_pod_security_restricted_and_pull_from_a
     for kind in trainjob.KINDS:
         job = settings(job_kind=kind, nodes=2, image_pull_secrets=["regcred"])
         body = trainjob.manifest(job, "cloob-train-r", job_config(), "s3://w")
-        if kind == "pytorchjob":
-            pods = [replica["template"]["spec"] for replica in body["spec"]["pytorchReplicaSpecs"].values()]
-        else:
-            pods = [override["spec"] for override in body["spec"]["podTemplateOverrides"]]
-        for pod in pods:
+        for pod in pod_settings(body):  # Trainer v2.3; v2.1's runtime must carry the context (docs/kubernetes.md)
             assert pod["securityContext"]["runAsNonRoot"] is True
             assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
             assert pod["imagePullSecrets"] == [{"name": "regcred"}]

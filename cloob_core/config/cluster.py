@@ -105,6 +105,11 @@ class ClusterSettings(BaseModel):
     job_namespace: str | None = Field(None, description="Namespace of the multi-node job (default: the pipeline "
                                       "pod's own).")
     job_runtime: str = Field("torch-distributed", description="Trainer v2 ClusterTrainingRuntime of a trainjob.")
+    trainer_release: Literal["v2.1", "v2.3"] = Field(
+        "v2.3", description="Kubeflow Trainer release of the cluster, for a trainjob: v2.3 takes the pods' settings "
+        "as runtimePatches and a deadline; v2.1 as podTemplateOverrides, with neither a deadline nor a security "
+        "context (its runtime must carry one). v2.2's runtimePatches are not v2.3's and it is not supported "
+        "(docs/kubernetes.md, \"Versions\").")
     job_backoff_limit: int = Field(3, ge=0, description="Pod restarts before the job fails; each restart resumes "
                                    "from the last checkpoint.")
     job_timeout_s: float = Field(7 * 24 * 3600.0, gt=0, description="Seconds training may run: a multi-node job's "
@@ -149,6 +154,14 @@ class ClusterSettings(BaseModel):
             raise ValueError(f"metrics_port {self.metrics_port} is {NODE_AGENT_PORTS[self.metrics_port]}'s port on "
                              "the node, and host_network serves the training pods' metrics there: choose another "
                              f"(default {type(self).model_fields['metrics_port'].default})")
+        return self
+
+    @model_validator(mode="after")
+    def _what_a_trainjob_can_set(self) -> ClusterSettings:
+        if self.nodes > 1 and self.job_kind == "trainjob" and self.host_network:
+            raise ValueError("host_network with job_kind trainjob: a TrainJob cannot set hostNetwork (neither "
+                             "podTemplateOverrides nor runtimePatches has it); set it in the ClusterTrainingRuntime "
+                             "named by job_runtime, or use job_kind pytorchjob")
         return self
 
     @model_validator(mode="after")

@@ -74,6 +74,11 @@ ENDED_PHASES = frozenset({"Succeeded", "Failed", "Error"})
 # The watcher pod is not to be evicted by Karpenter's or the cluster autoscaler's consolidation: moving it only
 # costs a retry, but each retry is one of the step's few.
 WATCHER_ANNOTATIONS = {"karpenter.sh/do-not-disrupt": "true", "cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}
+# Trainer's torch runtimes: the replicated job of the training nodes and its container, which the job's
+# overrides (v2.1) or patches (v2.3) name; and this project's key among a TrainJob's runtimePatches.
+TRAINER_JOB = "node"
+TRAINER_CONTAINER = "node"
+PATCH_MANAGER = "cloob-pipelines"
 _NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
@@ -136,10 +141,11 @@ def _volumes(settings: ClusterSettings) -> tuple[list[dict], list[dict]]:
     return volumes, mounts
 
 
-def _scheduling(settings: ClusterSettings) -> dict[str, Any]:
-    """Where and as whom the pods run: node selection, the GPU taint, the account, the network, the pod's
-    security context and the registry's pull secrets."""
-    spec: dict[str, Any] = {"securityContext": dict(POD_SECURITY)}
+def _placement(settings: ClusterSettings) -> dict[str, Any]:
+    """Where and as whom the pods run, in the fields every job API takes (a PyTorchJob's pod template, Trainer
+    v2.1's podTemplateOverrides, v2.3's runtimePatches): node selection, the GPU taint, the account, the registry's
+    pull secrets."""
+    spec: dict[str, Any] = {}
     if settings.image_pull_secrets:
         spec["imagePullSecrets"] = [{"name": name} for name in settings.image_pull_secrets]
     if settings.node_selector:
@@ -148,50 +154,79 @@ def _scheduling(settings: ClusterSettings) -> dict[str, Any]:
         spec["tolerations"] = [{"key": settings.gpu_taint, "operator": "Exists", "effect": "NoSchedule"}]
     if settings.service_account:
         spec["serviceAccountName"] = settings.service_account
-    if settings.host_network:
-        spec.update(hostNetwork=True, dnsPolicy="ClusterFirstWithHostNet")
     return spec
 
 
+def _network(settings: ClusterSettings) -> dict[str, Any]:
+    """The node's network, which only a PyTorchJob's pod template can ask for (ClusterSettings refuses it for a
+    TrainJob)."""
+    return {"hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet"} if settings.host_network else {}
+
+
 def manifest(settings: ClusterSettings, name: str, config: CloobConfig, workdir: str) -> dict[str, Any]:
-    """The PyTorchJob or TrainJob resource for this run; ``config``: what :func:`job_config` gives."""
+    """The PyTorchJob or TrainJob resource for this run; ``config``: what :func:`job_config` gives. Each body holds
+    only fields of its API's schema (infra/training/crd_schemas.yaml): an API server prunes any other in silence."""
     group, version, _, kind = KINDS[settings.job_kind]
-    command = ["/bin/sh", "-c", worker_script(settings, workdir)]
-    params_text = launch.config_text(config)
-    volumes, mounts = _volumes(settings)
     metadata: dict[str, Any] = {"name": name, "labels": dict(PART_OF)}
     if settings.job_namespace:
         metadata["namespace"] = settings.job_namespace
-    deadline = math.ceil(settings.job_timeout_s)  # the job ends itself then, watched or not
-    port = [{"name": "metrics", "containerPort": settings.metrics_port}]
+    command = ["/bin/sh", "-c", worker_script(settings, workdir)]
+    env = _env(settings, launch.config_text(config))
     if settings.job_kind == "pytorchjob":
-        container = {"name": "pytorch", "image": settings.image, "command": command, "workingDir": WORKSPACE,
-                     "env": _env(settings, params_text), "resources": _resources(settings), "volumeMounts": mounts,
-                     "securityContext": dict(CONTAINER_SECURITY), "ports": port}
-        template = {"metadata": {"labels": dict(PART_OF)},
-                    "spec": {"containers": [container], "volumes": volumes, **_scheduling(settings)}}
-        replicas = {"Master": {"replicas": 1, "restartPolicy": "OnFailure", "template": template}}
-        if settings.nodes > 1:  # only rank 0 (the Master) serves metrics: the Workers declare no port to scrape
-            worker = json.loads(json.dumps(template))
-            del worker["spec"]["containers"][0]["ports"]
-            replicas["Worker"] = {"replicas": settings.nodes - 1, "restartPolicy": "OnFailure", "template": worker}
-        spec = {"nprocPerNode": str(max(settings.gpus, 1)),
-                "runPolicy": {"backoffLimit": settings.job_backoff_limit, "cleanPodPolicy": "None",
-                              "activeDeadlineSeconds": deadline},
-                "pytorchReplicaSpecs": replicas}
+        spec = _pytorchjob_spec(settings, command, env)
     else:
-        spec = {"runtimeRef": {"name": settings.job_runtime, "apiGroup": group, "kind": "ClusterTrainingRuntime"},
-                "activeDeadlineSeconds": deadline,  # Trainer >= v2.2; an earlier one's schema prunes it
-                "trainer": {"image": settings.image, "command": command, "env": _env(settings, params_text),
-                            "numNodes": settings.nodes, "numProcPerNode": max(settings.gpus, 1),
-                            "resourcesPerNode": _resources(settings)},
-                "podTemplateOverrides": [{
-                    "targetJobs": [{"name": "node"}],
-                    "metadata": {"labels": dict(PART_OF)},
-                    "spec": {"volumes": volumes, "containers": [{"name": "node", "volumeMounts": mounts,
-                                                                  "securityContext": dict(CONTAINER_SECURITY)}],
-                             **_scheduling(settings)}}]}
+        spec = _trainjob_spec(settings, command, env)
     return {"apiVersion": f"{group}/{version}", "kind": kind, "metadata": metadata, "spec": spec}
+
+
+def _pytorchjob_spec(settings: ClusterSettings, command: list[str], env: list[dict]) -> dict[str, Any]:
+    """Training Operator v1: a Master (rank 0, which alone serves metrics) and ``nodes - 1`` Workers. Restarts by
+    exit code: 1-127 (a diverged run, a configuration error, any failure of the code) end the job at once, 128 and
+    above (a kill: the node's OOM killer, a preemption) restart the pod, which resumes from the last checkpoint."""
+    volumes, mounts = _volumes(settings)
+    container = {"name": "pytorch", "image": settings.image, "command": command, "workingDir": WORKSPACE,
+                 "env": env, "resources": _resources(settings), "volumeMounts": mounts,
+                 "securityContext": dict(CONTAINER_SECURITY),
+                 "ports": [{"name": "metrics", "containerPort": settings.metrics_port}]}
+    template = {"metadata": {"labels": dict(PART_OF)},
+                "spec": {"containers": [container], "volumes": volumes, "securityContext": dict(POD_SECURITY),
+                         **_placement(settings), **_network(settings)}}
+    replicas = {"Master": {"replicas": 1, "restartPolicy": "ExitCode", "template": template}}
+    if settings.nodes > 1:  # the Workers declare no port to scrape
+        worker = json.loads(json.dumps(template))
+        del worker["spec"]["containers"][0]["ports"]
+        replicas["Worker"] = {"replicas": settings.nodes - 1, "restartPolicy": "ExitCode", "template": worker}
+    return {"nprocPerNode": str(max(settings.gpus, 1)),
+            "runPolicy": {"backoffLimit": settings.job_backoff_limit, "cleanPodPolicy": "None",
+                          "activeDeadlineSeconds": math.ceil(settings.job_timeout_s)},
+            "pytorchReplicaSpecs": replicas}
+
+
+def _trainjob_spec(settings: ClusterSettings, command: list[str], env: list[dict]) -> dict[str, Any]:
+    """Kubeflow Trainer: the trainer's command, nodes and resources, and the pods' settings in the form the
+    cluster's release takes (``trainer_release``). A TrainJob cannot name a container port: the PodMonitor
+    cloob-trainjob scrapes rank 0's ``metrics_port`` by number. Its restarts are the runtime's (its JobSet's
+    failure policy), not this body's."""
+    group, _, _, _ = KINDS["trainjob"]
+    volumes, mounts = _volumes(settings)
+    spec: dict[str, Any] = {
+        "runtimeRef": {"name": settings.job_runtime, "apiGroup": group, "kind": "ClusterTrainingRuntime"},
+        "trainer": {"image": settings.image, "command": command, "env": env, "numNodes": settings.nodes,
+                    "numProcPerNode": max(settings.gpus, 1), "resourcesPerNode": _resources(settings)}}
+    pod = {"volumes": volumes, **_placement(settings)}
+    if settings.trainer_release == "v2.1":  # no deadline (the watcher's alone) and no security context
+        pod["containers"] = [{"name": TRAINER_CONTAINER, "volumeMounts": mounts}]
+        spec["podTemplateOverrides"] = [{"targetJobs": [{"name": TRAINER_JOB}], "metadata": {"labels": dict(PART_OF)},
+                                         "spec": pod}]
+        return spec
+    pod.update(securityContext=dict(POD_SECURITY), containers=[
+        {"name": TRAINER_CONTAINER, "volumeMounts": mounts, "securityContext": dict(CONTAINER_SECURITY)}])
+    node = {"name": TRAINER_JOB, "template": {"spec": {"template": {"metadata": {"labels": dict(PART_OF)},
+                                                                    "spec": pod}}}}
+    spec["activeDeadlineSeconds"] = math.ceil(settings.job_timeout_s)  # the job ends itself then, watched or not
+    spec["runtimePatches"] = [{"manager": PATCH_MANAGER,
+                               "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [node]}}}}]
+    return spec
 
 
 def outcome(kind: str, status: dict[str, Any] | None) -> tuple[str | None, str]:
@@ -274,11 +309,11 @@ def run(body: dict[str, Any], settings: ClusterSettings, api: Any = None) -> str
             log.info("%s exists (an earlier try of this step created it): watching it", where)
             if owner:
                 _add_owner(api, (group, version, namespace, plural, name), owner, settings)
-        last, faults = "", 0
+        last, faults, checked = "", 0, False
         while True:
             try:
-                status = api.get_namespaced_custom_object(group, version, namespace, plural, name,
-                                                          _request_timeout=timeout).get("status")
+                job = api.get_namespaced_custom_object(group, version, namespace, plural, name,
+                                                       _request_timeout=timeout)
             except Exception as err:
                 if _status_code(err) == 404:
                     delete = False
@@ -294,6 +329,15 @@ def run(body: dict[str, Any], settings: ClusterSettings, api: Any = None) -> str
                 _sleep_until(wait, deadline, settings, where)
                 continue
             faults = 0
+            if not checked:  # once: what the API server kept of the body
+                checked = True
+                dropped = missing_fields({"metadata": {"labels": body["metadata"]["labels"]}, "spec": body["spec"]},
+                                         job)
+                if dropped:
+                    raise JobFailed(f"{where}: the API server dropped {len(dropped)} field(s) the body set "
+                                    f"({', '.join(dropped[:3])}{', …' if len(dropped) > 3 else ''}): its {kind} "
+                                    f"schema lacks them, so the job is deleted. {_schema_hint(settings)}")
+            status = job.get("status")
             state, text = outcome(settings.job_kind, status)
             if text != last:
                 log.info("%s: %s", where, text)
@@ -318,6 +362,40 @@ def run(body: dict[str, Any], settings: ClusterSettings, api: Any = None) -> str
             signal.signal(signal.SIGTERM, previous)
         if delete:
             _delete(api, (group, version, namespace, plural, name), settings)
+
+
+def missing_fields(sent: Any, stored: Any, path: str = "") -> list[str]:
+    """The paths of ``sent`` (a body) that ``stored`` (the object as the API server keeps it) lacks: what a
+    structural schema pruned. Defaults and fields a webhook adds are no concern; list entries with a ``name`` or
+    ``manager`` are matched by it, others by position."""
+    if isinstance(sent, dict):
+        if not isinstance(stored, dict):
+            return [path or "."]
+        dropped = []
+        for key, value in sent.items():
+            where = f"{path}.{key}" if path else key
+            dropped += [where] if key not in stored else missing_fields(value, stored[key], where)
+        return dropped
+    if isinstance(sent, list) and isinstance(stored, list):
+        dropped = []
+        for index, item in enumerate(sent):
+            key = next((k for k in ("name", "manager") if isinstance(item, dict) and k in item), None)
+            if key is not None:
+                match = next((s for s in stored if isinstance(s, dict) and s.get(key) == item[key]), None)
+                where = f"{path}[{key}={item[key]}]"
+            else:
+                match = stored[index] if index < len(stored) else None
+                where = f"{path}[{index}]"
+            dropped += [where] if match is None else missing_fields(item, match, where)
+        return dropped
+    return []
+
+
+def _schema_hint(settings: ClusterSettings) -> str:
+    if settings.job_kind == "trainjob":
+        return (f"Is the cluster's Kubeflow Trainer the release trainer_release names ({settings.trainer_release})? "
+                "Compile with --trainer-release v2.1 or v2.3 (docs/kubernetes.md, \"Versions\").")
+    return "Is the cluster's Training Operator v1.8 or later (docs/kubernetes.md, \"Versions\")?"
 
 
 def transient(err: BaseException) -> bool:
