@@ -82,7 +82,7 @@ def train(params: str, shards: str, gpus: int, workdir: str, run_id: str, model:
     from cloob_core.ops import kubeflow, trainjob
 
     kubeflow.train(params, shards, model.path, gpus, model=model, metrics=metrics,
-                   checkpoints=storage.join(workdir, trainjob.job_name(run_id), "checkpoints"))
+                   run_folder=storage.join(workdir, trainjob.job_name(run_id)))
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)

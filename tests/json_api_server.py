@@ -34,7 +34,7 @@ class JsonApiServer:
     def calls(self, method: str, path_pattern: str) -> list[dict[str, Any]]:
         return [r for r in self.requests if r["method"] == method and re.fullmatch(path_pattern, r["path"])]
 
-    def _answer(self, method: str, path: str, query: str, body: dict) -> tuple[int, dict]:
+    def _answer(self, method: str, path: str, query: str, body: dict) -> tuple[int, dict | str]:
         raise NotImplementedError
 
     def _fault(self, method: str, path: str) -> str | int | None:
@@ -66,9 +66,10 @@ class JsonApiServer:
                     status, answer = fault, {"kind": "Status", "status": "Failure", "code": fault}
                 else:
                     status, answer = server._answer(self.command, path, query, body)
-                data = json.dumps(answer).encode()
+                text = isinstance(answer, str)  # a pod's log is plain text
+                data = answer.encode() if text else json.dumps(answer).encode()
                 self.send_response(status)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", "text/plain" if text else "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)

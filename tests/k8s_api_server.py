@@ -17,12 +17,18 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import parse_qs
 
 from json_api_server import JsonApiServer
 
 _PATH = re.compile(r"/apis/(?P<group>[^/]+)/(?P<version>[^/]+)/namespaces/(?P<ns>[^/]+)/(?P<plural>[^/]+)"
                    r"(?:/(?P<name>[^/]+))?")
 SUCCESS = {"pytorchjobs": "Succeeded", "trainjobs": "Complete"}
+_EVENTS = re.compile(r"/api/v1/namespaces/(?P<ns>[^/]+)/events")
+_PODS = re.compile(r"/api/v1/namespaces/(?P<ns>[^/]+)/pods(?:/(?P<pod>[^/]+)/log)?")
+# each operator's label on a job's pods, and its pods' names and container (what cloob_core.ops.trainjob reads)
+POD_LABEL = {"pytorchjobs": "training.kubeflow.org/job-name", "trainjobs": "jobset.sigs.k8s.io/jobset-name"}
+CONTAINER = {"pytorchjobs": "pytorch", "trainjobs": "node"}
 
 
 def _free_port() -> int:
@@ -34,9 +40,11 @@ def _free_port() -> int:
 class FakeTrainingCluster(JsonApiServer):
     def __init__(self, secrets: dict[str, dict[str, str]] | None = None, run_pods: bool = True,
                  extra_env: dict[str, str] | None = None, status_faults: list[str | int] | None = None,
-                 prune: Callable[[dict], dict] | None = None) -> None:
+                 prune: Callable[[dict], dict] | None = None, unschedulable: str | None = None) -> None:
         self.secrets = secrets or {}
         self.prune = prune  # a job's CRD schema, as the API server applies it: unknown fields dropped in silence
+        self.unschedulable = unschedulable  # the scheduler's FailedScheduling message: no pod of any job starts
+        self.events: list[dict] = []
         self.status_faults = list(status_faults or [])  # injected, one per GET of a job, in order
         self.unstartable: dict[tuple[str, str, str], str] = {}  # jobs whose pods cannot start, and why
         self.run_pods = run_pods
@@ -44,6 +52,7 @@ class FakeTrainingCluster(JsonApiServer):
         self.objects: dict[tuple[str, str, str], dict] = {}
         self.pods: dict[tuple[str, str, str], list[subprocess.Popen]] = {}
         self.logs: dict[tuple[str, str, str], list[Path]] = {}
+        self.waiting: dict[tuple[str, str, str], int] = {}  # jobs whose pods stay Pending, and how many
         self._scratch = tempfile.TemporaryDirectory(prefix="fake-k8s-")
         super().__init__()
 
@@ -123,7 +132,15 @@ class FakeTrainingCluster(JsonApiServer):
                 self._resolve(env)
         except KeyError as err:  # as the kubelet does: the pod is not started, the job stays pending
             self.unstartable[key] = f"CreateContainerConfigError: {err.args[0]}"
-            self.pods[key], self.logs[key] = [], []
+            self.pods[key], self.logs[key], self.waiting[key] = [], [], len(nodes)
+            return
+        if self.unschedulable:  # as the scheduler does: pending pods, a Warning Event on each
+            self.pods[key], self.logs[key], self.waiting[key] = [], [], len(nodes)
+            for pod in self._pod_names(key, len(nodes)):
+                self.events.append({"metadata": {"name": f"{pod}.1", "namespace": key[0]}, "type": "Warning",
+                                    "reason": "FailedScheduling", "message": self.unschedulable,
+                                    "involvedObject": {"kind": "Pod", "name": pod, "namespace": key[0]},
+                                    "lastTimestamp": "2026-11-28T00:00:00Z"})
             return
         for rank, (command, env, nproc) in enumerate(nodes):
             workspace = Path(self._scratch.name, key[2], f"node-{rank}")
@@ -161,7 +178,68 @@ class FakeTrainingCluster(JsonApiServer):
             return self.status_faults.pop(0)
         return None
 
-    def _answer(self, method: str, path: str, query: str, body: dict) -> tuple[int, dict]:
+    @staticmethod
+    def _pod_names(key: tuple[str, str, str], count: int) -> list[str]:
+        _, plural, name = key
+        if plural == "trainjobs":
+            return [f"{name}-node-0-{rank}" for rank in range(count)]
+        return [f"{name}-{'master' if rank == 0 else 'worker'}-{max(rank - 1, 0)}" for rank in range(count)]
+
+    def _pod(self, key: tuple[str, str, str], name: str, status: dict) -> dict:
+        return {"metadata": {"name": name, "namespace": key[0], "labels": {POD_LABEL[key[1]]: key[2]}},
+                "status": status}
+
+    def _waiting_pods(self, ns: str) -> list[dict]:
+        pods = []
+        for key, count in self.waiting.items():
+            if key[0] != ns or key not in self.objects:
+                continue
+            held = self.unstartable.get(key)
+            statuses = [{"name": CONTAINER[key[1]], "ready": False, "restartCount": 0, "image": "cloob",
+                         "imageID": "", "state": {"waiting": {"reason": held.split(":")[0], "message": held}}}
+                        ] if held else []
+            pods += [self._pod(key, name, {"phase": "Pending", "containerStatuses": statuses})
+                     for name in self._pod_names(key, count)]
+        return pods
+
+    def _pods(self, ns: str, pod: str | None, query: str) -> tuple[int, dict | str]:
+        """The pods of the jobs, as the core API lists them (by the operator's job label) and their logs."""
+        params = parse_qs(query)
+        found = self._waiting_pods(ns)
+        for key, processes in self.pods.items():
+            plural = key[1]
+            names = self._pod_names(key, len(processes))
+            for rank, (pod_name, process) in enumerate(zip(names, processes, strict=True)):
+                if key[0] != ns:
+                    continue
+                if pod == pod_name:
+                    lines = self.logs[key][rank].read_text(errors="replace").splitlines()
+                    tail = int(params.get("tailLines", ["0"])[0]) or len(lines)
+                    return 200, "".join(f"{line}\n" for line in lines[-tail:])
+                code = process.poll()
+                code = 128 - code if code is not None and code < 0 else code  # killed by a signal: 128 + its number
+                state = ({"running": {"startedAt": None}} if code is None else
+                         {"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
+                                         "message": f"exited with {code}"}})
+                found.append(self._pod(key, pod_name, {
+                    "phase": "Running" if code is None else "Failed" if code else "Succeeded",
+                    "containerStatuses": [{"name": CONTAINER[plural], "ready": code is None, "restartCount": 0,
+                                           "image": "cloob", "imageID": "", "state": state}]}))
+        if pod is not None:
+            return 404, {"kind": "Status", "status": "Failure", "reason": "NotFound", "code": 404}
+        wanted = params.get("labelSelector", [""])[0]
+        selected = [item for item in found if "=" in wanted and
+                    item["metadata"]["labels"].get(wanted.split("=", 1)[0]) == wanted.split("=", 1)[1]]
+        return 200, {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": selected}
+
+    def _answer(self, method: str, path: str, query: str, body: dict) -> tuple[int, dict | str]:
+        pods = _PODS.fullmatch(path)
+        if pods and method == "GET":
+            return self._pods(pods["ns"], pods["pod"], query)
+        events = _EVENTS.fullmatch(path)
+        if events and method == "GET":
+            return 200, {"kind": "EventList", "apiVersion": "v1", "metadata": {},
+                         "items": [event for event in self.events if event["metadata"]["namespace"] == events["ns"]]}
         match = _PATH.fullmatch(path)
         if not match:
             return 404, {"kind": "Status", "status": "Failure", "reason": "NotFound", "code": 404}
@@ -187,6 +265,7 @@ class FakeTrainingCluster(JsonApiServer):
             self.objects[key]["metadata"].update(body.get("metadata", {}))
             return 200, self.objects[key]
         if method == "DELETE":
+            self.waiting.pop(key, None)
             for process in self.pods.pop(key, []):
                 if process.poll() is None:
                     process.kill()

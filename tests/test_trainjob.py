@@ -242,17 +242,77 @@ def _stub_python(folder: Path, body: str) -> dict[str, str]:
     return {"PATH": f"{folder}:{os.environ['PATH']}"}
 
 
-def test_a_failed_job_raises_with_its_condition_and_is_deleted(tmp_path, monkeypatch):
-    with FakeTrainingCluster(extra_env=_stub_python(tmp_path / "bin", "exit 3\n")) as cluster:
+def test_a_failed_job_keeps_its_pods_evidence_in_the_log_and_is_deleted(tmp_path, monkeypatch, caplog):
+    """Before the delete, each pod's exit code, termination message and last log lines are copied into the step's
+    log (before: a `kubectl logs` command for pods the delete had removed); exit codes 1-127 are the code's own
+    failure, which another try would repeat."""
+    # rank 1 fails first, as one rank does; rank 0 is still running when the job fails
+    stub = _stub_python(tmp_path / "bin", 'echo "rank $PET_NODE_RANK: step 7 loss nan"\n'
+                                          '[ "$PET_NODE_RANK" = 0 ] && sleep 1\nexit 3\n')
+    with FakeTrainingCluster(extra_env=stub) as cluster:
         monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig(tmp_path / "kubeconfig")))
-        job = settings(nodes=2, gpus=0, job_namespace="team-a", job_poll_s=0.1, s3_secret="")
-        # the job fails when a pod fails; the other may not have exited yet (None), as on a real cluster
-        with pytest.raises(JobFailed, match=r"failed: Failed: PodFailed exit codes \[(3, (3|None)|None, 3)\]"):
+        job = settings(nodes=2, gpus=0, job_namespace="team-a", job_poll_s=0.2, s3_secret="")
+        with caplog.at_level("INFO", logger="cloob_core.ops.trainjob"), \
+                pytest.raises(JobFailed, match=r"failed: Failed: PodFailed exit codes .*; its pods exited with "
+                                               r"\[3\]") as failed:
             trainjob.run(trainjob.manifest(job, "cloob-train-f", job_config(), "s3://w"), job)
+    assert failed.value.permanent
     methods = [(r["method"], r["path"]) for r in cluster.requests]
     assert methods[0] == ("POST", "/apis/kubeflow.org/v1/namespaces/team-a/pytorchjobs")
     assert methods[-1] == ("DELETE", "/apis/kubeflow.org/v1/namespaces/team-a/pytorchjobs/cloob-train-f")
+    logs = [path for method, path in methods if path.endswith("/log")]
+    assert logs == ["/api/v1/namespaces/team-a/pods/cloob-train-f-master-0/log",
+                    "/api/v1/namespaces/team-a/pods/cloob-train-f-worker-0/log"]
+    listed = cluster.calls("GET", "/api/v1/namespaces/team-a/pods")[-1]
+    assert "training.kubeflow.org%2Fjob-name%3Dcloob-train-f" in listed["query"]
+    text = caplog.text
+    assert "pod cloob-train-f-worker-0, container pytorch: exit code 3 (Error): exited with 3" in text
+    assert "pod cloob-train-f-master-0, container pytorch: Running" in text
+    assert "cloob-train-f-master-0 | rank 0: step 7 loss nan" in text
+    assert "cloob-train-f-worker-0 | rank 1: step 7 loss nan" in text
     assert cluster.requests[0]["authorization"] == "Bearer not-a-secret"  # the kubeconfig's credentials
+
+
+def test_a_job_killed_by_a_signal_may_be_retried_and_a_kept_one_is_not_deleted(tmp_path, monkeypatch):
+    """Exit code 128 + a signal (the OOM killer's SIGKILL, a preemption) is no failure of the code: a retry may
+    get past it. With job_keep_failed the failed job stays for inspection."""
+    with FakeTrainingCluster(extra_env=_stub_python(tmp_path / "bin", "kill -9 $$\n")) as cluster:
+        monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig(tmp_path / "kubeconfig")))
+        job = settings(nodes=2, gpus=0, job_namespace="team-a", job_poll_s=0.1, s3_secret="", job_keep_failed=True)
+        with pytest.raises(JobFailed, match=r"its pods exited with \[137\]") as failed:
+            trainjob.run(trainjob.manifest(job, "cloob-train-k", job_config(), "s3://w"), job)
+    assert not failed.value.permanent
+    assert not cluster.calls("DELETE", ".*") and ("team-a", "pytorchjobs", "cloob-train-k") in cluster.objects
+
+
+def test_a_permanent_failure_is_recorded_and_the_steps_retry_ends_at_once(tmp_path):
+    """KFP retries a step on any failure: a configuration error or a diverged run was tried 4 times, on several
+    nodes up to 16. The first try records it in the run's folder; a retry fails in one line without training."""
+    from cloob_core.ops import final_failure
+
+    folder = str(tmp_path / "jobs" / "cloob-train-r1")
+    bad = {"train": {"batch_size": 0}}
+    with pytest.raises(Exception, match="batch_size") as first:
+        kubeflow.train(bad, str(tmp_path / "shards"), str(tmp_path / "model"), run_folder=folder)
+    assert final_failure.permanent(first.value)
+    with pytest.raises(final_failure.FailedBefore, match=r"an earlier try of this run's training failed in a way "
+                                                          r"a retry cannot change, so it is not tried again: "
+                                                          r".*batch_size"):
+        kubeflow.train({}, str(tmp_path / "shards"), str(tmp_path / "model"), run_folder=folder)
+    # a failure a retry may get past is not recorded: the next try runs
+    other = str(tmp_path / "jobs" / "cloob-train-r2")
+    with pytest.raises(Exception) as unreadable:
+        kubeflow.train({"train": {"steps": 1}}, str(tmp_path / "no-shards"), str(tmp_path / "m2"), run_folder=other)
+    assert not final_failure.permanent(unreadable.value)
+    assert not (tmp_path / "jobs" / "cloob-train-r2" / final_failure.FAILURE_FILE).exists()
+    # on several nodes: a job whose pods exited 1-127 is recorded the same way, before any job is created again
+    assert final_failure.permanent(_failed_job(permanent=True)) and not final_failure.permanent(_failed_job(False))
+
+
+def _failed_job(permanent: bool) -> JobFailed:
+    err = JobFailed("failed")
+    err.permanent = permanent
+    return err
 
 
 def test_a_job_past_its_time_limit_is_deleted_and_its_pods_stopped(tmp_path, monkeypatch):
@@ -434,7 +494,7 @@ def _in_run(tmp_path, monkeypatch, cluster, workflow: str = "run-wf") -> None:
     monkeypatch.setattr(trainjob, "_NAMESPACE_FILE", namespace_file)
     monkeypatch.setenv(trainjob.WORKFLOW_ENV, workflow)
     monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig(tmp_path / "kubeconfig")))
-    monkeypatch.setattr(trainjob, "_custom_objects_api", _kubeconfig_api)
+    monkeypatch.setattr(trainjob, "_apis", _kubeconfig_apis)
 
 
 def _sigterm_once(cluster, key: tuple[str, str, str], before=lambda: None) -> threading.Thread:
@@ -531,11 +591,12 @@ def test_a_retried_watcher_adopts_a_job_its_pod_owned_and_adds_the_runs_workflow
     assert not cluster.calls("DELETE", ".*")
 
 
-def _kubeconfig_api():
+def _kubeconfig_apis():
+    """The APIs from the test's kubeconfig, not the pod's service account its namespace file pretends."""
     from kubernetes import client, config
 
     config.load_kube_config(config_file=os.environ["KUBECONFIG"])
-    return client.CustomObjectsApi()
+    return client.CustomObjectsApi(), client.CoreV1Api()
 
 
 def test_the_runs_workflow_in_the_jobs_namespace_owns_it(tmp_path, monkeypatch):
@@ -576,10 +637,29 @@ def test_a_missing_secret_keeps_the_pods_from_starting_and_the_job_is_deleted_at
                                                              "AWS_SECRET_ACCESS_KEY": False, "AWS_ENDPOINT_URL": True}
     with FakeTrainingCluster(secrets={"cloob-s3-typo": {}}) as cluster:
         monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig(tmp_path / "kubeconfig")))
-        job = settings(nodes=2, gpus=0, job_poll_s=0.05, job_timeout_s=1.0, job_namespace="team-a")
-        with pytest.raises(JobFailed, match="did not finish in 1 s"):
+        job = settings(nodes=2, gpus=0, job_poll_s=0.05, job_pending_timeout_s=1.0, job_namespace="team-a")
+        with pytest.raises(JobFailed, match=r"did not start in 1 s \(job_pending_timeout_s\): pod "
+                                            r"cloob-train-s-master-0: CreateContainerConfigError: .*secret "
+                                            r"\\?\"cloob-s3\\?\" not found"):
             trainjob.run(body, job)
         assert cluster.unstartable and not any(cluster.pods.values())
+    assert cluster.requests[-1]["method"] == "DELETE"
+
+
+def test_a_job_that_cannot_be_scheduled_says_why_and_ends_at_its_pending_deadline(tmp_path, monkeypatch, caplog):
+    """No GPUs free: before, one line and a sleep until job_timeout_s (7 days). The watcher reads the pods' Events
+    (the Role grants them), logs the scheduler's reason, and past job_pending_timeout_s deletes the job with it."""
+    reason = "0/12 nodes are available: 8 Insufficient nvidia.com/gpu, 4 node(s) had untolerated taint."
+    with FakeTrainingCluster(unschedulable=reason) as cluster:
+        monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig(tmp_path / "kubeconfig")))
+        job = settings(job_kind="trainjob", nodes=2, gpus=0, job_poll_s=0.05, job_pending_timeout_s=0.5,
+                       job_namespace="team-a", s3_secret="")
+        with caplog.at_level("INFO", logger="cloob_core.ops.trainjob"), \
+                pytest.raises(JobFailed, match=r"did not start in 0 s \(job_pending_timeout_s\): Pod "
+                                               r"cloob-train-p-node-0-\d: FailedScheduling: 0/12 nodes are "
+                                               r"available: 8 Insufficient nvidia.com/gpu"):
+            trainjob.run(trainjob.manifest(job, "cloob-train-p", job_config(), "s3://w"), job)
+    assert "Pending: Pod cloob-train-p-node-0-" in caplog.text  # said while it waits, not only at the end
     assert cluster.requests[-1]["method"] == "DELETE"
 
 

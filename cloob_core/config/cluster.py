@@ -112,9 +112,20 @@ class ClusterSettings(BaseModel):
         "(docs/kubernetes.md, \"Versions\").")
     job_backoff_limit: int = Field(3, ge=0, description="Pod restarts before the job fails; each restart resumes "
                                    "from the last checkpoint.")
+    job_keep_failed: bool = Field(False, description="Keep a failed multi-node job (its ended pods and their logs) "
+                                  "for inspection instead of deleting it once its pods' exit codes and last log "
+                                  "lines are in the step's log; a PyTorchJob is then deleted job_ttl_s after it ends, "
+                                  "a TrainJob with its run.")
+    job_ttl_s: int = Field(86400, ge=0, description="Seconds a finished PyTorchJob (with its ended pods and their "
+                           "logs) stays before the Training Operator deletes it (ttlSecondsAfterFinished); a "
+                           "TrainJob has no such field and goes with its run's Workflow, which owns it.")
     job_timeout_s: float = Field(7 * 24 * 3600.0, gt=0, description="Seconds training may run: a multi-node job's "
                                  "activeDeadlineSeconds (it is deleted then), the one-node training pod's (each "
                                  "try's).")
+    job_pending_timeout_s: float = Field(3600.0, gt=0, description="Seconds a multi-node job's pods may wait to "
+                                         "start (unschedulable: no GPUs free, a quota refused, an image not "
+                                         "pulled); the watcher logs why from their Events and, past this, deletes "
+                                         "the job and fails with that reason.")
     job_poll_s: float = Field(20.0, gt=0, description="Seconds between looks at the job's status; after an API "
                               "fault, the first wait before asking again (doubling, at most 5 minutes).")
     job_api_timeout_s: float = Field(60.0, gt=0, description="Deadline of each Kubernetes API call of the job's "

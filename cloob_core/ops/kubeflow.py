@@ -37,6 +37,10 @@ Params = dict[str, Any] | str  # a params.yaml as a mapping (KFP's struct parame
 class TrainingFailed(StageError):
     """The torchrun processes of a multi-GPU training step exited with an error (their log says which)."""
 
+    def __init__(self, message: str, exit_code_of_processes: int) -> None:
+        super().__init__(message)
+        self.exit_code_of_processes = exit_code_of_processes
+
 
 def _config(params: Params, values: Values | None = None) -> CloobConfig:
     """The run's parameters (params.yaml's text, or its mapping) validated, with a step's own ``values``."""
@@ -131,12 +135,29 @@ def _record_training(result: dict[str, Any], shards: str, model: Any = None, met
 
 
 def train(params: Params, shards: str, output_dir: str, gpus: int = 0, model: Any = None,
-          metrics: Any = None, checkpoints: str | None = None) -> dict[str, Any]:
+          metrics: Any = None, run_folder: str | None = None) -> dict[str, Any]:
     """Training on this node, streaming the shards from ``shards`` (a folder or ``s3://`` prefix): in process for
     one device; with several GPUs, torchrun starts one `cloob train` process per GPU (each a rank of the same
     stage function) on the configuration validated here. A step given GPUs trains on them or fails in one line,
-    never on its CPU (:func:`launch.on_gpus`). ``checkpoints``: where each checkpoint is mirrored, and where a
-    retry of the step (a fresh pod, an empty output folder) resumes from (``--resume auto``: only this run's)."""
+    never on its CPU (:func:`launch.on_gpus`). ``run_folder``: the run's folder, where each checkpoint is mirrored
+    (``checkpoints/``), where a retry of the step (a fresh pod, an empty output folder) resumes from (``--resume
+    auto``: only this run's), and where a failure no retry changes is recorded, so that the retries end at once
+    (:mod:`final_failure`)."""
+    if not run_folder:
+        return _train_here(params, shards, output_dir, gpus, model, metrics, None)
+    from cloob_core.ops import final_failure
+
+    final_failure.refuse_if_failed(run_folder)
+    try:
+        return _train_here(params, shards, output_dir, gpus, model, metrics, storage.join(run_folder, "checkpoints"))
+    except Exception as err:
+        if final_failure.permanent(err):
+            final_failure.record(run_folder, err)
+        raise
+
+
+def _train_here(params: Params, shards: str, output_dir: str, gpus: int, model: Any, metrics: Any,
+                checkpoints: str | None) -> dict[str, Any]:
     from cloob_core.ops import launch
     from cloob_core.training.loop import train as train_stage
 
@@ -154,7 +175,7 @@ def train(params: Params, shards: str, output_dir: str, gpus: int = 0, model: An
         log.info("running %s", " ".join(command))
         code = subprocess.run(command, env=os.environ.copy(), check=False).returncode
     if code != 0:
-        raise TrainingFailed(f"torchrun cloob train exited with status {code}; the ranks' log above says why")
+        raise TrainingFailed(f"torchrun cloob train exited with status {code}; the ranks' log above says why", code)
     return _record_training(storage.read_json(Path(output_dir) / "metrics.json"), shards, model, metrics)
 
 
@@ -166,7 +187,7 @@ def train_multinode(params: Params, shards: str, output_dir: str, job: str, run_
     from cloob_core import publish, storage
     from cloob_core.config import ConfigError
     from cloob_core.config.cluster import ClusterSettings
-    from cloob_core.ops import trainjob
+    from cloob_core.ops import final_failure, trainjob
 
     config = _config(params)  # a bad configuration fails here, before any pod starts
     if not storage.is_s3(shards):
@@ -176,8 +197,14 @@ def train_multinode(params: Params, shards: str, output_dir: str, job: str, run_
     config.train.check_shape(settings.nodes * max(settings.gpus, 1))
     name = trainjob.job_name(run_id)
     workdir = storage.join(settings.job_workdir, name)
+    final_failure.refuse_if_failed(workdir)  # before any job is created or adopted
     job = trainjob.job_config(config, shards, workdir, settings.gpus, settings.metrics_port)
-    trainjob.run(trainjob.manifest(settings, name, job, workdir), settings)
+    try:
+        trainjob.run(trainjob.manifest(settings, name, job, workdir), settings)
+    except trainjob.JobFailed as err:
+        if final_failure.permanent(err):
+            final_failure.record(workdir, err)
+        raise
     publish.fetch(storage.join(workdir, "output"), output_dir)  # the unit rank 0 published: old or new, whole
     return _record_training(storage.read_json(Path(output_dir) / "metrics.json"), shards, model, metrics)
 

@@ -76,6 +76,10 @@ ENDED_PHASES = frozenset({"Succeeded", "Failed", "Error"})
 WATCHER_ANNOTATIONS = {"karpenter.sh/do-not-disrupt": "true", "cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}
 # Trainer's torch runtimes: the replicated job of the training nodes and its container, which the job's
 # overrides (v2.1) or patches (v2.3) name; and this project's key among a TrainJob's runtimePatches.
+# The label each operator puts on a job's pods (the Training Operator's; Trainer's JobSet's), and how many of each
+# pod's last log lines a failure copies into the step's log.
+POD_JOB_LABEL = {"pytorchjob": "training.kubeflow.org/job-name", "trainjob": "jobset.sigs.k8s.io/jobset-name"}
+LOG_LINES = 40
 TRAINER_JOB = "node"
 TRAINER_CONTAINER = "node"
 PATCH_MANAGER = "cloob-pipelines"
@@ -83,7 +87,11 @@ _NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
 class JobFailed(StageError):
-    """The training job ended in failure, timed out or was cancelled (it is deleted then)."""
+    """The training job ended in failure, timed out or was cancelled (it is deleted then). ``permanent``: its pods
+    exited with codes 1-127 (the code's own failure: a diverged run, a configuration error), which another try
+    of the same run would repeat."""
+
+    permanent = False
 
 
 def job_name(run_id: str) -> str:
@@ -197,7 +205,10 @@ def _pytorchjob_spec(settings: ClusterSettings, command: list[str], env: list[di
         del worker["spec"]["containers"][0]["ports"]
         replicas["Worker"] = {"replicas": settings.nodes - 1, "restartPolicy": "ExitCode", "template": worker}
     return {"nprocPerNode": str(max(settings.gpus, 1)),
-            "runPolicy": {"backoffLimit": settings.job_backoff_limit, "cleanPodPolicy": "None",
+            # an ended job's running pods are stopped (a failed Master's Workers hold GPUs), its ended ones kept
+            # with their logs until the job's TTL
+            "runPolicy": {"backoffLimit": settings.job_backoff_limit, "cleanPodPolicy": "Running",
+                          "ttlSecondsAfterFinished": settings.job_ttl_s,
                           "activeDeadlineSeconds": math.ceil(settings.job_timeout_s)},
             "pytorchReplicaSpecs": replicas}
 
@@ -242,15 +253,16 @@ def outcome(kind: str, status: dict[str, Any] | None) -> tuple[str | None, str]:
     return None, f"{latest.get('type', 'Pending')}: {latest.get('message', '')}".strip(": ")
 
 
-def _custom_objects_api() -> Any:
-    """In a pod: its service account. Elsewhere: the kubeconfig (KUBECONFIG or ~/.kube/config)."""
+def _apis() -> tuple[Any, Any]:
+    """The custom-objects and core APIs. In a pod: its service account. Elsewhere: the kubeconfig (KUBECONFIG or
+    ~/.kube/config)."""
     from kubernetes import client, config
 
     try:
         config.load_incluster_config()
     except config.ConfigException:
         config.load_kube_config(config_file=_kubeconfig())
-    return client.CustomObjectsApi()
+    return client.CustomObjectsApi(), client.CoreV1Api()
 
 
 def _kubeconfig() -> str | None:
@@ -285,13 +297,15 @@ def _raise_cancelled(signum: int, _frame: Any) -> None:
     raise _Cancelled(f"signal {signum}")
 
 
-def run(body: dict[str, Any], settings: ClusterSettings, api: Any = None) -> str:
+def run(body: dict[str, Any], settings: ClusterSettings, api: Any = None, core: Any = None) -> str:
     """Create the job (or adopt this run's, made by an earlier try of the watcher) and wait for it to end. A job
     seen failing, one past ``job_timeout_s`` and one whose pipeline run was stopped are deleted, so no GPU node
     stays held by an orphan; API faults and a SIGTERM while the run goes on (a drain, an eviction) are never a
-    reason to delete."""
+    reason to delete. Before a failed job is deleted, its pods' exit codes, termination messages and last log
+    lines are copied into this step's log (``core``: the core API that reads them; none, none are read)."""
     group, version, plural, kind = KINDS[settings.job_kind]
-    api = api or _custom_objects_api()
+    if api is None:
+        api, core = _apis()
     namespace = settings.job_namespace or current_namespace()
     name = body["metadata"]["name"]
     where = f"{kind} {namespace}/{name}"
@@ -301,6 +315,7 @@ def run(body: dict[str, Any], settings: ClusterSettings, api: Any = None) -> str
         body = {**body, "metadata": {**body["metadata"], "ownerReferences": [owner]}}
     previous = signal.signal(signal.SIGTERM, _raise_cancelled) if _main_thread() else None
     delete = True  # unless the job ended by itself, or is not ours to end
+    reported = False  # its pods' evidence in this step's log
     deadline = time.monotonic() + settings.job_timeout_s
     try:
         if _create(api, (group, version, namespace, plural), body, settings):
@@ -309,7 +324,7 @@ def run(body: dict[str, Any], settings: ClusterSettings, api: Any = None) -> str
             log.info("%s exists (an earlier try of this step created it): watching it", where)
             if owner:
                 _add_owner(api, (group, version, namespace, plural, name), owner, settings)
-        last, faults, checked = "", 0, False
+        last, faults, checked, pending_since = "", 0, False, None
         while True:
             try:
                 job = api.get_namespaced_custom_object(group, version, namespace, plural, name,
@@ -339,6 +354,15 @@ def run(body: dict[str, Any], settings: ClusterSettings, api: Any = None) -> str
                                     f"schema lacks them, so the job is deleted. {_schema_hint(settings)}")
             status = job.get("status")
             state, text = outcome(settings.job_kind, status)
+            waiting = pending_reason(core, namespace, name, settings) if state is None else None
+            if waiting is None:
+                pending_since = None
+            else:
+                text = f"Pending: {waiting}"
+                pending_since = pending_since or time.monotonic()
+                if time.monotonic() - pending_since > settings.job_pending_timeout_s:
+                    raise JobFailed(f"{where} did not start in {settings.job_pending_timeout_s:.0f} s "
+                                    f"(job_pending_timeout_s): {waiting}")
             if text != last:
                 log.info("%s: %s", where, text)
                 last = text
@@ -346,8 +370,15 @@ def run(body: dict[str, Any], settings: ClusterSettings, api: Any = None) -> str
                 delete = False
                 return text
             if state == "failed":
-                raise JobFailed(f"{where} failed: {text} (kubectl -n {namespace} logs -l "
-                                f"training.kubeflow.org/job-name={name})")
+                codes, reported = report_pods(core, namespace, name, settings), True
+                failed = JobFailed(f"{where} failed: {text}" + (f"; its pods exited with {sorted(set(codes))}"
+                                                                if codes else ""))
+                failed.permanent = bool(codes) and all(0 < code < 128 for code in codes)
+                delete = not settings.job_keep_failed
+                if not delete:
+                    log.info("%s is kept for inspection (job_keep_failed): delete it with kubectl -n %s delete "
+                             "%s %s", where, namespace, plural, name)
+                raise failed
             _sleep_until(settings.job_poll_s, deadline, settings, where)
     except _Cancelled as err:
         stopped = run_stopped(_workflow(api, namespace, settings))
@@ -357,11 +388,94 @@ def run(body: dict[str, Any], settings: ClusterSettings, api: Any = None) -> str
                             "eviction, or a run this watcher cannot see): the job is left running, and the "
                             "step's next try adopts it") from None
         raise JobFailed(f"{where} cancelled: the pipeline run {stopped}") from None
+    except JobFailed:
+        if delete and not reported:  # past its deadline, or its fields pruned: what its pods said, if any
+            report_pods(core, namespace, name, settings)
+        raise
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
         if delete:
             _delete(api, (group, version, namespace, plural, name), settings)
+
+
+def pod_selector(kind: str, name: str) -> str:
+    """The label selector of a job's pods, as its operator labels them."""
+    return f"{POD_JOB_LABEL[kind]}={name}"
+
+
+def pending_reason(core: Any, namespace: str, name: str, settings: ClusterSettings) -> str | None:
+    """Why the job's pods are not all running yet, or None when they are (or have ended, or there is no core API
+    to ask): a container's waiting reason (ImagePullBackOff, CreateContainerConfigError), else the newest
+    Warning Event of the job's objects (FailedScheduling: "0/12 nodes are available: 8 Insufficient
+    nvidia.com/gpu"; a quota's FailedCreate), else that no pod exists yet. Faults of these reads are no reason."""
+    if core is None:
+        return None
+    timeout = settings.job_api_timeout_s
+    try:
+        pods = core.list_namespaced_pod(namespace, label_selector=pod_selector(settings.job_kind, name),
+                                        _request_timeout=timeout).items
+    except Exception:
+        return None
+    waiting = [pod for pod in pods if pod.status.phase == "Pending"]
+    if pods and not waiting:
+        return None
+    for pod in sorted(waiting, key=lambda pod: pod.metadata.name):
+        for status in pod.status.container_statuses or []:
+            held = status.state and status.state.waiting
+            if held and held.reason not in (None, "ContainerCreating", "PodInitializing"):
+                return f"pod {pod.metadata.name}: {held.reason}: {' '.join((held.message or '').split())[:300]}"
+    try:
+        events = core.list_namespaced_event(namespace, _request_timeout=timeout).items
+    except Exception:
+        events = []
+    own = [event for event in events if event.type == "Warning" and event.involved_object is not None and
+           (event.involved_object.name == name or str(event.involved_object.name).startswith(f"{name}-"))]
+    if own:
+        newest = max(own, key=lambda event: str(event.last_timestamp or event.event_time or ""))
+        return f"{newest.involved_object.kind} {newest.involved_object.name}: {newest.reason}: " \
+               f"{' '.join((newest.message or '').split())[:300]}"
+    return f"{len(waiting)} of {len(pods)} pod(s) pending" if pods else "no pod created yet"
+
+
+def report_pods(core: Any, namespace: str, name: str, settings: ClusterSettings) -> list[int]:
+    """Each pod of the job into this step's log: its containers' exit codes, reasons and termination messages,
+    and the last :data:`LOG_LINES` lines of its log, so a failure keeps its evidence after the job is deleted;
+    the non-zero exit codes. Best effort: a pod or log the API cannot give is said, never an error."""
+    if core is None:
+        return []
+    timeout = settings.job_api_timeout_s
+    try:
+        pods = core.list_namespaced_pod(namespace, label_selector=pod_selector(settings.job_kind, name),
+                                        _request_timeout=timeout).items
+    except Exception as err:
+        log.warning("could not list the pods of %s/%s: %s", namespace, name, _describe(err))
+        return []
+    codes: list[int] = []
+    for pod in sorted(pods, key=lambda pod: pod.metadata.name):
+        for status in pod.status.container_statuses or []:
+            ended = (status.state and status.state.terminated) or (status.last_state and
+                                                                   status.last_state.terminated)
+            if ended is None:
+                log.info("pod %s, container %s: %s", pod.metadata.name, status.name, pod.status.phase)
+            else:
+                if ended.exit_code:
+                    codes.append(int(ended.exit_code))
+                message = " ".join((ended.message or "").split())[-300:]
+                log.info("pod %s, container %s: exit code %s (%s)%s, after %d restart(s)", pod.metadata.name,
+                         status.name, ended.exit_code, ended.reason, f": {message}" if message else "",
+                         status.restart_count or 0)
+            try:
+                text = core.read_namespaced_pod_log(pod.metadata.name, namespace, container=status.name,
+                                                    tail_lines=LOG_LINES, previous=ended is not None and
+                                                    not (status.state and status.state.terminated),
+                                                    _request_timeout=timeout)
+            except Exception as err:
+                log.warning("could not read the log of pod %s: %s", pod.metadata.name, _describe(err))
+                continue
+            for line in (text or "").splitlines()[-LOG_LINES:]:
+                log.info("  %s | %s", pod.metadata.name, line)
+    return codes
 
 
 def missing_fields(sent: Any, stored: Any, path: str = "") -> list[str]:
