@@ -18,6 +18,7 @@ from cloob_core.ops.trainjob import (
     ENDPOINT_KEY,
     IMAGE_UID,
     PART_OF,
+    TOKEN_MOUNT,
     WATCHER_ANNOTATIONS,
     WORKFLOW_ENV,
     WORKFLOW_LABEL,
@@ -59,7 +60,7 @@ def build(settings: ClusterSettings | None = None):
         settings = settings.model_copy(update={"image": CUDA_IMAGE})
 
     def train_and_promote(params: str, shards: Any) -> None:
-        shard_gate = on_cluster(steps.validate_shards(params=params, shards=shards), settings)
+        shard_gate = data_step(steps.validate_shards(params=params, shards=shards), settings)
         # the shards' folder keeps its name as a crawl grows: a cache hit would skip the last check before GPU hours
         shard_gate.set_caching_options(False)
         trained = train_task(params, shards, settings)
@@ -82,17 +83,21 @@ def build(settings: ClusterSettings | None = None):
     @dsl.pipeline(name="cloob-pretrain-evaluate",
                   description="CLOOB pretraining and evaluation: data gate, sharded download, training, report.")
     def pretrain_evaluate(params: str = DEFAULT_PARAMS):
-        acquired = on_cluster(steps.acquire(params=params, store=settings.shards_store), settings)
+        acquired = data_step(steps.acquire(params=params, store=settings.shards_store), settings)
         acquired.set_caching_options(False)  # the source (a URL or bucket) can change under the same name
+        if settings.acquire_disk:  # its spill (the URL column's dedup) on a disk the scheduler accounts for
+            kubernetes.add_ephemeral_volume(acquired, volume_name="spill", mount_path=SPILL_PATH,
+                                            access_modes=["ReadWriteOnce"], size=settings.acquire_disk)
+            acquired.set_env_variable("TMPDIR", SPILL_PATH)
         # The shards' folder; the partitions read it from the manifest's metadata instead (kfp.local 2.17 hands a
         # ParallelFor body the loop item in place of any task-output parameter passed into it).
         shards = acquired.outputs["Output"]
-        gate = on_cluster(steps.validate_manifest(params=params, manifest=acquired.outputs["manifest"]), settings)
+        gate = data_step(steps.validate_manifest(params=params, manifest=acquired.outputs["manifest"]), settings)
         gate.set_caching_options(False)  # a gate checks what is there now, never a cached verdict on older data
         # the loop's items are planned at run time from the manifest's index: at most 256 contiguous ranges of
         # shards, so Argo's node status stays far below etcd's object limit whatever the data (docs/kubernetes.md)
-        planned = on_cluster(steps.plan_download(params=params, manifest=acquired.outputs["manifest"],
-                                                          most=min(settings.partitions, MAX_DOWNLOAD_GROUPS)), settings)
+        planned = on_cluster(small(steps.plan_download(params=params, manifest=acquired.outputs["manifest"],
+                                                       most=min(settings.partitions, MAX_DOWNLOAD_GROUPS))), settings)
         planned.after(gate)
         planned.set_caching_options(False)
         with dsl.ParallelFor(items=planned.output,
@@ -102,8 +107,12 @@ def build(settings: ClusterSettings | None = None):
             downloaded.after(gate)
             downloaded.set_retry(num_retries=3, backoff_duration="60s", backoff_factor=2)
             downloaded.set_caching_options(False)  # it resumes: finished shards in the folder are skipped
+            # its memory is bounded (docs/scale.md), so limited: a leak or a runaway worker ends this pod alone
+            sized(downloaded, settings.download_cpu, settings.download_memory)
+            downloaded.set_memory_limit(settings.download_memory)
             on_cluster(downloaded, settings)
-        merged = on_cluster(steps.merge_shards(shards=shards, parts=dsl.Collected(downloaded.output)), settings)
+        merged = on_cluster(small(steps.merge_shards(shards=shards, parts=dsl.Collected(downloaded.output))),
+                            settings)
         merged.set_caching_options(False)  # rebuilt from what the folder holds now
         train_and_promote(params, merged.outputs["Output"])
 
@@ -119,6 +128,9 @@ def train_task(params: str, shards: Any, settings: ClusterSettings) -> dsl.Pipel
         # the run's Argo Workflow (ops/trainjob.py): the job's owner, and what tells a stopped run from a drain
         kubernetes.use_field_path_as_env(watcher, env_name=WORKFLOW_ENV,
                                          field_path=f"metadata.labels['{WORKFLOW_LABEL}']")
+        if settings.job_token_secret:  # its own account's rights over jobs; no other step has them
+            kubernetes.use_secret_as_volume(watcher, secret_name=settings.job_token_secret,
+                                            mount_path=str(TOKEN_MOUNT), optional=False)
         for key, value in WATCHER_ANNOTATIONS.items():  # not moved by a consolidation while it watches GPUs
             kubernetes.add_pod_annotation(watcher, annotation_key=key, annotation_value=value)
         watcher.set_retry(num_retries=settings.train_retries, backoff_duration=f"{settings.train_retry_backoff_s}s")
@@ -138,6 +150,7 @@ def train_task(params: str, shards: Any, settings: ClusterSettings) -> dsl.Pipel
     return trained
 
 
+SPILL_PATH = "/spill"  # acquire's spill disk, its TMPDIR
 SMALL_STEP = ("500m", "1Gi")  # planning, collecting, reporting, promoting: JSON and small files
 
 
@@ -146,10 +159,18 @@ def small(task: dsl.PipelineTask) -> dsl.PipelineTask:
     return task.set_cpu_request(SMALL_STEP[0]).set_memory_request(SMALL_STEP[1])
 
 
-def sized(task: dsl.PipelineTask, cpus: int, memory: str) -> dsl.PipelineTask:
-    """CPU and memory requests, and the thread budget's cores (a request sets no quota for it to read)."""
-    task.set_cpu_request(str(cpus)).set_memory_request(memory).set_env_variable("LOKY_MAX_CPU_COUNT", str(cpus))
+def sized(task: dsl.PipelineTask, cpus: int | str, memory: str) -> dsl.PipelineTask:
+    """CPU (a count or a quantity) and memory requests, and the thread budget's cores, rounded up (a request sets
+    no quota for it to read)."""
+    task.set_cpu_request(str(cpus)).set_memory_request(memory)
+    task.set_env_variable("LOKY_MAX_CPU_COUNT", str(cpu_count(str(cpus))))
     return task
+
+
+def data_step(task: dsl.PipelineTask, settings: ClusterSettings) -> dsl.PipelineTask:
+    """acquire and the data gates: the manifest-wide steps (DuckDB, Great Expectations), within the engine's memory
+    limit whatever the rows."""
+    return on_cluster(sized(task, settings.data_cpu, settings.data_memory), settings)
 
 
 def on_training_nodes(task: dsl.PipelineTask, settings: ClusterSettings, gpus: int) -> dsl.PipelineTask:

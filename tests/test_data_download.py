@@ -336,3 +336,22 @@ def test_the_gate_stops_an_incomplete_partitioned_download(tmp_path, capsys):
         download(manifest, str(tmp_path / "parts"), config, partition=Partition(1, 2), progress=False)
         assert main(["data", "merge-stats", "--output", str(tmp_path / "parts")]) == 0
         assert main(["data", "validate", "--shards", str(tmp_path / "parts")]) == 0
+
+
+def test_a_worker_killed_for_memory_names_the_limit_and_the_setting(tmp_path, monkeypatch):
+    """The cgroup's OOM kills rose while the pool ran: the worker was killed for memory, not crashed, and the
+    error says which setting gives the download pods more (before: "out of memory? a crashing codec?")."""
+    from cloob_core import memory_limit
+    from cloob_core.data.download import worker_death
+
+    monkeypatch.setattr(memory_limit, "CGROUP", tmp_path)
+    (tmp_path / "memory.max").write_text(str(2 * 2**30))
+    (tmp_path / "memory.events").write_text("low 0\nhigh 0\nmax 4\noom 1\noom_kill 1\n")
+    before = memory_limit.oom_kills()
+    assert worker_death("00042", before).startswith("a worker process died while building shard 00042")
+    (tmp_path / "memory.events").write_text("low 0\nhigh 0\nmax 9\noom 2\noom_kill 2\n")
+    text = worker_death("00042", before)
+    assert "killed for memory while building shard 00042: the memory limit (2.0 GiB)" in text
+    assert "download_memory" in text and "download.processes" in text
+    (tmp_path / "memory.events").unlink()  # no cgroup v2 to read: no claim either way
+    assert "(out of memory? a crashing codec?)" in worker_death("00042", before)

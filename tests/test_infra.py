@@ -79,17 +79,22 @@ def test_a_bad_field_is_caught_by_the_validator():
         kv.validate(deployment, K8S_VERSION, strict=True)
 
 
-def test_rbac_lets_the_pipeline_account_run_training_jobs(rendered):
-    overlay, documents = rendered
+def test_rbac_lets_only_the_training_account_run_training_jobs(rendered):
+    _, documents = rendered
     (role,) = by_kind(documents, "Role")
     granted = {(group, resource): set(rule["verbs"]) for rule in role["rules"] for group in rule["apiGroups"]
                for resource in rule["resources"]}
     for kind in trainjob.KINDS.values():  # what trainjob.run calls: create, get, delete
         assert {"create", "get", "delete"} <= granted[(kind[0], kind[2])]
     (binding,) = by_kind(documents, "RoleBinding")
-    runner = {"standalone": "pipeline-runner", "multi-user": "default-editor"}[overlay]
-    assert runner in {subject["name"] for subject in binding["subjects"]}
+    # only the training account, whose token the multi-node step alone mounts: not the account every step of
+    # every pipeline in the namespace runs as (before: pipeline-runner, default-editor could delete any job)
+    assert [subject["name"] for subject in binding["subjects"]] == ["cloob-pipeline"]
     assert all(subject.get("namespace") == binding["metadata"]["namespace"] for subject in binding["subjects"])
+    (token,) = [doc for doc in by_kind(documents, "Secret") if doc["metadata"]["name"] == "cloob-training-token"]
+    assert token["type"] == "kubernetes.io/service-account-token"
+    assert token["metadata"]["annotations"] == {"kubernetes.io/service-account.name": "cloob-pipeline"}
+    assert ClusterSettings().job_token_secret == "cloob-training-token"
 
 
 def test_the_pod_monitor_selects_the_training_pods_and_their_metrics_port(rendered):
@@ -265,3 +270,19 @@ def test_the_steps_credentials_are_not_minios_root(rendered):
     assert 'mc admin user add cloob "$AWS_ACCESS_KEY_ID"' in script
     assert "mc admin policy attach cloob cloob-pipeline" in script
     assert subprocess.run(["sh", "-n", "-c", script]).returncode == 0  # parses as shell
+
+
+def test_only_the_namespace_and_prometheus_reach_the_pushgateway(rendered):
+    """A NetworkPolicy in front of the Pushgateway: its pods, its port, and ingress from the namespace's own pods
+    (the steps and the job pods that push) and from Prometheus's namespace, nothing else."""
+    _, documents = rendered
+    (policy,) = by_kind(documents, "NetworkPolicy")
+    (gateway,) = [doc for doc in by_kind(documents, "Deployment") if doc["metadata"]["name"] == "cloob-pushgateway"]
+    selected = policy["spec"]["podSelector"]["matchLabels"]
+    assert selected.items() <= gateway["spec"]["template"]["metadata"]["labels"].items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["ports"] == [{"port": 9091, "protocol": "TCP"}]
+    assert {"podSelector": {}} in rule["from"]  # the namespace's own pods only: no namespaceSelector beside it
+    others = [peer for peer in rule["from"] if peer != {"podSelector": {}}]
+    assert others == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]

@@ -675,3 +675,66 @@ def test_every_evaluation_step_requests_resources_and_the_features_step_a_gpu(tm
     assert features["accelerator"]["resourceCount"] == "1" and features["resourceCpuRequest"] == "12"
     assert compiled["platform"]["exec-prepare-features"]["nodeSelector"]["labels"] == {"pool": "h100"}
     assert "accelerator" not in executors["exec-evaluate"]["container"]["resources"]
+
+
+@pytest.mark.parametrize("options", [[], ["--data", "import"], ["--nodes", "2", "--gpus", "8"],
+                                     ["--pipeline", "evaluate"]], ids=["acquire", "import", "multinode", "evaluate"])
+def test_every_step_requests_cpu_and_memory(tmp_path, options):
+    """A step without requests runs BestEffort: evicted first, and refused where a quota demands requests (before:
+    acquire, plan-download, download-partition, merge-shards and both gates had none). The download pods' memory
+    is bounded (docs/scale.md), so limited too; acquire's spill gets a disk the scheduler accounts for."""
+    compiled = compile_with(tmp_path, *options)
+    executors = compiled["spec"]["deploymentSpec"]["executors"]
+    for name, executor in executors.items():
+        resources = executor["container"].get("resources", {})
+        assert resources.get("resourceCpuRequest") and resources.get("resourceMemoryRequest"), name
+    if options:
+        return
+    download = executors["exec-download-partition"]["container"]
+    assert download["resources"]["resourceCpuRequest"] == "8"
+    assert download["resources"]["resourceMemoryRequest"] == download["resources"]["resourceMemoryLimit"] == "2Gi"
+    assert {"name": "LOKY_MAX_CPU_COUNT", "value": "8"} in download["env"]
+    acquire = executors["exec-acquire"]["container"]
+    assert acquire["resources"]["resourceMemoryRequest"] == "2Gi" and {"name": "TMPDIR", "value": "/spill"} in \
+        acquire["env"]
+    (spill,) = compiled["platform"]["exec-acquire"]["genericEphemeralVolume"]
+    assert spill["mountPath"] == "/spill" and spill["size"] == "40Gi"
+    without = compile_with(tmp_path, "--acquire-disk", "", "--download-memory", "3Gi")
+    assert "genericEphemeralVolume" not in without["platform"].get("exec-acquire", {})
+    assert without["spec"]["deploymentSpec"]["executors"]["exec-download-partition"]["container"]["resources"][
+        "resourceMemoryLimit"] == "3Gi"
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--memory", "32GB"], "not a Kubernetes quantity: '32GB' (bytes are Gi or G, not GB)"),
+    (["--shm", "lots"], "not a Kubernetes quantity: 'lots'"),
+    (["--accelerator", "nvidia/gpu"], "not a device plugin's resource name: 'nvidia/gpu'"),
+    (["--node-selector", "bad key!=x"], "not a label key: 'bad key!'"),
+    (["--node-selector", "pool=not ok"], "not a label value: 'not ok'"),
+    (["--download-memory", "2 gigs"], "not a Kubernetes quantity"),
+])
+def test_settings_a_cluster_would_refuse_are_refused_at_compile_time(tmp_path, capsys, flags, named):
+    """Before, a 2-node compile took `--memory 32GB --shm lots --accelerator nvidia/gpu --node-selector 'bad
+    key!=x'`, and the run failed after its download, then three retries."""
+    from pipelines.__main__ import main
+
+    assert main(["compile", "--output", str(tmp_path / "p.yaml"), "--nodes", "2", "--gpus", "8", *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and named in err, err
+
+
+def test_only_the_multi_node_step_holds_the_training_accounts_token(tmp_path):
+    """The Role over PyTorchJobs and TrainJobs is bound to cloob-pipeline alone; the watcher mounts its token, so
+    the account every step runs as (pipeline-runner, shared by every pipeline in the namespace) needs no rights
+    over training jobs."""
+    from cloob_core.ops.trainjob import TOKEN_MOUNT
+
+    platform = compile_with(tmp_path, "--nodes", "2", "--gpus", "8")["platform"]
+    mounted = {name for name, executor in platform.items()
+               if any(secret.get("secretName") == "cloob-training-token" or secret.get("secretNameParameter")
+                      for secret in executor.get("secretAsVolume", []))}
+    assert mounted == {"exec-train-multinode"}
+    (volume,) = platform["exec-train-multinode"]["secretAsVolume"]
+    assert volume["mountPath"] == str(TOKEN_MOUNT) and volume["optional"] is False
+    without = compile_with(tmp_path, "--nodes", "2", "--gpus", "8", "--job-token-secret", "")["platform"]
+    assert "secretAsVolume" not in without["exec-train-multinode"]

@@ -706,3 +706,28 @@ def test_efa_pods_ask_for_their_devices_and_nccl_uses_libfabric():
     assert "FI_PROVIDER" not in json.dumps(plain)
     with pytest.raises(ValueError, match="efa_devices"):
         settings(nodes=1, efa_devices=4)
+
+
+def test_the_watcher_talks_as_the_training_account_whose_token_it_mounts(tmp_path, monkeypatch):
+    """In a pod, the mounted token of cloob-pipeline (the Role's only subject) is the watcher's identity, not the
+    pod's own account; without the Role the create fails in one line that names it."""
+    from kubernetes import client
+
+    (tmp_path / "token").write_text("training-token")
+    (tmp_path / "ca.crt").write_text("not a real certificate")
+    monkeypatch.setattr(trainjob, "TOKEN_MOUNT", tmp_path)
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    trainjob._apis()
+    configuration = client.Configuration.get_default_copy()
+    assert configuration.host == "https://10.0.0.1:443"
+    assert configuration.api_key["authorization"] == "bearer training-token"
+
+    class Forbidden(_FlakyApi):
+        def create_namespaced_custom_object(self, *args, **kwargs):
+            raise _api_error(403)
+
+    job = settings(nodes=2, gpus=0, job_namespace="ml")
+    with pytest.raises(JobFailed, match=r"refused creating PyTorchJob ml/cloob-train-x \(HTTP 403\): this step's "
+                                        r"account lacks the Role cloob-training-jobs"):
+        trainjob.run(trainjob.manifest(job, "cloob-train-x", job_config(), "s3://w"), job, api=Forbidden([]))

@@ -5,6 +5,7 @@ multi-node training job alike; `python -m pipelines compile` has one flag per fi
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -24,6 +25,51 @@ EFA_RESOURCE = "vpc.amazonaws.com/efa"
 # there (the run fails with Errno 98 at its first step).
 NODE_AGENT_PORTS = {9100: "node-exporter", 9400: "NVIDIA dcgm-exporter", 10249: "kube-proxy's metrics",
                     10250: "the kubelet", 10256: "kube-proxy's health check"}
+
+
+# Kubernetes' quantity grammar (resource.Quantity): a number and a binary (Ki..Ei) or decimal (m, k, M..E) suffix or
+# an exponent. "32GB" and "lots" are not quantities: the API server refuses them, and the run would have failed
+# after its download.
+_QUANTITY = re.compile(r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[mkMGTPE]|[eE][+-]?[0-9]+)?$")
+# A label's name part, and a DNS subdomain: its prefix, and an extended resource's.
+_LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def quantity_error(value: str) -> str | None:
+    """Why ``value`` is not a Kubernetes quantity (e.g. 32Gi, 500m, 2G), or None."""
+    if not _QUANTITY.match(value.strip()):
+        hint = " (bytes are Gi or G, not GB)" if value.strip().upper().endswith("B") else ""
+        return f"not a Kubernetes quantity: {value!r}{hint}; e.g. 32Gi, 2G, 500m"
+    return None
+
+
+def label_key_error(key: str) -> str | None:
+    """Why ``key`` is not a label key (an optional DNS-subdomain prefix and '/', then a name of at most 63
+    characters), or None."""
+    prefix, _, name = key.rpartition("/")
+    if not _LABEL_NAME.match(name) or (prefix and (len(prefix) > 253 or not _SUBDOMAIN.match(prefix))):
+        return f"not a label key: {key!r} (e.g. pool, node.kubernetes.io/instance-type)"
+    return None
+
+
+def label_value_error(value: str) -> str | None:
+    if value and not _LABEL_NAME.match(value):
+        return f"not a label value: {value!r} (at most 63 letters, digits, '-', '_', '.')"
+    return None
+
+
+def resource_name_error(name: str, vendor_domain: bool = False) -> str | None:
+    """Why ``name`` is not an extended resource a device plugin advertises (a prefix, '/', a name:
+    nvidia.com/gpu, rdma/rdma_shared_device_a), or None. With ``vendor_domain`` its prefix must be a domain, as
+    every accelerator's device plugin names it (nvidia.com, amd.com, gpu.intel.com, habana.ai)."""
+    prefix, _, rest = name.partition("/")
+    if not rest or not _SUBDOMAIN.match(prefix) or not _LABEL_NAME.match(rest) or prefix.endswith("kubernetes.io") \
+            or (vendor_domain and "." not in prefix):
+        example = "nvidia.com/gpu" if vendor_domain else "rdma/rdma_shared_device_a"
+        return f"not a device plugin's resource name: {name!r} (a {'domain' if vendor_domain else 'prefix'}, " \
+               f"'/', a name: e.g. {example})"
+    return None
 
 
 def cpu_count(quantity: str) -> int:
@@ -74,6 +120,19 @@ class ClusterSettings(BaseModel):
                              "beneath nccl_env; the image needs libfabric and the aws-ofi-nccl plugin "
                              "(docs/kubernetes.md, \"EFA\").")
     memory: str = Field("32Gi", description="Training pod memory request.")
+    download_cpu: str = Field("8", description="CPU request of each download pod; its worker processes (one per "
+                              "core) decode and resize on them (docs/scale.md: about 200 images/s per core).")
+    download_memory: str = Field("2Gi", description="Memory request and limit of each download pod: about 200 MB for "
+                                 "the main process and 170 MB per worker (docs/scale.md), so 2Gi for 8 workers; "
+                                 "grow it with download_cpu. A worker killed at the limit says so.")
+    data_cpu: str = Field("2", description="CPU request of acquire and the two data gates (DuckDB and Great "
+                          "Expectations over the manifest, the shards' records).")
+    data_memory: str = Field("2Gi", description="Memory request of acquire and the two data gates: LAION-400M's "
+                             "acquire peaked at 1 GB and its gate at 0.6 GB (docs/scale.md), within "
+                             "engine.memory_limit.")
+    acquire_disk: str | None = Field("40Gi", description="Disk acquire spills to (a generic ephemeral volume of the "
+                                     "cluster's default storage class, its TMPDIR): about the manifest's URL column, "
+                                     "35 GB for LAION-400M (docs/scale.md); '' for none (the container's own disk).")
     shm: str = Field("16Gi", description="Size of the training pods' memory-backed /dev/shm (DataLoader workers).")
     node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels the training pods need.")
     gpu_taint: str | None = Field("nvidia.com/gpu", description="Taint key the training pods tolerate ('' for none).")
@@ -92,6 +151,10 @@ class ClusterSettings(BaseModel):
                                           "which every pod pulls its image from a private registry.")
     service_account: str | None = Field(None, description="Service account of the multi-node job's pods (the "
                                         "pipeline's own steps run as the run's: `submit --service-account`).")
+    job_token_secret: str | None = Field(
+        "cloob-training-token", description="Secret with the cloob-pipeline account's token (infra/k8s), which the "
+        "multi-node training step alone mounts to create, watch and delete its job: the account every step runs as "
+        "needs no rights over training jobs. '' for none (the run's own account must then hold the Role).")
     job_kind: Literal["pytorchjob", "trainjob"] = Field(
         "pytorchjob", description="pytorchjob (Training Operator v1) or trainjob (Kubeflow Trainer v2).")
     job_workdir: str = Field("s3://cloob/jobs", description="s3:// prefix where a training run keeps what must "
@@ -138,7 +201,7 @@ class ClusterSettings(BaseModel):
     def _over_the_defaults(cls, value: Any) -> Any:
         return {**NCCL_DEFAULTS, **value} if isinstance(value, dict) else value
 
-    @field_validator("cpu", "eval_cpu")
+    @field_validator("cpu", "eval_cpu", "download_cpu", "data_cpu")
     @classmethod
     def _a_cpu_quantity(cls, value: str) -> str:
         try:
@@ -147,7 +210,51 @@ class ClusterSettings(BaseModel):
             raise ValueError(f"not a CPU quantity: {value!r} (e.g. 8, 500m)") from None
         return value
 
-    @field_validator("gpu_taint", "s3_secret", "service_account", "job_namespace", mode="before")
+    @field_validator("memory", "shm", "eval_memory", "download_memory", "data_memory")
+    @classmethod
+    def _a_quantity(cls, value: str) -> str:
+        error = quantity_error(value)
+        if error:
+            raise ValueError(error)
+        return value
+
+    @field_validator("acquire_disk")
+    @classmethod
+    def _a_disk_quantity(cls, value: str | None) -> str | None:
+        error = quantity_error(value) if value else None
+        if error:
+            raise ValueError(error)
+        return value or None
+
+    @field_validator("node_selector")
+    @classmethod
+    def _labels(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, label in value.items():
+            error = label_key_error(key) or label_value_error(label)
+            if error:
+                raise ValueError(error)
+        return value
+
+    @field_validator("accelerator")
+    @classmethod
+    def _a_resource(cls, value: str) -> str:
+        error = resource_name_error(value, vendor_domain=True)
+        if error:
+            raise ValueError(error)
+        return value
+
+    @field_validator("rdma_resources")
+    @classmethod
+    def _resources(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, count in value.items():
+            error = resource_name_error(name) or (None if str(count).isdigit() else
+                                                  f"{name}: a device count, not {count!r}")
+            if error:
+                raise ValueError(error)
+        return value
+
+    @field_validator("gpu_taint", "s3_secret", "service_account", "job_namespace", "job_token_secret",
+                     mode="before")
     @classmethod
     def _empty_is_none(cls, value: Any) -> Any:
         return None if value == "" else value

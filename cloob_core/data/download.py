@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cloob_core import lease, scratch, storage
+from cloob_core import lease, memory_limit, scratch, storage
 from cloob_core.config import CloobConfig
 from cloob_core.data.acquire import opened
 from cloob_core.data.fetch import FetchPolicy
@@ -384,12 +384,26 @@ def _build_planned(run: _Run, records: list[ShardRecord], round_: int, plan: Pla
 _CONTEXT = multiprocessing.get_context("spawn")  # no fork: the parent may hold threads, locks, boto3 clients
 
 
+def worker_death(shard: str, kills_before: int | None) -> str:
+    """Why a worker process died while building ``shard``: killed for memory when the cgroup's OOM kills rose
+    since the pool started (naming the limit and the settings), else unknown."""
+    kills = memory_limit.oom_kills()
+    if kills is not None and kills_before is not None and kills > kills_before:
+        return (f"a worker process was killed for memory while building shard {shard}: the memory limit "
+                f"({memory_limit.limit_text()}) is too small for its workers (about 170 MB each, docs/scale.md); "
+                "give the download pods more (cluster setting download_memory, `compile --download-memory`) or "
+                "fewer workers (download.processes); completed shards are kept, and a retry resumes")
+    return (f"a worker process died while building shard {shard} (out of memory? a crashing codec?); completed "
+            "shards are kept, re-run the same command to resume")
+
+
 def _run_in_workers(jobs: Iterator[ShardJob], processes: int, worker_args: tuple) -> Iterator[JobResult]:
     """Results in job order, at most two jobs per process ahead of the one being published.
 
     A worker that dies (out of memory, a crash in a codec) is reported, never waited for forever.
     """
     executor = ProcessPoolExecutor(processes, mp_context=_CONTEXT, initializer=init_worker, initargs=worker_args)
+    kills = memory_limit.oom_kills()
     pending: deque[tuple[ShardJob, Future]] = deque()
     upcoming = jobs
     try:
@@ -406,10 +420,7 @@ def _run_in_workers(jobs: Iterator[ShardJob], processes: int, worker_args: tuple
                 except FutureTimeout:
                     continue
                 except BrokenProcessPool:
-                    raise WorkerDied(
-                        f"a worker process died while building shard {job.name} (out of memory? a crashing "
-                        "codec?); completed shards are kept, re-run the same command to resume"
-                    ) from None
+                    raise WorkerDied(worker_death(job.name, kills)) from None
             yield result
     finally:
         for process in list(getattr(executor, "_processes", {}).values()):

@@ -17,6 +17,7 @@ import time
 from cloob_core import storage
 from cloob_core.config import ConfigError
 from cloob_core.errors import StageError, one_line
+from cloob_core.ops.trainjob import JobFailed
 from cloob_core.redact import redacted
 
 log = logging.getLogger(__name__)
@@ -32,15 +33,14 @@ def permanent(err: BaseException) -> bool:
     """Whether ``err`` would recur on another try of the same run: the configuration, a diverged or collapsed run
     (``train.on_collapse: stop``), or a process that exited with a code of 1-127 (the code's own failure, not a
     kill by a signal)."""
-    from cloob_core.ops.kubeflow import TrainingFailed
-    from cloob_core.ops.trainjob import JobFailed
     from cloob_core.training.collapse import TrainingCollapsed
     from cloob_core.training.loop import TrainingDiverged
 
     if isinstance(err, (ConfigError, TrainingDiverged, TrainingCollapsed)):
         return True
-    if isinstance(err, TrainingFailed):
-        return 0 < err.exit_code_of_processes < 128
+    code = getattr(err, "exit_code_of_processes", None)  # kubeflow.TrainingFailed: torchrun's exit status
+    if isinstance(code, int):
+        return 0 < code < 128
     return isinstance(err, JobFailed) and err.permanent
 
 

@@ -83,6 +83,8 @@ LOG_LINES = 40
 TRAINER_JOB = "node"
 TRAINER_CONTAINER = "node"
 PATCH_MANAGER = "cloob-pipelines"
+# Where the multi-node step mounts the training account's token secret (ClusterSettings.job_token_secret).
+TOKEN_MOUNT = Path("/var/run/secrets/cloob-training")
 _NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
@@ -254,12 +256,18 @@ def outcome(kind: str, status: dict[str, Any] | None) -> tuple[str | None, str]:
 
 
 def _apis() -> tuple[Any, Any]:
-    """The custom-objects and core APIs. In a pod: its service account. Elsewhere: the kubeconfig (KUBECONFIG or
+    """The custom-objects and core APIs. In a pod: the training account's token where the step mounts it
+    (:data:`TOKEN_MOUNT`), else the pod's own service account. Elsewhere: the kubeconfig (KUBECONFIG or
     ~/.kube/config)."""
     from kubernetes import client, config
+    from kubernetes.config.incluster_config import InClusterConfigLoader
 
     try:
-        config.load_incluster_config()
+        if (TOKEN_MOUNT / "token").is_file():
+            InClusterConfigLoader(token_filename=str(TOKEN_MOUNT / "token"),
+                                  cert_filename=str(TOKEN_MOUNT / "ca.crt")).load_and_set()
+        else:
+            config.load_incluster_config()
     except config.ConfigException:
         config.load_kube_config(config_file=_kubeconfig())
     return client.CustomObjectsApi(), client.CoreV1Api()
@@ -571,6 +579,11 @@ def _create(api: Any, where: tuple[str, str, str, str], body: dict[str, Any], se
     except Exception as err:
         if _status_code(err) == 409:
             return False
+        if _status_code(err) == 403:
+            raise JobFailed(f"the API refused creating {body['kind']} {namespace}/{body['metadata']['name']} (HTTP "
+                            "403): this step's account lacks the Role cloob-training-jobs (infra/k8s/base/rbac.yaml, "
+                            "bound to cloob-pipeline, whose token the step mounts: cluster setting "
+                            "job_token_secret)") from None
         raise
     return True
 

@@ -1,0 +1,29 @@
+"""This process's memory limit (a pod's, from its cgroup) and how many of its processes the kernel's OOM killer
+has ended: what tells a worker killed for memory from one that crashed, so the error can name the setting."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+CGROUP = Path("/sys/fs/cgroup")  # cgroup v2's unified hierarchy, as a container sees its own
+
+
+def oom_kills() -> int | None:
+    """Processes of this cgroup the OOM killer ended so far (cgroup v2 ``memory.events``), or None where unknown."""
+    try:
+        for line in (CGROUP / "memory.events").read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def limit_text() -> str:
+    """The cgroup's memory limit as text ("2.0 GiB"), or "no limit"."""
+    try:
+        raw = (CGROUP / "memory.max").read_text().strip()
+    except OSError:
+        return "unknown"
+    return "no limit" if raw == "max" else f"{int(raw) / 2**30:.1f} GiB"
