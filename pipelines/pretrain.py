@@ -34,10 +34,15 @@ DEFAULT_PARAMS = json.dumps(yaml.safe_load((Path(__file__).resolve().parents[1] 
 def on_cluster(task: dsl.PipelineTask, settings: ClusterSettings, s3: bool = True) -> dsl.PipelineTask:
     """What every step's pod gets: the image's non-root user (a namespace under Pod Security "restricted" admits it;
     the compiler adds no privilege escalation, all capabilities dropped and the runtime's seccomp profile), the
-    registry's pull secrets, and with ``s3`` the S3 credentials (and endpoint, for MinIO) from the Kubernetes secret
-    as environment variables: never as pipeline parameters, so they stay out of the run's recorded inputs. The
-    secret is required: a misspelled name stops the pod at its start, not a step at its first read."""
+    settings' pod labels and annotations, the registry's pull secrets, and with ``s3`` the S3 credentials (and
+    endpoint, for MinIO) from the Kubernetes secret as environment variables: never as pipeline parameters, so they
+    stay out of the run's recorded inputs. The secret is required: a misspelled name stops the pod at its start,
+    not a step at its first read."""
     kubernetes.set_security_context(task, run_as_user=IMAGE_UID, run_as_group=IMAGE_UID, run_as_non_root=True)
+    for key, value in settings.pod_labels.items():
+        kubernetes.add_pod_label(task, label_key=key, label_value=value)
+    for key, value in settings.pod_annotations.items():
+        kubernetes.add_pod_annotation(task, annotation_key=key, annotation_value=value)
     if settings.image_pull_secrets:
         kubernetes.set_image_pull_secrets(task, list(settings.image_pull_secrets))
     if s3 and settings.s3_secret:

@@ -738,3 +738,11 @@ def test_only_the_multi_node_step_holds_the_training_accounts_token(tmp_path):
     assert volume["mountPath"] == str(TOKEN_MOUNT) and volume["optional"] is False
     without = compile_with(tmp_path, "--nodes", "2", "--gpus", "8", "--job-token-secret", "")["platform"]
     assert "secretAsVolume" not in without["exec-train-multinode"]
+
+
+def test_every_step_carries_the_settings_pod_labels_and_annotations(tmp_path):
+    compiled = compile_with(tmp_path, "--pod-labels", "team=vision", "--pod-annotations", "example.com/owner=ml")
+    executors = compiled["spec"]["deploymentSpec"]["executors"]
+    for name in executors:
+        metadata = compiled["platform"][name]["podMetadata"]
+        assert metadata["labels"]["team"] == "vision" and metadata["annotations"]["example.com/owner"] == "ml", name

@@ -121,7 +121,8 @@ BODY_SETTINGS = [  # each job kind and release, with every setting that changes 
     {"job_kind": "pytorchjob", "host_network": True, "rdma_resources": {"rdma/hca": "1"}, "efa_devices": 4,
      "image_pull_secrets": ["regcred"], "service_account": "cloob-train", "job_namespace": "team-a"},
     *({"job_kind": "trainjob", "trainer_release": release, "efa_devices": 4, "image_pull_secrets": ["regcred"],
-       "service_account": "cloob-train", "gpu_taint": "", "s3_secret": ""} for release in ("v2.1", "v2.3")),
+       "service_account": "cloob-train", "gpu_taint": "", "s3_secret": "", "pod_labels": {"team": "vision"},
+       "pod_annotations": {"example.com/cost-centre": "ml"}} for release in ("v2.1", "v2.3")),
     *({"job_kind": "trainjob", "trainer_release": release, "nodes": 2, "gpus": 0} for release in ("v2.1", "v2.3")),
 ]
 
@@ -731,3 +732,25 @@ def test_the_watcher_talks_as_the_training_account_whose_token_it_mounts(tmp_pat
     with pytest.raises(JobFailed, match=r"refused creating PyTorchJob ml/cloob-train-x \(HTTP 403\): this step's "
                                         r"account lacks the Role cloob-training-jobs"):
         trainjob.run(trainjob.manifest(job, "cloob-train-x", job_config(), "s3://w"), job, api=Forbidden([]))
+
+
+@pytest.mark.parametrize("kind, release", [("pytorchjob", "v2.3"), ("trainjob", "v2.1"), ("trainjob", "v2.3")])
+def test_job_pods_carry_the_settings_labels_and_annotations_and_keep_istio_out(kind, release):
+    """In a Kubeflow profile namespace Istio injects a sidecar into every pod, which breaks the job's rendezvous
+    (kubeflow/trainer #1637, #2794): the job pods opt out by default; labels and annotations reach them all."""
+    default = trainjob.manifest(settings(job_kind=kind, trainer_release=release), "cloob-train-i", job_config(),
+                                "s3://w")
+    spec = default["spec"]
+    metas = ([replica["template"]["metadata"] for replica in spec["pytorchReplicaSpecs"].values()]
+             if kind == "pytorchjob" else [o["metadata"] for o in spec.get("podTemplateOverrides", [])] or
+             [job["template"]["spec"]["template"]["metadata"] for patch in spec["runtimePatches"]
+              for job in patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]])
+    assert metas and all(meta["annotations"] == {"sidecar.istio.io/inject": "false"} for meta in metas)
+    assert all(meta["labels"]["app.kubernetes.io/component"] == "train" for meta in metas)
+    labelled = trainjob.manifest(settings(job_kind=kind, trainer_release=release, pod_labels={"team": "vision"},
+                                          pod_annotations={"example.com/owner": "ml"}, job_pod_annotations={}),
+                                 "cloob-train-i", job_config(), "s3://w")
+    text = json.dumps(labelled["spec"])
+    assert '"team": "vision"' in text and '"example.com/owner": "ml"' in text and "sidecar.istio.io" not in text
+    with pytest.raises(ValueError, match="not an annotation key"):
+        settings(pod_annotations={"bad key": "x"})

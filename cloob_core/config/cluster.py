@@ -44,12 +44,12 @@ def quantity_error(value: str) -> str | None:
     return None
 
 
-def label_key_error(key: str) -> str | None:
-    """Why ``key`` is not a label key (an optional DNS-subdomain prefix and '/', then a name of at most 63
-    characters), or None."""
+def label_key_error(key: str, what: str = "a label key") -> str | None:
+    """Why ``key`` is not a label key (an annotation's key has the same form: an optional DNS-subdomain prefix and
+    '/', then a name of at most 63 characters), or None."""
     prefix, _, name = key.rpartition("/")
     if not _LABEL_NAME.match(name) or (prefix and (len(prefix) > 253 or not _SUBDOMAIN.match(prefix))):
-        return f"not a label key: {key!r} (e.g. pool, node.kubernetes.io/instance-type)"
+        return f"not {what}: {key!r} (e.g. pool, node.kubernetes.io/instance-type)"
     return None
 
 
@@ -135,6 +135,14 @@ class ClusterSettings(BaseModel):
                                      "35 GB for LAION-400M (docs/scale.md); '' for none (the container's own disk).")
     shm: str = Field("16Gi", description="Size of the training pods' memory-backed /dev/shm (DataLoader workers).")
     node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels the training pods need.")
+    pod_labels: dict[str, str] = Field(default_factory=dict, description="Labels of every pod: each step's and each "
+                                       "multi-node job pod's (a cost centre, a Kueue queue name, a team).")
+    pod_annotations: dict[str, str] = Field(default_factory=dict, description="Annotations of every pod: each step's "
+                                            "and each multi-node job pod's.")
+    job_pod_annotations: dict[str, str] = Field(
+        default_factory=lambda: {"sidecar.istio.io/inject": "false"}, description="Annotations of the multi-node job "
+        "pods, over pod_annotations. By default Istio's sidecar is kept out: in a Kubeflow profile namespace it "
+        "breaks the pods' rendezvous (kubeflow/trainer #1637, #2794); '{}' for none.")
     gpu_taint: str | None = Field("nvidia.com/gpu", description="Taint key the training pods tolerate ('' for none).")
     eval_gpus: int | None = Field(
         None, ge=0, description="GPUs of the evaluation's features step (each data set's images embedded once): "
@@ -226,11 +234,20 @@ class ClusterSettings(BaseModel):
             raise ValueError(error)
         return value or None
 
-    @field_validator("node_selector")
+    @field_validator("node_selector", "pod_labels")
     @classmethod
     def _labels(cls, value: dict[str, str]) -> dict[str, str]:
         for key, label in value.items():
             error = label_key_error(key) or label_value_error(label)
+            if error:
+                raise ValueError(error)
+        return value
+
+    @field_validator("pod_annotations", "job_pod_annotations")
+    @classmethod
+    def _annotations(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            error = label_key_error(key, "an annotation key")
             if error:
                 raise ValueError(error)
         return value
@@ -337,6 +354,14 @@ class ClusterSettings(BaseModel):
     def job_nccl_env(self) -> dict[str, str]:
         """The multi-node pods' NCCL environment: with EFA, its libfabric settings beneath ``nccl_env``."""
         return {**(EFA_NCCL_ENV if self.efa_devices else {}), **self.nccl_env}
+
+    def job_pod_metadata(self, labels: dict[str, str]) -> dict[str, dict[str, str]]:
+        """A multi-node job pod's metadata: ``labels`` (what selects it) with ``pod_labels``, and the annotations."""
+        metadata = {"labels": {**self.pod_labels, **labels}}
+        annotations = {**self.pod_annotations, **self.job_pod_annotations}
+        if annotations:
+            metadata["annotations"] = annotations
+        return metadata
 
     def job_extra_resources(self) -> dict[str, str]:
         """What each multi-node pod asks for beside its GPUs: the RDMA devices and the EFA devices."""

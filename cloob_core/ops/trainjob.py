@@ -198,7 +198,7 @@ def _pytorchjob_spec(settings: ClusterSettings, command: list[str], env: list[di
                  "env": env, "resources": _resources(settings), "volumeMounts": mounts,
                  "securityContext": dict(CONTAINER_SECURITY),
                  "ports": [{"name": "metrics", "containerPort": settings.metrics_port}]}
-    template = {"metadata": {"labels": dict(PART_OF)},
+    template = {"metadata": settings.job_pod_metadata(PART_OF),
                 "spec": {"containers": [container], "volumes": volumes, "securityContext": dict(POD_SECURITY),
                          **_placement(settings), **_network(settings)}}
     replicas = {"Master": {"replicas": 1, "restartPolicy": "ExitCode", "template": template}}
@@ -229,12 +229,12 @@ def _trainjob_spec(settings: ClusterSettings, command: list[str], env: list[dict
     pod = {"volumes": volumes, **_placement(settings)}
     if settings.trainer_release == "v2.1":  # no deadline (the watcher's alone) and no security context
         pod["containers"] = [{"name": TRAINER_CONTAINER, "volumeMounts": mounts}]
-        spec["podTemplateOverrides"] = [{"targetJobs": [{"name": TRAINER_JOB}], "metadata": {"labels": dict(PART_OF)},
-                                         "spec": pod}]
+        spec["podTemplateOverrides"] = [{"targetJobs": [{"name": TRAINER_JOB}],
+                                         "metadata": settings.job_pod_metadata(PART_OF), "spec": pod}]
         return spec
     pod.update(securityContext=dict(POD_SECURITY), containers=[
         {"name": TRAINER_CONTAINER, "volumeMounts": mounts, "securityContext": dict(CONTAINER_SECURITY)}])
-    node = {"name": TRAINER_JOB, "template": {"spec": {"template": {"metadata": {"labels": dict(PART_OF)},
+    node = {"name": TRAINER_JOB, "template": {"spec": {"template": {"metadata": settings.job_pod_metadata(PART_OF),
                                                                     "spec": pod}}}}
     spec["activeDeadlineSeconds"] = math.ceil(settings.job_timeout_s)  # the job ends itself then, watched or not
     spec["runtimePatches"] = [{"manager": PATCH_MANAGER,
