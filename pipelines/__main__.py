@@ -134,6 +134,7 @@ def _schedule(args: argparse.Namespace) -> int:
     if args.action == "create":
         check_cron(args.cron)
         parameters, package = _parameters(args), _package(args.package)
+        client.check_schedule_fits(package, args.cron)
     api = client.connect(args.host, args.namespace, args.timeout)
     if args.action == "create":
         recurring = client.schedule(api, package, experiment=args.experiment, name=args.name,

@@ -14,6 +14,7 @@ import threading
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from cloob_core.config import load_config
@@ -31,6 +32,42 @@ def unregistered_images(package: str) -> list[str]:
     executors = read_spec(package).get("deploymentSpec", {}).get("executors", {})
     images = sorted({executor["container"]["image"] for executor in executors.values() if "container" in executor})
     return [image for image in images if "/" not in image]
+
+
+def training_bound_s(package: str) -> float | None:
+    """The longest a run of a compiled pipeline may train: the one-node training step's deadline, or the
+    multi-node job's ``job_timeout_s``; None for a pipeline that does not train."""
+    import yaml
+
+    documents = [doc for doc in yaml.safe_load_all(Path(package).read_text("utf-8")) if doc]
+    spec = documents[0]
+    platform = {}
+    for document in documents[1:]:
+        platform.update(document.get("platforms", {}).get("kubernetes", {}).get("deploymentSpec", {}).get(
+            "executors", {}))
+    if "activeDeadlineSeconds" in platform.get("exec-train", {}):
+        return float(platform["exec-train"]["activeDeadlineSeconds"])
+    for dag in (spec.get("root", {}), *spec.get("components", {}).values()):  # a loop body is a sub-DAG
+        for task in dag.get("dag", {}).get("tasks", {}).values():
+            job = task.get("inputs", {}).get("parameters", {}).get("job", {}).get("runtimeValue", {}).get("constant")
+            if task.get("taskInfo", {}).get("name") == "train-multinode" and job:
+                return float(json.loads(job)["job_timeout_s"])
+    return None
+
+
+def check_schedule_fits(package: str, cron: str) -> None:
+    """A recurring run runs one at a time and does not catch up: a run that may outlast the schedule's period would
+    skip the runs in between without a word, for as long as it hangs. So the package's training bound must be
+    shorter than the period."""
+    from cloob_core.config import ConfigError
+    from cloob_core.ops.cluster import cron_period_s
+
+    period, bound = cron_period_s(cron), training_bound_s(package)
+    if bound is not None and bound >= period:
+        raise ConfigError(f"a run of {package} may train for up to {bound / 3600:.1f} h (its job_timeout_s), as long "
+                          f"as or longer than the schedule's period of {period / 3600:.1f} h ({cron}): with one run "
+                          "at a time and no catch-up, a hung run would skip the runs in between without a word; "
+                          f"compile with --job-timeout-s below {period:.0f}")
 
 
 class EndpointError(StageError):

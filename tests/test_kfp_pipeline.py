@@ -282,7 +282,8 @@ def package(tmp_path_factory) -> Path:
     from pipelines.__main__ import main
 
     path = tmp_path_factory.mktemp("package") / "pipeline.yaml"
-    assert main(["compile", "--output", str(path)]) == 0
+    # bounded below a day: the nightly schedules below would otherwise be refused (check_schedule_fits)
+    assert main(["compile", "--output", str(path), "--job-timeout-s", "72000"]) == 0
     return path
 
 
@@ -611,7 +612,11 @@ def test_schedules_refuse_a_second_of_the_same_name_and_impossible_times(package
                   "--params", str(REPO / "params.yaml"), "--name", "nightly-retrain", *ON_S3]
         for cron, named in (("0 0 25 * * *", "hours '25' is outside 0-23"), ("0 61 3 * * *", "minutes '61'"),
                             ("0 0 3 * * 7", "day of week '7' is outside 0-6"), ("0 */0 3 * * *", "step '0'"),
-                            ("0 0 3 31 FOO *", "month 'FOO'")):
+                            ("0 0 3 31 FOO *", "month 'FOO'"),
+                            ("0 0 3 31 2 *", "never fires: no date has that day of the month and month"),
+                            ("@every 0s", "give @every a period of at least 1s"),
+                            ("0 0 * * * *", "may train for up to 20.0 h (its job_timeout_s), as long as or longer "
+                                            "than the schedule's period of 1.0 h")):
             assert main([*create, "--cron", cron]) == 2
             assert named in capsys.readouterr().err
         assert not api.recurring
@@ -746,3 +751,28 @@ def test_every_step_carries_the_settings_pod_labels_and_annotations(tmp_path):
     for name in executors:
         metadata = compiled["platform"][name]["podMetadata"]
         assert metadata["labels"]["team"] == "vision" and metadata["annotations"]["example.com/owner"] == "ml", name
+
+
+def test_a_schedule_whose_runs_may_outlast_its_period_is_refused(tmp_path, capsys):
+    """One run at a time and no catch-up: a nightly schedule of a package that may train for 7 days (the default
+    job_timeout_s) would skip a week of nights behind one hung run, in silence. Refused before anything is sent."""
+    from cloob_core.ops.cluster import cron_period_s
+    from pipelines import client
+
+    package = tmp_path / "pipeline.yaml"
+    from pipelines.__main__ import main
+
+    assert main(["compile", "--output", str(package)]) == 0
+    assert client.training_bound_s(str(package)) == 7 * 86400
+    with pytest.raises(Exception, match=r"may train for up to 168.0 h .* period of 24.0 h \(0 0 3 \* \* \*\).* "
+                                        r"compile with --job-timeout-s below 86400"):
+        client.check_schedule_fits(str(package), "0 0 3 * * *")
+    client.check_schedule_fits(str(package), "@monthly")  # 28 days at the shortest: fits
+    multi = tmp_path / "multi.yaml"
+    assert main(["compile", "--output", str(multi), "--nodes", "2", "--gpus", "8", "--job-timeout-s", "3600"]) == 0
+    assert client.training_bound_s(str(multi)) == 3600
+    evaluation = tmp_path / "evaluate.yaml"
+    assert main(["compile", "--pipeline", "evaluate", "--output", str(evaluation)]) == 0
+    assert client.training_bound_s(str(evaluation)) is None
+    assert cron_period_s("0 30 2 1 * MON-FRI") == 86400  # day of month or day of week, as robfig reads them
+    assert cron_period_s("0 0 0 29 2 *") > 365 * 86400  # once every leap year

@@ -3,6 +3,8 @@ The cluster settings themselves are part of the configuration (:mod:`cloob_core.
 
 from __future__ import annotations
 
+import datetime
+import itertools
 import re
 
 from cloob_core.config import PACKAGED_SETS, PACKAGED_SOURCES, CloobConfig, ConfigError
@@ -52,14 +54,35 @@ _DESCRIPTORS = ("@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midni
 _EVERY = re.compile(r"^@every\s+(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+$")
 
 
+_DESCRIPTOR_PERIOD_S = {"@yearly": 365 * 86400, "@annually": 365 * 86400, "@monthly": 28 * 86400,
+                        "@weekly": 7 * 86400, "@daily": 86400, "@midnight": 86400, "@hourly": 3600}
+_EVERY_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_CRON_YEARS = (2024, 2029)  # the window a cron's fire times are read in: every weekday on every date, a leap year
+
+
 def check_cron(expression: str) -> str:
     """A KFP cron expression: six fields, seconds first (``0 0 3 * * *`` is 03:00 daily), each checked against its
     range (``*``, ``?``, values, names, ``a-b`` ranges, ``/step``, lists), or a descriptor (``@daily``, ``@every
     6h``); else a one-line error naming the field. The API would refuse it only after the upload, or accept an hour
-    25 that never comes."""
+    25 or a 31 February that never comes, or ``@every 0s``."""
+    cron_period_s(expression)
+    return expression
+
+
+def cron_period_s(expression: str) -> float:
+    """The shortest time between two runs of a valid KFP cron (robfig/cron's reading: a day matches when its day
+    of month or its day of week does, if both are restricted), found over five years of dates; a
+    :class:`ConfigError` for an invalid one or one that never fires."""
     text = expression.strip()
-    if text in _DESCRIPTORS or _EVERY.match(text):
-        return expression
+    if text in _DESCRIPTOR_PERIOD_S:
+        return float(_DESCRIPTOR_PERIOD_S[text])
+    if _EVERY.match(text):
+        period = sum(float(number) * _EVERY_UNITS[unit] for number, _, unit in
+                     re.findall(r"(\d+(\.\d+)?)(ns|us|µs|ms|s|m|h)", text[len("@every"):]))
+        if period < 1:
+            raise ConfigError(f"--cron {expression!r} fires more than once a second, or never: give @every a period "
+                              "of at least 1s (e.g. @every 6h)")
+        return period
     fields = text.split()
     if len(fields) == 5:
         raise ConfigError(f"--cron {expression!r} has 5 fields; KFP's cron has six, seconds first: "
@@ -67,12 +90,46 @@ def check_cron(expression: str) -> str:
     if len(fields) != 6:
         raise ConfigError(f"--cron {expression!r} is not a six-field cron expression (seconds minutes hours "
                           "day-of-month month day-of-week), e.g. '0 0 3 * * *', or a descriptor such as @daily")
+    values = []
     for field, (name, low, high, names) in zip(fields, _CRON_FIELDS, strict=True):
         problem = _cron_field_problem(field, low, high, names)
         if problem:
             raise ConfigError(f"--cron {expression!r}: {name} {field!r} {problem} (e.g. '0 0 3 * * *': 03:00 "
                               "daily)")
-    return expression
+        values.append(_cron_field_values(field, low, high, names))
+    seconds, minutes, hours, days, months, weekdays = values
+    times = sorted(h * 3600 + m * 60 + s for h in hours for m in minutes for s in seconds)
+    either = fields[3] not in ("*", "?") and fields[5] not in ("*", "?")  # robfig: then either day field matches
+    day, end, dates = datetime.date(_CRON_YEARS[0], 1, 1), datetime.date(_CRON_YEARS[1], 12, 31), []
+    while day <= end:
+        weekday = (day.weekday() + 1) % 7  # cron counts from Sunday = 0
+        hit = (day.day in days or weekday in weekdays) if either else (day.day in days and weekday in weekdays)
+        if day.month in months and hit:
+            dates.append(day.toordinal())
+        day += datetime.timedelta(days=1)
+    if not dates:
+        raise ConfigError(f"--cron {expression!r} never fires: no date has that day of the month and month (e.g. "
+                          "31 February)")
+    gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
+    gaps += [(after - before) * 86400 - times[-1] + times[0] for before, after in itertools.pairwise(dates)]
+    return float(min(gaps)) if gaps else float("inf")
+
+
+def _cron_field_values(field: str, low: int, high: int, names: tuple[str, ...]) -> set[int]:
+    """The values a checked cron field stands for."""
+    found: set[int] = set()
+    for part in field.split(","):
+        span, _, step = part.partition("/")
+        if span in ("*", "?"):
+            start, end = low, high
+        else:
+            first, dash, last = span.partition("-")
+            start = names.index(first.upper()) + low if first.upper() in names else int(first)
+            end = (names.index(last.upper()) + low if last.upper() in names else int(last)) if dash else start
+            if step and not dash:
+                end = high  # robfig: "a/step" runs from a to the end of the range
+        found.update(range(start, end + 1, int(step) if step else 1))
+    return found
 
 
 def _cron_field_problem(field: str, low: int, high: int, names: tuple[str, ...]) -> str | None:
