@@ -86,7 +86,7 @@ def test_training_runs_on_gpu_nodes_with_shared_memory_and_the_secret(compiled):
     resources = spec["deploymentSpec"]["executors"]["exec-train"]["container"]["resources"]
     assert resources["accelerator"]["resourceCount"] == "4"
     assert resources["accelerator"]["resourceType"] == "nvidia.com/gpu"
-    assert resources["resourceCpuRequest"] == "48" and resources["resourceMemoryRequest"] == "32Gi"  # 12 per GPU
+    assert resources["resourceCpuRequest"] == "44" and resources["resourceMemoryRequest"] == "32Gi"  # 11 per GPU
     train = platform["exec-train"]
     assert train["emptyDirMounts"] == [{"medium": "Memory", "mountPath": "/dev/shm", "sizeLimit": "16Gi",
                                         "volumeName": "dshm"}]
@@ -110,8 +110,8 @@ def test_the_features_step_gets_a_gpu_on_the_training_nodes_and_the_task_steps_c
     features = executors["exec-prepare-features"]["container"]
     accelerator = features["resources"]["accelerator"]
     assert accelerator["resourceCount"] == "1" and accelerator["resourceType"] == "nvidia.com/gpu"
-    assert features["resources"]["resourceCpuRequest"] == "12"  # cpu_per_gpu: its data-loader workers decode
-    assert {"name": "LOKY_MAX_CPU_COUNT", "value": "12"} in features["env"]
+    assert features["resources"]["resourceCpuRequest"] == "11"  # cpu_per_gpu: its data-loader workers decode
+    assert {"name": "LOKY_MAX_CPU_COUNT", "value": "11"} in features["env"]
     assert features["image"] == "cloob-pipelines:0.1.0-cuda"
     on_gpus = platform["exec-prepare-features"]
     assert on_gpus["tolerations"] == platform["exec-train"]["tolerations"]
@@ -132,7 +132,7 @@ def test_the_features_step_gets_a_gpu_on_the_training_nodes_and_the_task_steps_c
         assert "nodeSelector" not in cpu["platform"]["exec-prepare-features"]
         gpu = compile_with(tmp_path / f"{pipeline}-gpu", "--pipeline", pipeline, "--gpus", "8", "--eval-gpus", "2")
         resources = gpu["spec"]["deploymentSpec"]["executors"]["exec-prepare-features"]["container"]["resources"]
-        assert resources["accelerator"]["resourceCount"] == "2" and resources["resourceCpuRequest"] == "24"
+        assert resources["accelerator"]["resourceCount"] == "2" and resources["resourceCpuRequest"] == "22"
     (tmp_path / "cpu").mkdir()
     cpu_cluster = compile_with(tmp_path / "cpu", "--gpus", "0")  # no training GPUs: no evaluation GPU either
     assert "accelerator" not in cpu_cluster["spec"]["deploymentSpec"]["executors"]["exec-prepare-features"][
@@ -406,7 +406,7 @@ def test_recurring_runs_are_created_listed_and_deleted(package, capsys):
 
 
 def test_a_gpu_pod_gets_cuda_bf16_and_workers_and_streams_from_the_cpus_it_requests(compiled, monkeypatch):
-    """What the one-pod training step of a pipeline compiled for 4 GPUs runs with: 48 CPUs requested (12 per GPU)
+    """What the one-pod training step of a pipeline compiled for 4 GPUs runs with: 44 CPUs requested (11 per GPU)
     and given to the thread budget, the default params' auto settings, which on that pod resolve to CUDA (one line
     if it is unusable), bf16, and per rank 8 workers over 16 streams (12 cores each; a batch of 128 in 64 streams)."""
     import torch
@@ -418,8 +418,8 @@ def test_a_gpu_pod_gets_cuda_bf16_and_workers_and_streams_from_the_cpus_it_reque
 
     spec = compiled["spec"]
     container = spec["deploymentSpec"]["executors"]["exec-train"]["container"]
-    assert container["resources"]["resourceCpuRequest"] == "48"
-    assert {"name": "LOKY_MAX_CPU_COUNT", "value": "48"} in container["env"]
+    assert container["resources"]["resourceCpuRequest"] == "44"
+    assert {"name": "LOKY_MAX_CPU_COUNT", "value": "44"} in container["env"]
     params = json.loads(spec["root"]["inputDefinitions"]["parameters"]["params"]["defaultValue"])
     train = params["train"]
     assert (train["device"], train["precision"], train["workers"], train["data_streams"]) == ("auto",) * 4
@@ -677,7 +677,7 @@ def test_every_evaluation_step_requests_resources_and_the_features_step_a_gpu(tm
         resources = executor["container"].get("resources") or {}
         assert resources.get("resourceCpuRequest") and resources.get("resourceMemoryRequest"), name
     features = executors["exec-prepare-features"]["container"]["resources"]
-    assert features["accelerator"]["resourceCount"] == "1" and features["resourceCpuRequest"] == "12"
+    assert features["accelerator"]["resourceCount"] == "1" and features["resourceCpuRequest"] == "11"
     assert compiled["platform"]["exec-prepare-features"]["nodeSelector"]["labels"] == {"pool": "h100"}
     assert "accelerator" not in executors["exec-evaluate"]["container"]["resources"]
 

@@ -96,10 +96,12 @@ class ClusterSettings(BaseModel):
     gpus: int = Field(1, ge=0, description="GPUs per training node; >1 runs torchrun, one process per GPU.")
     accelerator: str = Field("nvidia.com/gpu", description="Accelerator resource name.")
     cpu: str = Field("8", description="CPU request of a training pod without GPUs (with GPUs: cpu_per_gpu).")
-    cpu_per_gpu: int = Field(12, ge=1, description="CPUs a training pod requests per GPU, and the cores its thread "
+    cpu_per_gpu: int = Field(11, ge=1, description="CPUs a training pod requests per GPU, and the cores its thread "
                              "budget splits: the data-loader workers decode on them (a ViT-B/32 step on an H100 "
                              "needs ~4,000 samples/s, ~470 per core at 224 px; docs/performance.md, \"Feeding a "
-                             "GPU\"). Size it to the node: its CPUs over its GPUs, less what the node keeps.")
+                             "GPU\"). 11 fits the 96-vCPU 8-GPU nodes (p4d.24xlarge, a2-highgpu-8g: 88 requested, "
+                             "the rest for the kubelet's reserve and the DaemonSets); size it to the node, "
+                             "(vCPUs - 4) / GPUs (docs/kubernetes.md, \"Node shapes\").")
     nccl_env: dict[str, str] = Field(
         default_factory=lambda: dict(NCCL_DEFAULTS), description="Environment of the training pods (one node or a "
         "multi-node job's) for NCCL and torch's NCCL layer (e.g. NCCL_SOCKET_IFNAME=eth0, NCCL_IB_HCA=mlx5); given "
