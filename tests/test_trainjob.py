@@ -379,8 +379,9 @@ def test_a_two_node_job_trains_and_equals_one_process(kind, local_shards, tmp_pa
 
 
 def test_the_job_pods_request_cpus_per_gpu_and_carry_nccl_settings():
-    """Each pod of a 2-node x 8-GPU job: 88 CPUs requested (11 per GPU: a 96-vCPU node keeps the rest) and given to the thread budget, CUDA
-    required, NCCL's defaults with the given ones over them, and on request the node's network and RDMA devices."""
+    """Each pod of a 2-node x 8-GPU job: 88 CPUs requested (11 per GPU: a 96-vCPU node keeps the rest) and given to
+    the thread budget, CUDA required, NCCL's defaults with the given ones over them, and on request the node's
+    network and RDMA devices."""
     job = settings(nodes=2, gpus=8, nccl_env={"NCCL_SOCKET_IFNAME": "eth0", "NCCL_DEBUG": "INFO"},
                    host_network=True, rdma_resources={"rdma/rdma_shared_device_a": "1"})
     config = trainjob.job_config(load_config(), "s3://data/shards", "s3://w/n", gpus=job.gpus)
