@@ -19,7 +19,7 @@ from typing import Any
 
 from cloob_core.config import load_config
 from cloob_core.errors import StageError
-from cloob_core.ops.cluster import check_reachable
+from cloob_core.ops.cluster import check_no_credentials, check_reachable
 from pipelines.copied_inputs import read_spec
 
 DEFAULT_TIMEOUT_S = 60.0
@@ -83,6 +83,7 @@ def run_parameters(params_file: str | None, overrides: Sequence[str] = (),
     if package is not None:
         name = read_spec(package)["pipelineInfo"]["name"]
         check_reachable(config, acquires=name == ACQUIRING_PIPELINE)
+        check_no_credentials(config)
     parameters = {"params": json.dumps(config.model_dump())}
     if shards_uri:
         parameters["shards_uri"] = shards_uri

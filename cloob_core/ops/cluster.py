@@ -6,8 +6,10 @@ from __future__ import annotations
 import datetime
 import itertools
 import re
+from typing import Any
 
 from cloob_core.config import PACKAGED_SETS, PACKAGED_SOURCES, CloobConfig, ConfigError
+from cloob_core.redact import redacted
 
 
 def unreachable_locations(config: CloobConfig, *, acquires: bool = True, evaluates: bool = True) -> list[str]:
@@ -43,6 +45,29 @@ def check_reachable(config: CloobConfig, *, acquires: bool = True, evaluates: bo
 
 
 _SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.\-]*)://")
+
+
+def credentials_in_urls(value: Any, where: str = "") -> list[str]:
+    """Each setting of ``value`` (a configuration as a mapping) whose URL carries credentials (user info, a token
+    or signature in its query), as ``key 'redacted URL'``."""
+    if isinstance(value, dict):
+        return [found for key, item in value.items()
+                for found in credentials_in_urls(item, f"{where}.{key}" if where else str(key))]
+    if isinstance(value, list):
+        return [found for index, item in enumerate(value) for found in credentials_in_urls(item, f"{where}[{index}]")]
+    if isinstance(value, str) and _SCHEME.match(value) and redacted(value) != value:
+        return [f"{where} {redacted(value)!r}"]
+    return []
+
+
+def check_no_credentials(config: CloobConfig) -> None:
+    """A cluster run records its parameters (the KFP run's inputs, every job pod's CLOOB_PARAMS environment): a URL
+    with credentials in them would be kept and shown verbatim. Refused in one line that does not repeat them."""
+    found = credentials_in_urls(config.model_dump())
+    if found:
+        raise ConfigError(f"credentials in a URL of the run's parameters, which the run records and its pods show: "
+                          f"{'; '.join(found)}; give them to the pods instead (S3: the cloob-s3 secret's AWS_* "
+                          "keys), or put the file on S3")
 
 
 _MONTHS = ("JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC")
