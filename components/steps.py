@@ -74,15 +74,16 @@ def validate_shards(params: str, shards: str, report: Output[Dataset]):
 
 
 @dsl.component(base_image=CUDA_IMAGE, install_kfp_package=False)
-def train(params: str, shards: str, gpus: int, workdir: str, run_id: str, model: Output[Model],
-          metrics: Output[Metrics]):
+def train(params: str, shards: str, gpus: int, workdir: str, run_id: str, keep_checkpoints: bool,
+          model: Output[Model], metrics: Output[Metrics]):
     """`cloob train` on one node, streaming the shards from where they lie; several GPUs run under torchrun,
-    one process each. Checkpoints are mirrored to the run's folder of ``workdir``, from which a retry resumes."""
+    one process each. Checkpoints are mirrored to the run's folder of ``workdir``, from which a retry resumes;
+    deleted once the run succeeded unless ``keep_checkpoints``."""
     from cloob_core import storage
     from cloob_core.ops import kubeflow, trainjob
 
     kubeflow.train(params, shards, model.path, gpus, model=model, metrics=metrics,
-                   run_folder=storage.join(workdir, trainjob.job_name(run_id)))
+                   run_folder=storage.join(workdir, trainjob.job_name(run_id)), keep_checkpoints=keep_checkpoints)
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)

@@ -141,7 +141,7 @@ def train_task(params: str, shards: Any, settings: ClusterSettings) -> dsl.Pipel
         watcher.set_retry(num_retries=settings.train_retries, backoff_duration=f"{settings.train_retry_backoff_s}s")
         return watcher.set_cpu_request("500m").set_memory_request("1Gi")
     trained = steps.train(params=params, shards=shards, gpus=settings.gpus, workdir=settings.job_workdir,
-                          run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
+                          run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, keep_checkpoints=settings.keep_checkpoints)
     for key, value in sorted(settings.nccl_env.items()):  # NCCL joins the GPUs of one node too
         trained.set_env_variable(key, value)
     # an evicted or failed pod is retried, and the retry resumes from the checkpoints mirrored to workdir

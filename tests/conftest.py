@@ -88,6 +88,11 @@ def pushgateway():
             self.send_response(200)
             self.end_headers()
 
+        def do_DELETE(self):  # a group deleted: recorded with the body "DELETE"
+            received.append((self.path, "DELETE"))
+            self.send_response(202)
+            self.end_headers()
+
         def log_message(self, *args):
             pass
 

@@ -269,7 +269,10 @@ def test_a_partition_pushes_its_outcome_to_the_pushgateway(tmp_path, pushgateway
                      "--set", "validation.min_success_ratio=0.3", "--partition", "0/1"])
     assert code == 0
     ((path, body),) = received
-    assert path == "/metrics/job/cloob-download/partition/0-1"
+    # grouped by run (its shards folder) and partition: concurrent downloads into other folders keep their own
+    from cloob_core.pushgateway import run_label
+
+    assert path == f"/metrics/job/cloob-download/partition/0-1/run/{run_label(str(tmp_path / 'out'))}"
     for line in ("cloob_download_rows 3.0", "cloob_download_successes 1.0",
                  'cloob_download_failures{reason="http_404"} 1.0',
                  'cloob_download_failures{reason="not_an_image"} 1.0'):

@@ -161,7 +161,7 @@ def test_alert_rules_pass_promtool_and_their_unit_tests():
     promtool, monitoring = tool("promtool"), INFRA / "monitoring"
     check = subprocess.run([promtool, "check", "rules", "alerts.rules.yml"], cwd=monitoring, capture_output=True,
                            text=True)
-    assert check.returncode == 0 and "SUCCESS: 10 rules found" in check.stdout, check.stdout + check.stderr
+    assert check.returncode == 0 and "SUCCESS: 12 rules found" in check.stdout, check.stdout + check.stderr
     tested = subprocess.run([promtool, "test", "rules", str(monitoring / "alerts.test.yml")], capture_output=True,
                             text=True)
     assert tested.returncode == 0, tested.stdout + tested.stderr
@@ -267,6 +267,11 @@ def test_the_steps_credentials_are_not_minios_root(rendered):
     (statement,) = policy["Statement"]
     assert statement["Resource"] == ["arn:aws:s3:::cloob", "arn:aws:s3:::cloob/*"] and statement["Effect"] == "Allow"
     script = container["args"][0]
+    # a versioned bucket on a fixed volume: old versions of rotated checkpoints are reclaimed, not kept for ever
+    (rule,) = json.loads(values["LIFECYCLE"])["Rules"]
+    assert rule["Status"] == "Enabled" and rule["NoncurrentVersionExpiration"] == {"NoncurrentDays": 7}
+    assert rule["Expiration"] == {"ExpiredObjectDeleteMarker": True} and rule["Filter"] == {"Prefix": ""}
+    assert 'printf \'%s\' "$LIFECYCLE" | mc ilm import cloob/cloob' in script
     assert 'mc admin user add cloob "$AWS_ACCESS_KEY_ID"' in script
     assert "mc admin policy attach cloob cloob-pipeline" in script
     assert subprocess.run(["sh", "-n", "-c", script]).returncode == 0  # parses as shell
@@ -361,3 +366,12 @@ def test_a_worker_as_the_operator_renders_it_is_admitted_under_restricted_with_o
     assert restricted_violations(worker) == []
     validator().validate(worker, K8S_VERSION, strict=True)
     validator().validate(config_map, K8S_VERSION, strict=True)
+
+
+def test_every_monitoring_resource_carries_the_label_prometheus_selects_by(rendered):
+    """kube-prometheus-stack's Prometheus picks only PodMonitors, ServiceMonitors and PrometheusRules labelled
+    with its release: without it nothing is scraped and no rule loads, in silence. One component sets it for all."""
+    _, documents = rendered
+    monitoring = [doc for doc in documents if doc["apiVersion"].startswith("monitoring.coreos.com")]
+    assert len(monitoring) == 4
+    assert all(doc["metadata"]["labels"]["release"] == "kube-prometheus-stack" for doc in monitoring)

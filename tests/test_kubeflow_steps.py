@@ -98,3 +98,16 @@ def test_the_one_node_step_starts_its_ranks_from_the_config_it_validated(mnist_t
     with pytest.raises(StageError, match=r"train\.batch_size"):
         kubeflow.train({"train": {"batch_size": 1}}, str(mnist_train_shards), str(tmp_path / "bad"), gpus=2)
     assert len(started) == 1
+
+
+def test_a_succeeded_run_deletes_its_mirrored_checkpoints_unless_kept(mnist_train_shards, tmp_path):
+    """`jobs/cloob-train-<id>/checkpoints` grew without end: once the model is out, nothing resumes from them."""
+    params = {"model": {"architecture": "cloob-tiny-vit"},
+              "train": {"steps": 2, "batch_size": 16, "workers": 0, "tensorboard": False, "checkpoint_every": 1,
+                        "device": "cpu"}}
+    kept, dropped = tmp_path / "jobs" / "cloob-train-a", tmp_path / "jobs" / "cloob-train-b"
+    kubeflow.train(params, str(mnist_train_shards), str(tmp_path / "a"), run_folder=str(kept), keep_checkpoints=True)
+    assert any((kept / "checkpoints").iterdir())
+    kubeflow.train(params, str(mnist_train_shards), str(tmp_path / "b"), run_folder=str(dropped),
+                   keep_checkpoints=False)
+    assert not (dropped / "checkpoints").exists() and (tmp_path / "b" / "metrics.json").is_file()

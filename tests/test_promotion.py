@@ -192,3 +192,27 @@ def test_a_corrupt_production_pointer_is_named(tmp_path, capsys):
                  "--metric", METRIC, "--guards", json.dumps({GUARD: 0.02})]) == 2
     error = capsys.readouterr().err
     assert "production.json is not valid JSON" in error and "Traceback" not in error
+
+
+def test_each_decision_is_pushed_for_the_alerts_on_no_decision_and_no_promotion(tmp_path, pushgateway):
+    """Nothing alerted on a failed nightly run or on weeks without a promotion: each decision now pushes its time,
+    its verdict, the models and since when production holds, grouped by the store."""
+    import re
+
+    address, received = pushgateway
+    store = str(tmp_path / "store")
+    gate = settings(store).model_copy(update={"pushgateway": address, "registry_stage": None})
+    first = model(tmp_path / "a", 1)
+    promotion.promote(gate, model_dir=first, metrics_file=report_of(first, metrics(0.5, 0.8), tmp_path / "ra"))
+    path, body = received[-1]
+    assert path.startswith("/metrics/job/cloob-promote/store") and "cloob_promotion_promoted 1.0" in body
+    since = float(re.search(r"^cloob_promotion_production_since_timestamp_seconds (\S+)$", body, re.M).group(1))
+    decided = float(re.search(r"^cloob_promotion_decision_timestamp_seconds (\S+)$", body, re.M).group(1))
+    assert since == decided  # production holds since this decision
+    second = model(tmp_path / "b", 2)
+    promotion.promote(gate, model_dir=second, metrics_file=report_of(second, metrics(0.4, 0.8), tmp_path / "rb"))
+    path_again, body = received[-1]
+    assert path_again == path and "cloob_promotion_promoted 0.0" in body  # the same group, replaced
+    assert float(re.search(r"^cloob_promotion_production_since_timestamp_seconds (\S+)$", body, re.M).group(1)) \
+        == since  # not promoted: production still holds since the first
+    assert f'candidate="{promotion.model_id(second)}",production="{promotion.model_id(first)}"' in body

@@ -272,7 +272,7 @@ def test_metrics_are_pushed_to_a_pushgateway(shards, tmp_path, pushgateway):
     address, received = pushgateway
     config = load_config(overrides=[f"train.shards={shards}", "train.steps=4", "train.batch_size=32",
                                     "train.workers=0", "train.tensorboard=false", "train.checkpoint_every=2",
-                                    f"train.pushgateway={address}"])
+                                    f"train.pushgateway={address}", "train.metrics_linger_s=0"])
     train(config, tmp_path, progress=False)
     assert len(received) == 3  # two checkpoints and the end
     path, body = received[-1]
@@ -280,7 +280,8 @@ def test_metrics_are_pushed_to_a_pushgateway(shards, tmp_path, pushgateway):
     # grouped by run and rank: concurrent runs keep their own series on the gateway
     assert re.fullmatch(r"/metrics/job/cloob-train/rank/0/run/[A-Za-z0-9_.-]+-[0-9a-f]{8}", path), path
     other = load_config(overrides=[f"train.shards={shards}", "train.steps=2", "train.batch_size=32",
-                                   "train.workers=0", "train.tensorboard=false", f"train.pushgateway={address}"])
+                                   "train.workers=0", "train.tensorboard=false", f"train.pushgateway={address}",
+                                   "train.metrics_linger_s=0"])
     train(other, tmp_path / "second", progress=False)
     assert received[-1][0] != path
 
@@ -421,3 +422,35 @@ def test_resuming_on_another_number_of_streams_starts_each_stream_on_a_new_pass(
                for r in caplog.records)
     final = torch.load(tmp_path / "four" / "checkpoints" / "step-00000006.pt", weights_only=True)
     assert final["positions"] == {str(v): [1, 12] for v in range(4)}  # 3 steps of 4 samples, in pass 1
+
+
+def test_the_final_metrics_stay_up_for_a_scrape_then_a_finished_runs_group_goes(pushgateway):
+    """Before, /metrics stopped right after the loop, so a 30 s scrape rarely saw progress 1 and CloobTrainingGone
+    fired on runs that succeeded; and a run's Pushgateway group stayed for ever. Now both stay up for
+    train.metrics_linger_s (the process's exit waits), then the server stops and a finished run's group is
+    deleted; a failed run's group stays for the alerts."""
+    import socket
+    import urllib.request
+
+    from cloob_core.training.monitor import Monitor
+
+    address, received = pushgateway
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monitor = Monitor(enabled=True, total_steps=4, start_step=0, output=Path("."), progress=False, tensorboard=False,
+                      metrics_port=port, pushgateway=address, run="r1", linger_s=30.0).start()
+    monitor._metrics["progress"].set(1.0)
+    monitor.close(ended=True)
+    served = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    assert "cloob_train_progress_ratio 1.0" in served  # still there after the loop
+    assert received[-1][1] != "DELETE"
+    monitor._linger_until = 0.0  # as if linger_s had passed
+    monitor.stop()  # what the exit does then
+    assert received[-1] == ("/metrics/job/cloob-train/rank/0/run/r1", "DELETE")
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
+    failed = Monitor(enabled=True, total_steps=4, start_step=0, output=Path("."), progress=False, tensorboard=False,
+                     pushgateway=address, run="r2", linger_s=30.0).start()
+    failed.close(ended=False)  # no server to keep, and a failed run's group stays
+    assert received[-1][1] != "DELETE" and "/run/r2" in received[-1][0]

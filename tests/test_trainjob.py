@@ -338,13 +338,14 @@ def local_shards(mnist_train_shards):
 def test_a_two_node_job_trains_and_equals_one_process(kind, local_shards, tmp_path, s3_bucket, monkeypatch):
     params = yaml.safe_dump({"model": {"architecture": "cloob-tiny-vit"},  # no BatchNorm: ranks agree exactly
                              "train": {"steps": 4, "batch_size": 32, "data_streams": 4, "workers": 1,
-                                       "log_every": 2, "tensorboard": False, "checkpoint_every": 2}})
+                                       "log_every": 2, "tensorboard": False, "checkpoint_every": 2,
+                                       "metrics_linger_s": 0}})  # no scraper here to wait for
     shards_uri = f"s3://{s3_bucket}/dvc/shards"  # the pods stream them from there; nothing is copied
     storage.upload_tree(local_shards, shards_uri)
     secret = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
               "AWS_ENDPOINT_URL": os.environ["AWS_ENDPOINT_URL"]}
     job = ClusterSettings(image="cloob:cuda", job_workdir=f"s3://{s3_bucket}/jobs", job_kind=kind, nodes=2, gpus=0,
-                      job_poll_s=0.5, job_timeout_s=600)
+                          job_poll_s=0.5, job_timeout_s=600, keep_checkpoints=kind == "pytorchjob")
     # The pods see only what the secret gives them: not this process's S3 settings.
     pod_env = {"AWS_ENDPOINT_URL": "", "AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": "", "OMP_NUM_THREADS": "1",
                "AWS_DEFAULT_REGION": "us-east-1"}
@@ -361,7 +362,8 @@ def test_a_two_node_job_trains_and_equals_one_process(kind, local_shards, tmp_pa
     assert created["metadata"]["name"] == "cloob-train-run-42"
     assert metrics["world_size"] == 2 and metrics["steps"] == 4
     workdir = f"s3://{s3_bucket}/jobs/cloob-train-run-42"
-    assert storage.list_names(f"{workdir}/checkpoints", ".pt")  # mirrored: a restarted pod resumes from there
+    # mirrored while it ran (a restarted pod resumes from there); once the model is out, deleted unless kept
+    assert bool(storage.list_names(f"{workdir}/checkpoints", ".pt")) == job.keep_checkpoints
     assert not storage.list_names(f"{workdir}/shards")  # read where they lie, not copied for the job
     assert f"shards: {shards_uri}" in json.dumps(created)  # in the validated config the pods read
 

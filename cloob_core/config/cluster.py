@@ -185,6 +185,9 @@ class ClusterSettings(BaseModel):
         "(docs/kubernetes.md, \"Versions\").")
     job_backoff_limit: int = Field(3, ge=0, description="Pod restarts before the job fails; each restart resumes "
                                    "from the last checkpoint.")
+    keep_checkpoints: bool = Field(False, description="Keep a run's mirrored checkpoints (job_workdir/<run>/"
+                                   "checkpoints) after it succeeded; by default the training step deletes them once "
+                                   "the model is out (only a failed or unfinished run resumes from them).")
     job_keep_failed: bool = Field(False, description="Keep a failed multi-node job (its ended pods and their logs) "
                                   "for inspection instead of deleting it once its pods' exit codes and last log "
                                   "lines are in the step's log; a PyTorchJob is then deleted job_ttl_s after it ends, "

@@ -30,6 +30,10 @@ class PromoteConfig(_Section):
     registry_stage: str | None = Field("prod", description="In a git repository whose dvc.yaml declares the model "
                                        "folder as an artifact, a promotion is also recorded as this GTO stage "
                                        "(DVC's model registry), once the commit holds the weights (null: no record).")
+    pushgateway: str | None = Field(None, description="Prometheus Pushgateway the gate pushes each decision to "
+                                    "(its time, promoted or not, the candidate and production, since when production "
+                                    "holds): the alerts on no decision (a failed or missed scheduled run) and on no "
+                                    "promotion read them (null: no push).")
     single_writer: bool = Field(False, description="The store ignores conditional writes (some older MinIO or Ceph "
                                 "releases, some proxies) and you guarantee that one gate writes at a time (one "
                                 "scheduled pipeline, no manual runs). Otherwise the gate probes the store and refuses "

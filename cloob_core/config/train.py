@@ -222,6 +222,12 @@ class TrainConfig(_Section):
     metrics_host: str = Field("127.0.0.1", description="Address the /metrics server binds (0.0.0.0 in a pod).")
     pushgateway: str | None = Field(None, description="Prometheus Pushgateway address for short runs "
                                     "(null: no push).")
+    metrics_linger_s: float = Field(60.0, ge=0, description="Seconds the final metrics stay up after the loop "
+                                    "ended, at the process's exit: /metrics keeps serving them and, once this has "
+                                    "passed, a run that reached its end deletes its Pushgateway group. Two scrapes "
+                                    "at 30 s: else a scrape rarely sees progress 1 or a diverged run's NaN, and "
+                                    "CloobTrainingGone fires on a run that succeeded. 0: stop at once, keep the "
+                                    "group.")
 
     @field_validator("objective")
     @classmethod

@@ -64,7 +64,7 @@ from cloob_core.data.writer import (
 )
 from cloob_core.errors import StageError
 from cloob_core.io import json_bytes
-from cloob_core.pushgateway import push_download_summary
+from cloob_core.pushgateway import push_download_summary, run_label
 from cloob_core.redact import Redactor
 from cloob_core.threads import usable_cores
 
@@ -264,7 +264,7 @@ def download(
     # one partition: the whole output's files; else this partition's view (`cloob data merge-stats` merges them)
     summary = merge_stats(output) if partition.count == 1 else \
         summarize(output, read_records(output, owned.__contains__))
-    push_download_summary(dl.pushgateway, summary.stats, f"{partition.index}-{partition.count}")
+    push_download_summary(dl.pushgateway, summary.stats, f"{partition.index}-{partition.count}", run_label(output))
     _check_success(summary, config.validation.min_success_ratio, output)
     return DownloadResult(output, summary, done, skipped, time.monotonic() - started, partition)
 

@@ -135,25 +135,40 @@ def _record_training(result: dict[str, Any], shards: str, model: Any = None, met
 
 
 def train(params: Params, shards: str, output_dir: str, gpus: int = 0, model: Any = None,
-          metrics: Any = None, run_folder: str | None = None) -> dict[str, Any]:
+          metrics: Any = None, run_folder: str | None = None, keep_checkpoints: bool = True) -> dict[str, Any]:
     """Training on this node, streaming the shards from ``shards`` (a folder or ``s3://`` prefix): in process for
     one device; with several GPUs, torchrun starts one `cloob train` process per GPU (each a rank of the same
     stage function) on the configuration validated here. A step given GPUs trains on them or fails in one line,
     never on its CPU (:func:`launch.on_gpus`). ``run_folder``: the run's folder, where each checkpoint is mirrored
     (``checkpoints/``), where a retry of the step (a fresh pod, an empty output folder) resumes from (``--resume
     auto``: only this run's), and where a failure no retry changes is recorded, so that the retries end at once
-    (:mod:`final_failure`)."""
+    (:mod:`final_failure`). Without ``keep_checkpoints`` the mirrored checkpoints are deleted once the run
+    succeeded: nothing resumes from them then."""
     if not run_folder:
         return _train_here(params, shards, output_dir, gpus, model, metrics, None)
     from cloob_core.ops import final_failure
 
     final_failure.refuse_if_failed(run_folder)
+    checkpoints = storage.join(run_folder, "checkpoints")
     try:
-        return _train_here(params, shards, output_dir, gpus, model, metrics, storage.join(run_folder, "checkpoints"))
+        result = _train_here(params, shards, output_dir, gpus, model, metrics, checkpoints)
     except Exception as err:
         if final_failure.permanent(err):
             final_failure.record(run_folder, err)
         raise
+    if not keep_checkpoints:
+        _delete_checkpoints(checkpoints)
+    return result
+
+
+def _delete_checkpoints(checkpoints: str) -> None:
+    """A succeeded run's mirrored checkpoints, deleted (best effort: the model is out either way)."""
+    try:
+        storage.delete_tree(checkpoints)
+        log.info("deleted the run's checkpoints at %s (keep them with the cluster setting keep_checkpoints)",
+                 checkpoints)
+    except OSError as err:
+        log.warning("could not delete the run's checkpoints at %s: %s", checkpoints, err)
 
 
 def _train_here(params: Params, shards: str, output_dir: str, gpus: int, model: Any, metrics: Any,
@@ -206,6 +221,8 @@ def train_multinode(params: Params, shards: str, output_dir: str, job: str, run_
             final_failure.record(workdir, err)
         raise
     publish.fetch(storage.join(workdir, "output"), output_dir)  # the unit rank 0 published: old or new, whole
+    if not settings.keep_checkpoints:
+        _delete_checkpoints(storage.join(workdir, "checkpoints"))
     return _record_training(storage.read_json(Path(output_dir) / "metrics.json"), shards, model, metrics)
 
 

@@ -319,6 +319,7 @@ def promote(settings: PromoteConfig, *, model_dir: str | Path, metrics_file: str
     _check_candidate(Path(model_dir))
     _of_model(report, metrics_file, model_id(model_dir))
     decision = decide_and_publish(model_dir, report.metrics, settings, report.suite)
+    _push_decision(settings, decision)
     if decision.promoted and settings.registry_stage:
         from cloob_core.ops.git_registry import record_stage
 
@@ -326,6 +327,26 @@ def promote(settings: PromoteConfig, *, model_dir: str | Path, metrics_file: str
     if decision_file is not None:
         write_json(decision_file, asdict(decision))
     return decision
+
+
+def _push_decision(settings: PromoteConfig, decision: Decision) -> None:
+    """The decision to the Pushgateway (``promote.pushgateway``), for the alerts on no decision and no promotion."""
+    if not settings.pushgateway:
+        return
+    from cloob_core.pushgateway import push_promotion
+
+    production = read_production(settings.store) or {}
+    since = production.get("promoted_at")
+    push_promotion(settings.pushgateway, settings.store, _unix(decision.decided_at) or datetime.now(
+        timezone.utc).timestamp(), decision.promoted, decision.candidate, production.get("model_id"),
+        _unix(since) if since else None)
+
+
+def _unix(stamp: str) -> float | None:
+    try:
+        return datetime.fromisoformat(stamp).timestamp()
+    except ValueError:
+        return None
 
 
 def record_production_stage(settings: PromoteConfig, model_dir: str | Path,

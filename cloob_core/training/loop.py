@@ -38,6 +38,7 @@ from cloob_core.objectives.distributed import gather_features
 from cloob_core.objectives.registry import objective_from_config
 from cloob_core.plots import training_curves_png
 from cloob_core.publish import publish_copy
+from cloob_core.pushgateway import run_label
 from cloob_core.threads import core_share, plan_threads
 from cloob_core.training import checkpoint
 from cloob_core.training.batch_ring import BatchRing
@@ -54,7 +55,7 @@ from cloob_core.training.collapse import (
 from cloob_core.training.env import DistEnv, across_ranks, detect, init_process_group
 from cloob_core.training.evaluator import Evaluator
 from cloob_core.training.images import Normalize, TrainImages
-from cloob_core.training.monitor import Monitor, Snapshot, run_label
+from cloob_core.training.monitor import Monitor, Snapshot
 from cloob_core.training.optim import build_optimizer, build_scheduler, plan_schedule
 from cloob_core.training.resumption import auto_resume, newest_whole, resolve_resume
 from cloob_core.training.shape import run_shape
@@ -563,7 +564,7 @@ def _train(config: CloobConfig, output: Path, resume: str | None, progress: bool
     batches = _batches(config, setup, mix.per_stream, state) if state.step < setup.steps else (b for b in ())
     monitor = Monitor(enabled=env.is_main, total_steps=setup.steps, start_step=start_step, output=output,
                       progress=progress, tensorboard=cfg.tensorboard, metrics_port=cfg.metrics_port,
-                      metrics_host=cfg.metrics_host, pushgateway=cfg.pushgateway,
+                      metrics_host=cfg.metrics_host, pushgateway=cfg.pushgateway, linger_s=cfg.metrics_linger_s,
                       run=run_label(cfg.checkpoint_sync or str(output.resolve()))).start()
     if env.is_main:
         log.info("training %s with %s: %d steps of %d pairs (%d rank(s), %s, %d data streams) from %s",
@@ -584,7 +585,7 @@ def _train(config: CloobConfig, output: Path, resume: str | None, progress: bool
         raise
     finally:
         batches.close()  # ends the data-loader workers now, whatever stopped the loop
-        monitor.close()
+        monitor.close(ended=state.step >= setup.steps)
     seconds = time.perf_counter() - started
     windows = health_history(state.history)
     last_health = windows[-1][1] if windows else None

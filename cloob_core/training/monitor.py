@@ -3,6 +3,7 @@ Prometheus metrics (served on ``/metrics``, and pushed to a Pushgateway for shor
 
 from __future__ import annotations
 
+import atexit
 import logging
 import sys
 import time
@@ -42,12 +43,15 @@ class Monitor:
     metrics_port: int = 0
     metrics_host: str = "127.0.0.1"
     pushgateway: str | None = None
-    run: str = "local"  # the Pushgateway grouping key's run (:func:`run_label`): concurrent runs keep their own
+    run: str = "local"  # the Pushgateway grouping key's run (pushgateway.run_label): concurrent runs keep their own
+    linger_s: float = 0.0  # the final values stay up this long after close() (train.metrics_linger_s)
     _bar: Any = None
     _writer: Any = None
     _server: Any = None
     _metrics: dict[str, Any] = field(default_factory=dict)
     _registry: Any = None
+    _linger_until: float = 0.0  # time.monotonic() until which the final values stay up
+    _ended: bool = False
 
     def start(self) -> Monitor:
         if not self.enabled:
@@ -173,24 +177,30 @@ class Monitor:
         if self._registry is not None:
             pushgateway.push(self.pushgateway, "cloob-train", self._registry, {"run": self.run, "rank": "0"})
 
-    def close(self) -> None:
+    def close(self, ended: bool = False) -> None:
+        """The loop is over (``ended``: the run reached its last step). The final values are pushed, and stay up
+        for ``linger_s``: the process's exit waits for them (:func:`atexit`), while the run exports and publishes
+        meanwhile, so a scrape every 30 s sees the end (progress 1, a diverged run's NaN) before the series go."""
         if self._bar is not None:
             self._bar.close()
         if self._writer is not None:
             self._writer.close()
         self.push()
+        self._ended = ended
+        if self.linger_s > 0 and (self._server is not None or (ended and self._registry is not None)):
+            self._linger_until = time.monotonic() + self.linger_s
+            atexit.register(self.stop)
+        else:
+            self.stop()
+
+    def stop(self) -> None:
+        """Once the linger has passed (waited for here): stop serving /metrics and, for a run that reached its
+        end, delete its Pushgateway group (a failed run's group stays: the alerts read it)."""
+        atexit.unregister(self.stop)  # once: called early (a test), the exit does not wait again
+        time.sleep(max(0.0, self._linger_until - time.monotonic()))
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
-
-
-def run_label(location: str) -> str:
-    """A run's name in its metrics' grouping key: stable across restarts of the run (it comes from where the run
-    keeps its checkpoints: the S3 mirror on a cluster, else the output folder), distinct between runs, and short.
-    ``s3://b/jobs/cloob-train-abc/checkpoints`` -> ``cloob-train-abc-checkpoints-1a2b3c4d``."""
-    import hashlib
-    import re
-
-    tail = "-".join(part for part in location.rstrip("/").split("/")[-2:] if part)
-    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", tail).strip("-")[-48:] or "run"
-    return f"{slug}-{hashlib.sha1(location.encode()).hexdigest()[:8]}"
+            self._server = None
+        if self._ended and self.linger_s > 0 and self._registry is not None:  # 0: its last push is all there is
+            pushgateway.delete(self.pushgateway, "cloob-train", {"run": self.run, "rank": "0"})
