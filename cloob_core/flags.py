@@ -67,6 +67,10 @@ def _word_or(kind: type, words: tuple[str, ...]) -> Any:
     return parse
 
 
+class _KeyValues(dict):
+    """One item of a mapping flag: the repeated items merge into one mapping (:func:`flag_values`)."""
+
+
 def _mapping_of(value_type: Any) -> Any:
     """The parser of one KEY=VALUE (or a JSON object) for a mapping of ``value_type``: with text values the VALUE
     is kept as written (``rdma/rdma_shared_device_a=1`` is the text "1", ``NCCL_IB_DISABLE=0`` the text "0"),
@@ -80,12 +84,13 @@ def _mapping_of(value_type: Any) -> Any:
             if not isinstance(mapping, dict):
                 raise argparse.ArgumentTypeError(f"{text!r}: not a JSON object")
             if value_type is str:  # a JSON number or boolean as the text it is in the environment or a label
-                return {key: value if isinstance(value, str) else json.dumps(value) for key, value in mapping.items()}
-            return mapping
+                return _KeyValues({key: value if isinstance(value, str) else json.dumps(value)
+                                   for key, value in mapping.items()})
+            return _KeyValues(mapping)
         key, sep, value = text.partition("=")
         if not sep or not key:
             raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=VALUE or a JSON object")
-        return {key: value if value_type is str else yaml.safe_load(value)}
+        return _KeyValues({key: value if value_type is str else yaml.safe_load(value)})
 
     parse.__name__ = "KEY=VALUE"  # argparse names the type in its error
     return parse
@@ -98,7 +103,9 @@ def flag_values(args: argparse.Namespace, prefix: str) -> dict[str, Any]:
     for dest, value in vars(args).items():
         head, _, name = dest.partition("__")
         if head == prefix and value is not None:
-            if isinstance(value, list) and all(isinstance(item, dict) for item in value):  # KEY=VALUE flags
-                value = {k: v for item in value for k, v in item.items()}
+            if isinstance(value, list) and value and all(isinstance(item, _KeyValues) for item in value):
+                value = {k: v for item in value for k, v in item.items()}  # KEY=VALUE flags: one mapping
+            elif isinstance(value, list):  # a list flag: each item, a YAML list's items in place
+                value = [part for item in value for part in (item if isinstance(item, list) else [item])]
             values[name] = value
     return values

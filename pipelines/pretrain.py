@@ -17,6 +17,7 @@ from cloob_core.ops.trainjob import (
     CREDENTIAL_KEYS,
     ENDPOINT_KEY,
     IMAGE_UID,
+    KUEUE_QUEUE_LABEL,
     PART_OF,
     TOKEN_MOUNT,
     WATCHER_ANNOTATIONS,
@@ -31,14 +32,21 @@ from components.images import CUDA_IMAGE
 DEFAULT_PARAMS = json.dumps(yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text("utf-8")))
 
 
-def on_cluster(task: dsl.PipelineTask, settings: ClusterSettings, s3: bool = True) -> dsl.PipelineTask:
+def on_cluster(task: dsl.PipelineTask, settings: ClusterSettings, s3: bool = True,
+               cpu: bool = True) -> dsl.PipelineTask:
     """What every step's pod gets: the image's non-root user (a namespace under Pod Security "restricted" admits it;
     the compiler adds no privilege escalation, all capabilities dropped and the runtime's seccomp profile), the
     settings' pod labels and annotations, the registry's pull secrets, and with ``s3`` the S3 credentials (and
     endpoint, for MinIO) from the Kubernetes secret as environment variables: never as pipeline parameters, so they
     stay out of the run's recorded inputs. The secret is required: a misspelled name stops the pod at its start,
-    not a step at its first read."""
+    not a step at its first read. A ``cpu`` step goes to the CPU steps' nodes (``cpu_node_selector``,
+    ``cpu_tolerations``); a GPU step is placed by :func:`on_training_nodes`."""
     kubernetes.set_security_context(task, run_as_user=IMAGE_UID, run_as_group=IMAGE_UID, run_as_non_root=True)
+    if cpu:
+        for key, value in settings.cpu_node_selector.items():
+            kubernetes.add_node_selector(task, label_key=key, label_value=value)
+        if settings.cpu_tolerations:
+            kubernetes.add_toleration_json(task, list(settings.cpu_tolerations))
     for key, value in settings.pod_labels.items():
         kubernetes.add_pod_label(task, label_key=key, label_value=value)
     for key, value in settings.pod_annotations.items():
@@ -71,7 +79,7 @@ def build(settings: ClusterSettings | None = None):
         trained = train_task(params, shards, settings)
         trained.after(shard_gate)
         trained.set_caching_options(False)  # a retraining run must train, even on unchanged inputs
-        on_cluster(trained, settings)
+        on_cluster(trained, settings, cpu=settings.nodes > 1)  # the multi-node job's watcher is a CPU pod
         reported = evaluate_and_report(params, trained.outputs["model"], settings)
         gate = small(steps.promote(params=params, model=trained.outputs["model"], report=reported.outputs["folder"]))
         gate.set_caching_options(False)  # production may have moved since a cached decision
@@ -152,6 +160,8 @@ def train_task(params: str, shards: Any, settings: ClusterSettings) -> dsl.Pipel
                                          settings.gpus), settings)
     for key, value in PART_OF.items():  # the PodMonitor in infra/k8s selects training pods by these labels
         kubernetes.add_pod_label(trained, label_key=key, label_value=value)
+    if settings.kueue_queue:  # admitted by Kueue's pod integration
+        kubernetes.add_pod_label(trained, label_key=KUEUE_QUEUE_LABEL, label_value=settings.kueue_queue)
     return trained
 
 
@@ -178,14 +188,17 @@ def data_step(task: dsl.PipelineTask, settings: ClusterSettings) -> dsl.Pipeline
     return on_cluster(sized(task, settings.data_cpu, settings.data_memory), settings)
 
 
-def on_training_nodes(task: dsl.PipelineTask, settings: ClusterSettings, gpus: int) -> dsl.PipelineTask:
-    """On the nodes training runs on: ``gpus`` of the accelerator (if any), their taint tolerated and their labels
-    selected."""
+def on_training_nodes(task: dsl.PipelineTask, settings: ClusterSettings, gpus: int,
+                      node_selector: dict[str, str] | None = None) -> dsl.PipelineTask:
+    """On the GPU nodes: ``gpus`` of the accelerator (if any), their taints tolerated, the node affinity, and the
+    labels of ``node_selector`` (default: the training pods')."""
     if gpus > 0:
         task.set_accelerator_type(settings.accelerator).set_accelerator_limit(gpus)
-    if settings.gpu_taint:
-        kubernetes.add_toleration(task, key=settings.gpu_taint, operator="Exists", effect="NoSchedule")
-    for key, value in settings.node_selector.items():
+    if settings.gpu_tolerations():
+        kubernetes.add_toleration_json(task, settings.gpu_tolerations())
+    if settings.node_affinity:
+        kubernetes.add_node_affinity_json(task, dict(settings.node_affinity))
+    for key, value in (settings.node_selector if node_selector is None else node_selector).items():
         kubernetes.add_node_selector(task, label_key=key, label_value=value)
     return task
 
@@ -209,8 +222,8 @@ def evaluate_and_report(params: str, model: Any, settings: ClusterSettings) -> d
         features.set_retry(num_retries=2, backoff_duration="30s")
         with_shared_memory(sized(features, settings.features_cpus(), settings.eval_memory), settings)
         if settings.features_gpus() > 0:  # else a CPU pod, off the GPU nodes
-            on_training_nodes(features, settings, settings.features_gpus())
-        on_cluster(features, settings)
+            on_training_nodes(features, settings, settings.features_gpus(), settings.eval_node_selector)
+        on_cluster(features, settings, cpu=settings.features_gpus() == 0)
         with dsl.ParallelFor(items=features.outputs["Output"]) as task:
             evaluated = steps.evaluate(params=params, task=task, model=model, features=features.outputs["features"])
             evaluated.set_display_name("eval task")

@@ -783,3 +783,35 @@ def test_a_schedule_whose_runs_may_outlast_its_period_is_refused(tmp_path, capsy
     assert client.training_bound_s(str(evaluation)) is None
     assert cron_period_s("0 30 2 1 * MON-FRI") == 86400  # day of month or day of week, as robfig reads them
     assert cron_period_s("0 0 0 29 2 *") > 365 * 86400  # once every leap year
+
+
+def test_steps_go_to_their_node_pools(tmp_path, capsys):
+    """CPU steps to their own pool (before: anywhere, no way to steer them), the one-GPU features step by its own
+    selector (before: the training selector, a whole 8-GPU node), GPU steps with every toleration and the node
+    affinity, the one-node training pod in a Kueue queue; a priority class or scheduler no KFP step can take is
+    refused in one line."""
+    from pipelines.__main__ import main
+
+    spot = {"key": "spot", "operator": "Exists", "effect": "NoSchedule"}
+    zone = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [
+        {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["a"]}]}]}}
+    compiled = compile_with(tmp_path, "--gpus", "8", "--node-selector", "pool=h100", "--eval-node-selector",
+                            "pool=l4", "--cpu-node-selector", "pool=cpu", "--cpu-tolerations", json.dumps([spot]),
+                            "--tolerations", json.dumps([spot]), "--node-affinity", json.dumps(zone),
+                            "--kueue-queue", "team-a")
+    platform = compiled["platform"]
+    gpu_steps = {"exec-train", "exec-prepare-features"}
+    for name, executor in platform.items():
+        selector = executor.get("nodeSelector", {}).get("labels", {})
+        expected = {"exec-train": {"pool": "h100"}, "exec-prepare-features": {"pool": "l4"}}.get(name, {"pool": "cpu"})
+        assert selector == expected, (name, selector)
+        tolerations = json.dumps(executor.get("tolerations", []))
+        assert '"spot"' in tolerations, name
+        assert ("nvidia.com/gpu" in tolerations) == (name in gpu_steps), name
+        assert ("nodeAffinity" in executor) == (name in gpu_steps), name
+    assert platform["exec-train"]["podMetadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    capsys.readouterr()  # the warning on images without a registry
+    for flags in (["--priority-class", "high"], ["--scheduler-name", "volcano"]):
+        assert main(["compile", "--output", str(tmp_path / "p.yaml"), "--gpus", "8", *flags]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and "a KFP step's pod cannot be given one" in err, err

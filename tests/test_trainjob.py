@@ -145,9 +145,41 @@ def test_every_job_body_validates_against_its_apis_strict_schema(changes):
         assert job_schemas.errors(other, body)
 
 
-def test_a_trainjob_cannot_ask_for_the_nodes_network():
-    with pytest.raises(ValueError, match="host_network with job_kind trainjob: a TrainJob cannot set hostNetwork"):
-        settings(job_kind="trainjob", host_network=True)
+def test_a_trainjob_cannot_ask_for_what_only_its_runtime_sets():
+    for name, value in (("host_network", True), ("priority_class", "high"), ("scheduler_name", "volcano")):
+        with pytest.raises(ValueError, match=f"{name} with job_kind trainjob: a TrainJob cannot set them"):
+            settings(job_kind="trainjob", **{name: value})
+
+
+SPOT = {"key": "spot", "operator": "Equal", "value": "true", "effect": "NoExecute", "tolerationSeconds": 600}
+ZONE = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [
+    {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["us-east-1a"]}]}]}}
+
+
+@pytest.mark.parametrize("kind, release", [("pytorchjob", "v2.3"), ("trainjob", "v2.1"), ("trainjob", "v2.3")])
+def test_job_pods_take_the_scheduling_controls_their_api_has(kind, release):
+    """Before: one NoSchedule toleration and nothing else. Now: more tolerations, node affinity and a Kueue queue
+    on every kind; priority class, scheduler and a gang on a PyTorchJob (a TrainJob's runtime sets those)."""
+    extra = {"priority_class": "training-high", "scheduler_name": "volcano", "gang_scheduling": True} \
+        if kind == "pytorchjob" else {}
+    job = settings(job_kind=kind, trainer_release=release, tolerations=[SPOT], node_affinity=ZONE,
+                   kueue_queue="team-a-gpus", **extra)
+    body = trainjob.manifest(job, "cloob-train-s", job_config(), "s3://w")
+    assert job_schemas.errors(job_schemas.schema_name(kind, release), body) == []
+    assert body["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a-gpus"
+    for pod in pod_settings(body):
+        assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}, SPOT]
+        assert pod["affinity"] == {"nodeAffinity": ZONE}
+        if kind == "pytorchjob":
+            assert pod["priorityClassName"] == "training-high" and pod["schedulerName"] == "volcano"
+    if kind == "pytorchjob":
+        assert body["spec"]["runPolicy"]["schedulingPolicy"] == {"minAvailable": 3, "priorityClass": "training-high"}
+    with pytest.raises(ValueError, match="gang_scheduling needs scheduler_name"):
+        settings(gang_scheduling=True)
+    with pytest.raises(ValueError, match="toleration operator 'Maybe'"):
+        settings(tolerations=[{"key": "a", "operator": "Maybe"}])
+    with pytest.raises(ValueError, match="not NodeAffinity fields"):
+        settings(node_affinity={"nodeSelectorTerms": []})
 
 
 @pytest.mark.parametrize("sent, served", [("v2.3", "v2.1"), ("v2.1", "v2.3")])

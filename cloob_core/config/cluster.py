@@ -72,6 +72,24 @@ def resource_name_error(name: str, vendor_domain: bool = False) -> str | None:
     return None
 
 
+TOLERATION_FIELDS = {"key", "operator", "value", "effect", "tolerationSeconds"}
+NODE_AFFINITY_FIELDS = {"requiredDuringSchedulingIgnoredDuringExecution",
+                        "preferredDuringSchedulingIgnoredDuringExecution"}
+
+
+def toleration_error(toleration: Any) -> str | None:
+    """Why ``toleration`` is not a Kubernetes Toleration, or None."""
+    if not isinstance(toleration, dict) or set(toleration) - TOLERATION_FIELDS:
+        return f"not a toleration: {toleration!r} (fields {', '.join(sorted(TOLERATION_FIELDS))})"
+    if toleration.get("operator", "Equal") not in ("Equal", "Exists"):
+        return f"toleration operator {toleration['operator']!r} is not Equal or Exists"
+    if toleration.get("effect", "") not in ("", "NoSchedule", "PreferNoSchedule", "NoExecute"):
+        return f"toleration effect {toleration['effect']!r} is not NoSchedule, PreferNoSchedule or NoExecute"
+    if toleration.get("operator") == "Exists" and toleration.get("value"):
+        return f"toleration {toleration!r}: operator Exists takes no value"
+    return None
+
+
 def cpu_count(quantity: str) -> int:
     """A Kubernetes CPU quantity ("8", "500m", "2.5") as whole CPUs, rounded up."""
     text = quantity.strip()
@@ -146,6 +164,30 @@ class ClusterSettings(BaseModel):
         "pods, over pod_annotations. By default Istio's sidecar is kept out: in a Kubeflow profile namespace it "
         "breaks the pods' rendezvous (kubeflow/trainer #1637, #2794); '{}' for none.")
     gpu_taint: str | None = Field("nvidia.com/gpu", description="Taint key the training pods tolerate ('' for none).")
+    tolerations: list[dict[str, Any]] = Field(
+        default_factory=list, description="More tolerations of the GPU pods (training, the evaluation's features "
+        "step, a multi-node job's), as Kubernetes Toleration objects: a spot pool's taint, a NoExecute one.")
+    node_affinity: dict[str, Any] | None = Field(
+        None, description="Node affinity of the GPU pods, as a Kubernetes NodeAffinity object (required and "
+        "preferred terms: a zone, an instance family).")
+    eval_node_selector: dict[str, str] | None = Field(
+        None, description="Node labels of the evaluation's GPU features step (null: node_selector): a one-GPU step "
+        "need not hold a whole training node.")
+    cpu_node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels of every CPU step (the "
+                                              "data steps, evaluation tasks, the reports, the job's watcher): their "
+                                              "own node pool.")
+    cpu_tolerations: list[dict[str, Any]] = Field(default_factory=list, description="Tolerations of every CPU step "
+                                                  "(Kubernetes Toleration objects).")
+    priority_class: str | None = Field(None, description="PriorityClass of a multi-node PyTorchJob's pods (and its "
+                                       "gang, with gang_scheduling); a TrainJob's comes from its runtime.")
+    scheduler_name: str | None = Field(None, description="Scheduler of a multi-node PyTorchJob's pods (volcano, "
+                                       "scheduler-plugins' coscheduling); a TrainJob's comes from its runtime.")
+    gang_scheduling: bool = Field(False, description="A multi-node PyTorchJob starts all its pods or none "
+                                  "(runPolicy.schedulingPolicy.minAvailable = nodes), for a scheduler that gangs "
+                                  "(scheduler_name); Kueue admits a job whole without it.")
+    kueue_queue: str | None = Field(None, description="Kueue LocalQueue of the training: the label "
+                                    "kueue.x-k8s.io/queue-name on the multi-node job, or on the one-node training "
+                                    "pod (Kueue's pod integration).")
     eval_gpus: int | None = Field(
         None, ge=0, description="GPUs of the evaluation's features step (each data set's images embedded once): "
         "default 1 where training has GPUs, else 0; 0: a CPU pod. It runs with the training pods' accelerator, "
@@ -239,10 +281,10 @@ class ClusterSettings(BaseModel):
             raise ValueError(error)
         return value or None
 
-    @field_validator("node_selector", "pod_labels")
+    @field_validator("node_selector", "pod_labels", "eval_node_selector", "cpu_node_selector")
     @classmethod
-    def _labels(cls, value: dict[str, str]) -> dict[str, str]:
-        for key, label in value.items():
+    def _labels(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        for key, label in (value or {}).items():
             error = label_key_error(key) or label_value_error(label)
             if error:
                 raise ValueError(error)
@@ -275,8 +317,26 @@ class ClusterSettings(BaseModel):
                 raise ValueError(error)
         return value
 
+    @field_validator("tolerations", "cpu_tolerations")
+    @classmethod
+    def _tolerations(cls, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for toleration in value:
+            error = toleration_error(toleration)
+            if error:
+                raise ValueError(error)
+        return value
+
+    @field_validator("node_affinity")
+    @classmethod
+    def _node_affinity(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        unknown = set(value or {}) - NODE_AFFINITY_FIELDS
+        if unknown:
+            raise ValueError(f"node_affinity: {sorted(unknown)} are not NodeAffinity fields "
+                             f"({', '.join(sorted(NODE_AFFINITY_FIELDS))})")
+        return value or None
+
     @field_validator("gpu_taint", "s3_secret", "service_account", "job_namespace", "job_token_secret",
-                     mode="before")
+                     "priority_class", "scheduler_name", "kueue_queue", mode="before")
     @classmethod
     def _empty_is_none(cls, value: Any) -> Any:
         return None if value == "" else value
@@ -298,10 +358,21 @@ class ClusterSettings(BaseModel):
 
     @model_validator(mode="after")
     def _what_a_trainjob_can_set(self) -> ClusterSettings:
-        if self.nodes > 1 and self.job_kind == "trainjob" and self.host_network:
-            raise ValueError("host_network with job_kind trainjob: a TrainJob cannot set hostNetwork (neither "
-                             "podTemplateOverrides nor runtimePatches has it); set it in the ClusterTrainingRuntime "
-                             "named by job_runtime, or use job_kind pytorchjob")
+        if self.nodes == 1 or self.job_kind != "trainjob":
+            return self
+        runtime = [name for name in ("host_network", "priority_class", "scheduler_name", "gang_scheduling")
+                   if getattr(self, name)]
+        if runtime:
+            raise ValueError(f"{', '.join(runtime)} with job_kind trainjob: a TrainJob cannot set them (neither "
+                             "podTemplateOverrides nor runtimePatches has them); set them in the "
+                             "ClusterTrainingRuntime named by job_runtime, or use job_kind pytorchjob")
+        return self
+
+    @model_validator(mode="after")
+    def _a_gang_needs_its_scheduler(self) -> ClusterSettings:
+        if self.gang_scheduling and not self.scheduler_name:
+            raise ValueError("gang_scheduling needs scheduler_name: the scheduler that gangs (volcano, "
+                             "scheduler-plugins); the default scheduler ignores minAvailable")
         return self
 
     @model_validator(mode="after")
@@ -320,6 +391,11 @@ class ClusterSettings(BaseModel):
         if self.service_account:
             unusable.append("service_account (a KFP step runs as the run's service account: give it to `submit` "
                             "or `schedule create` as --service-account)")
+        for name in ("priority_class", "scheduler_name"):
+            if getattr(self, name):
+                unusable.append(f"{name} (a KFP step's pod cannot be given one)")
+        if self.gang_scheduling:
+            unusable.append("gang_scheduling (one pod is no gang)")
         if unusable:
             raise ValueError(f"with nodes 1 these apply to no pod: {'; '.join(unusable)}")
         return self
@@ -344,6 +420,11 @@ class ClusterSettings(BaseModel):
     def training_cpus(self) -> int:
         """CPUs a training pod requests: ``cpu_per_gpu`` per GPU, or ``cpu`` (rounded up) without GPUs."""
         return self.gpus * self.cpu_per_gpu if self.gpus > 0 else cpu_count(self.cpu)
+
+    def gpu_tolerations(self) -> list[dict[str, Any]]:
+        """What the GPU pods tolerate: the GPU taint, then ``tolerations``."""
+        taint = [{"key": self.gpu_taint, "operator": "Exists", "effect": "NoSchedule"}] if self.gpu_taint else []
+        return [*taint, *self.tolerations]
 
     def features_gpus(self) -> int:
         """GPUs of the evaluation's features step: ``eval_gpus``, by default 1 where training has GPUs."""

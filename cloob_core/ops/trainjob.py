@@ -80,6 +80,7 @@ WATCHER_ANNOTATIONS = {"karpenter.sh/do-not-disrupt": "true", "cluster-autoscale
 # pod's last log lines a failure copies into the step's log.
 POD_JOB_LABEL = {"pytorchjob": "training.kubeflow.org/job-name", "trainjob": "jobset.sigs.k8s.io/jobset-name"}
 LOG_LINES = 40
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"  # Kueue admits a job (or a pod) to the LocalQueue it names
 TRAINER_JOB = "node"
 TRAINER_CONTAINER = "node"
 PATCH_MANAGER = "cloob-pipelines"
@@ -160,24 +161,33 @@ def _placement(settings: ClusterSettings) -> dict[str, Any]:
         spec["imagePullSecrets"] = [{"name": name} for name in settings.image_pull_secrets]
     if settings.node_selector:
         spec["nodeSelector"] = dict(settings.node_selector)
-    if settings.gpu_taint:
-        spec["tolerations"] = [{"key": settings.gpu_taint, "operator": "Exists", "effect": "NoSchedule"}]
+    if settings.gpu_tolerations():
+        spec["tolerations"] = settings.gpu_tolerations()
+    if settings.node_affinity:
+        spec["affinity"] = {"nodeAffinity": settings.node_affinity}
     if settings.service_account:
         spec["serviceAccountName"] = settings.service_account
     return spec
 
 
-def _network(settings: ClusterSettings) -> dict[str, Any]:
-    """The node's network, which only a PyTorchJob's pod template can ask for (ClusterSettings refuses it for a
-    TrainJob)."""
-    return {"hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet"} if settings.host_network else {}
+def _pod_scheduling(settings: ClusterSettings) -> dict[str, Any]:
+    """What only a PyTorchJob's pod template can ask for (ClusterSettings refuses them for a TrainJob, whose
+    runtime sets them): the node's network, a priority class, a scheduler."""
+    spec: dict[str, Any] = {"hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet"} if settings.host_network \
+        else {}
+    if settings.priority_class:
+        spec["priorityClassName"] = settings.priority_class
+    if settings.scheduler_name:
+        spec["schedulerName"] = settings.scheduler_name
+    return spec
 
 
 def manifest(settings: ClusterSettings, name: str, config: CloobConfig, workdir: str) -> dict[str, Any]:
     """The PyTorchJob or TrainJob resource for this run; ``config``: what :func:`job_config` gives. Each body holds
     only fields of its API's schema (infra/training/crd_schemas.yaml): an API server prunes any other in silence."""
     group, version, _, kind = KINDS[settings.job_kind]
-    metadata: dict[str, Any] = {"name": name, "labels": dict(PART_OF)}
+    metadata: dict[str, Any] = {"name": name, "labels": {**dict(PART_OF), **(
+        {KUEUE_QUEUE_LABEL: settings.kueue_queue} if settings.kueue_queue else {})}}
     if settings.job_namespace:
         metadata["namespace"] = settings.job_namespace
     command = ["/bin/sh", "-c", worker_script(settings, workdir)]
@@ -200,19 +210,21 @@ def _pytorchjob_spec(settings: ClusterSettings, command: list[str], env: list[di
                  "ports": [{"name": "metrics", "containerPort": settings.metrics_port}]}
     template = {"metadata": settings.job_pod_metadata(PART_OF),
                 "spec": {"containers": [container], "volumes": volumes, "securityContext": dict(POD_SECURITY),
-                         **_placement(settings), **_network(settings)}}
+                         **_placement(settings), **_pod_scheduling(settings)}}
     replicas = {"Master": {"replicas": 1, "restartPolicy": "ExitCode", "template": template}}
     if settings.nodes > 1:  # the Workers declare no port to scrape
         worker = json.loads(json.dumps(template))
         del worker["spec"]["containers"][0]["ports"]
         replicas["Worker"] = {"replicas": settings.nodes - 1, "restartPolicy": "ExitCode", "template": worker}
-    return {"nprocPerNode": str(max(settings.gpus, 1)),
-            # an ended job's running pods are stopped (a failed Master's Workers hold GPUs), its ended ones kept
-            # with their logs until the job's TTL
-            "runPolicy": {"backoffLimit": settings.job_backoff_limit, "cleanPodPolicy": "Running",
-                          "ttlSecondsAfterFinished": settings.job_ttl_s,
-                          "activeDeadlineSeconds": math.ceil(settings.job_timeout_s)},
-            "pytorchReplicaSpecs": replicas}
+    # an ended job's running pods are stopped (a failed Master's Workers hold GPUs), its ended ones kept with their
+    # logs until the job's TTL
+    run_policy: dict[str, Any] = {"backoffLimit": settings.job_backoff_limit, "cleanPodPolicy": "Running",
+                                  "ttlSecondsAfterFinished": settings.job_ttl_s,
+                                  "activeDeadlineSeconds": math.ceil(settings.job_timeout_s)}
+    if settings.gang_scheduling:  # all the nodes' pods start together, or none holds a GPU waiting for the rest
+        run_policy["schedulingPolicy"] = {"minAvailable": settings.nodes, **(
+            {"priorityClass": settings.priority_class} if settings.priority_class else {})}
+    return {"nprocPerNode": str(max(settings.gpus, 1)), "runPolicy": run_policy, "pytorchReplicaSpecs": replicas}
 
 
 def _trainjob_spec(settings: ClusterSettings, command: list[str], env: list[dict]) -> dict[str, Any]:
