@@ -42,6 +42,7 @@ def on_cluster(task: dsl.PipelineTask, settings: ClusterSettings, s3: bool = Tru
     not a step at its first read. A ``cpu`` step goes to the CPU steps' nodes (``cpu_node_selector``,
     ``cpu_tolerations``); a GPU step is placed by :func:`on_training_nodes`."""
     kubernetes.set_security_context(task, run_as_user=IMAGE_UID, run_as_group=IMAGE_UID, run_as_non_root=True)
+    kubernetes.set_image_pull_policy(task, settings.image_pull_policy)
     if cpu:
         for key, value in settings.cpu_node_selector.items():
             kubernetes.add_node_selector(task, label_key=key, label_value=value)

@@ -21,7 +21,9 @@ phase() {  # name command...
   return "$rc"
 }
 phase engine infra/images/engine.sh start
-phase "cpu image" infra/images/build.sh --variant cpu
+# the package registry is the only index here, and it has no CPU build of the pinned torch: the CPU image takes the
+# default wheels (CUDA's libraries included), as TORCH_INDEX_URL set but empty says (infra/images/build.sh)
+phase "cpu image" env TORCH_INDEX_URL= infra/images/build.sh --variant cpu
 phase "cuda image" infra/images/build.sh --variant cuda
 status=0
 # -rP: the passed tests' output too, so that the log shows each step's container, user and exit status, and the

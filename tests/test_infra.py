@@ -207,17 +207,38 @@ def test_the_dockerfile_lints_clean_and_its_final_stage_is_minimal():
     assert lines[-1] == "LABEL" and "ARG" not in lines[:lines.index("CMD")], lines
 
 
-def test_the_build_script_tags_the_images_the_components_use():
-    from components.images import CPU_IMAGE, CUDA_IMAGE
+def _git_stub(folder: Path, status: str) -> dict[str, str]:
+    """A `git` on PATH that names commit 0123456789ab and reports ``status`` for `git status --porcelain`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    stub = folder / "git"
+    stub.write_text('#!/bin/sh\ncase "$*" in *rev-parse*) echo 0123456789ab ;; *status*) printf "%s" "$STUB_STATUS" ;; '
+                    "esac\n")
+    stub.chmod(0o755)
+    return {"PATH": f"{folder}{os.pathsep}{os.environ['PATH']}", "STUB_STATUS": status}
 
-    env = {**os.environ, "PYTHON": sys.executable}
+
+def test_the_build_script_tags_the_images_the_components_use(tmp_path):
+    """The tags name one build (version and commit), the CPU image takes torch's CPU wheels unless told otherwise,
+    and a push from a tree whose image inputs have uncommitted changes is refused (the tag would name two builds)."""
+    clean = {**os.environ, "PYTHON": sys.executable, **_git_stub(tmp_path / "bin", "")}
+    names = subprocess.run([sys.executable, "-c", "from components.images import CPU_IMAGE, CUDA_IMAGE; "
+                            "print(CPU_IMAGE, CUDA_IMAGE)"], capture_output=True, text=True, env=clean, check=True,
+                           cwd=INFRA.parent).stdout.split()
+    assert names == ["cloob-pipelines:0.1.0-0123456789ab-cpu", "cloob-pipelines:0.1.0-0123456789ab-cuda"]
+    cpu, cuda = names
     out = subprocess.run([str(INFRA / "images" / "build.sh"), "--dry-run", "--push"], capture_output=True,
-                         text=True, env=env, check=True).stdout
-    assert f"-t {CUDA_IMAGE} ." in out and f"-t {CPU_IMAGE} ." in out
-    assert f"push {CUDA_IMAGE}" in out and f"push {CPU_IMAGE}" in out
+                         text=True, env=clean, check=True).stdout
+    assert f"-t {cuda} ." in out and f"-t {cpu} ." in out
+    assert f"push {cuda}" in out and f"push {cpu}" in out
+    assert "--build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu" in out
     renamed = subprocess.run([str(INFRA / "images" / "build.sh"), "--dry-run"], capture_output=True, text=True,
-                             env={**env, "CLOOB_IMAGE_CUDA": "registry.internal/ml/cloob:gpu"}, check=True).stdout
-    assert "-t registry.internal/ml/cloob:gpu ." in renamed
+                             env={**clean, "CLOOB_IMAGE_CUDA": "registry.internal/ml/cloob:gpu",
+                                  "TORCH_INDEX_URL": ""}, check=True).stdout
+    assert "-t registry.internal/ml/cloob:gpu ." in renamed and "TORCH_INDEX_URL= " in renamed
+    dirty = {**clean, **_git_stub(tmp_path / "bin", " M cloob_core/io.py")}
+    refused = subprocess.run([str(INFRA / "images" / "build.sh"), "--dry-run", "--push"], capture_output=True,
+                             text=True, env=dirty)
+    assert refused.returncode == 2 and "uncommitted changes to the image's inputs" in refused.stderr
 
 
 def monitoring_validators() -> dict[str, object]:

@@ -16,6 +16,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # components/ and pipelines/ run from the repository root, uninstalled
 sys.path.insert(0, str(REPO / "tests"))
 
+from components.image_names import image_tag  # noqa: E402  (after the path: components/ is not installed)
+
 # Expected here and said once: kfp.local runs the project's images' code in this environment, ignores pod settings
 # (resources, display names), and kfp.Client notes the server versions it supports.
 pytestmark = [
@@ -100,7 +102,7 @@ def test_training_runs_on_gpu_nodes_with_shared_memory_and_the_secret(compiled):
     # credentials never appear as parameters
     assert not any("SECRET" in name.upper() for name in spec["root"]["inputDefinitions"]["parameters"])
     images = {executor["container"]["image"] for executor in spec["deploymentSpec"]["executors"].values()}
-    assert images == {"cloob-pipelines:0.1.0-cpu", "cloob-pipelines:0.1.0-cuda"}
+    assert images == {f"cloob-pipelines:{image_tag()}-cpu", f"cloob-pipelines:{image_tag()}-cuda"}
     assert "pip install" not in json.dumps(spec["deploymentSpec"])  # nothing installed at run time
 
 
@@ -112,7 +114,7 @@ def test_the_features_step_gets_a_gpu_on_the_training_nodes_and_the_task_steps_c
     assert accelerator["resourceCount"] == "1" and accelerator["resourceType"] == "nvidia.com/gpu"
     assert features["resources"]["resourceCpuRequest"] == "11"  # cpu_per_gpu: its data-loader workers decode
     assert {"name": "LOKY_MAX_CPU_COUNT", "value": "11"} in features["env"]
-    assert features["image"] == "cloob-pipelines:0.1.0-cuda"
+    assert features["image"] == f"cloob-pipelines:{image_tag()}-cuda"
     on_gpus = platform["exec-prepare-features"]
     assert on_gpus["tolerations"] == platform["exec-train"]["tolerations"]
     assert on_gpus["nodeSelector"] == {"labels": {"pool": "a100"}}
@@ -344,8 +346,8 @@ def test_what_a_cluster_cannot_use_is_refused_or_named_before_anything_is_sent(p
     assert "warning" not in capsys.readouterr().err
     executors = next(yaml.safe_load_all(registered.read_text()))["deploymentSpec"]["executors"]
     images = {executor["container"]["image"] for executor in executors.values()}
-    assert images == {"registry.example:5000/ml/cloob-pipelines:0.1.0-cpu",
-                      "registry.example:5000/ml/cloob-pipelines:0.1.0-cuda"}
+    assert images == {f"registry.example:5000/ml/cloob-pipelines:{image_tag()}-cpu",
+                      f"registry.example:5000/ml/cloob-pipelines:{image_tag()}-cuda"}
 
 
 @pytest.mark.parametrize("data", ["acquire", "import"])
@@ -449,7 +451,7 @@ def test_multi_node_training_is_a_training_operator_job_watched_by_a_small_pod(t
     assert "validate-shards" in watcher["dependentTasks"]
     job = json.loads(watcher["inputs"]["parameters"]["job"]["runtimeValue"]["constant"])
     assert (job["job_kind"], job["nodes"], job["gpus"], job["job_workdir"]) == ("trainjob", 4, 8, "s3://team/jobs")
-    assert job["node_selector"] == {"pool": "h100"} and job["image"] == "cloob-pipelines:0.1.0-cuda"
+    assert job["node_selector"] == {"pool": "h100"} and job["image"] == f"cloob-pipelines:{image_tag()}-cuda"
     assert watcher["inputs"]["parameters"]["run_id"]["runtimeValue"]["constant"] == "{{$.pipeline_job_uuid}}"
     resources = spec["deploymentSpec"]["executors"]["exec-train-multinode"]["container"]["resources"]
     assert "accelerator" not in resources  # the GPUs belong to the job's pods, not to the watcher
@@ -815,3 +817,17 @@ def test_steps_go_to_their_node_pools(tmp_path, capsys):
         assert main(["compile", "--output", str(tmp_path / "p.yaml"), "--gpus", "8", *flags]) == 2
         err = capsys.readouterr().err.strip()
         assert "\n" not in err and "a KFP step's pod cannot be given one" in err, err
+
+
+def test_images_are_tagged_by_commit_and_pulled_if_not_present(tmp_path):
+    """The tag 0.1.0 was rebuilt in place and no pull policy set: nodes could run stale or mixed code. A tag now
+    names one build (version and commit) and every step pulls IfNotPresent."""
+    import re
+
+    compiled = compile_with(tmp_path, "--nodes", "2", "--gpus", "8")
+    images = {executor["container"]["image"] for executor in compiled["spec"]["deploymentSpec"]["executors"].values()}
+    assert all(re.fullmatch(r"cloob-pipelines:0\.1\.0-[0-9a-f]{12}-(cpu|cuda)", image) for image in images), images
+    assert {executor["imagePullPolicy"] for executor in compiled["platform"].values()} == {"IfNotPresent"}
+    job = json.loads(tasks_of(compiled["spec"])["train-multinode"]["inputs"]["parameters"]["job"]["runtimeValue"]
+                     ["constant"])
+    assert job["image_pull_policy"] == "IfNotPresent" and job["image"].endswith("-cuda")

@@ -56,6 +56,7 @@ def test_a_pytorchjob_has_a_master_workers_gpus_shm_and_secrets_by_reference(mon
         pod = replicas[role]["template"]["spec"]
         container = pod["containers"][0]
         assert container["name"] == "pytorch"  # the operator finds the training container by this name
+        assert container["imagePullPolicy"] == "IfNotPresent"  # tags name one build
         assert container["resources"]["limits"] == {"nvidia.com/gpu": "8"}
         assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}} in pod["volumes"]
         assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]

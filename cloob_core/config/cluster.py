@@ -199,6 +199,9 @@ class ClusterSettings(BaseModel):
     s3_secret: str | None = Field("cloob-s3", description="Kubernetes secret with the S3 credentials (and endpoint), "
                                   "given to the steps as environment variables; required: a pod whose secret is "
                                   "missing does not start ('' for none, e.g. with IRSA).")
+    image_pull_policy: Literal["IfNotPresent", "Always", "Never"] = Field(
+        "IfNotPresent", description="When the nodes pull the images: IfNotPresent suits tags that name one build "
+        "(VERSION-commit, components/image_names.py); a TrainJob's trainer pulls as its runtime says.")
     image_pull_secrets: list[str] = Field(default_factory=list, description="Secrets (docker-registry type) with "
                                           "which every pod pulls its image from a private registry.")
     service_account: str | None = Field(None, description="Service account of the multi-node job's pods (the "

@@ -204,7 +204,8 @@ def _pytorchjob_spec(settings: ClusterSettings, command: list[str], env: list[di
     exit code: 1-127 (a diverged run, a configuration error, any failure of the code) end the job at once, 128 and
     above (a kill: the node's OOM killer, a preemption) restart the pod, which resumes from the last checkpoint."""
     volumes, mounts = _volumes(settings)
-    container = {"name": "pytorch", "image": settings.image, "command": command, "workingDir": WORKSPACE,
+    container = {"name": "pytorch", "image": settings.image, "imagePullPolicy": settings.image_pull_policy,
+                 "command": command, "workingDir": WORKSPACE,
                  "env": env, "resources": _resources(settings), "volumeMounts": mounts,
                  "securityContext": dict(CONTAINER_SECURITY),
                  "ports": [{"name": "metrics", "containerPort": settings.metrics_port}]}

@@ -8,8 +8,11 @@
 # starts it so), else to the engine's default.
 # Environment: CONTAINER_CLI (docker, podman, ...; default Debian's /usr/bin/docker where present, else docker),
 # CLOOB_BUILD_CACHE (the most BuildKit's cache keeps after a build; default 24GB),
-# TORCH_INDEX_URL (a CPU-only torch wheel index for the CPU image; unset: the CPU image carries torch's CUDA wheels
-# too, several GB larger but equivalent on CPU).
+# TORCH_INDEX_URL (the CPU image's torch wheel index; unset: PyTorch's CPU index, https://download.pytorch.org/whl/cpu,
+# so the CPU image carries no CUDA libraries; set but empty: the package index's default wheels, CUDA's included,
+# several GB larger but equivalent on CPU, as CI builds it where only the package registry is reachable).
+# Tags name one build (components/image_names.py: VERSION-<commit>): --push refuses a tree whose image inputs have
+# uncommitted changes, and a build removes this repository's images of other tags, which their layers mostly share.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 push=0 dry=0 variant=all network=""
@@ -30,6 +33,12 @@ read -r version cpu cuda < <("$python" -c \
   'from components.images import VERSION, CPU_IMAGE, CUDA_IMAGE; print(VERSION, CPU_IMAGE, CUDA_IMAGE)')
 cli=${CONTAINER_CLI:-$( [ -x /usr/bin/docker ] && echo /usr/bin/docker || echo docker )}
 base=$(awk -F= '/^ARG BASE_IMAGE=/{print $2; exit}' infra/images/Dockerfile)
+inputs=(cloob_core pyproject.toml README.md requirements/constraints.txt infra/images/Dockerfile)
+if [ "$push" -eq 1 ] && [ -n "$(git status --porcelain -- "${inputs[@]}" 2>/dev/null)" ]; then
+  echo "build: uncommitted changes to the image's inputs (${inputs[*]}): commit them first, so that the pushed" \
+       "tag $cpu names one build" >&2
+  exit 2
+fi
 run() { echo "+ $*"; [ "$dry" -eq 1 ] || "$@"; }
 
 if [ "$dry" -eq 0 ]; then
@@ -50,12 +59,18 @@ build() {  # variant tag [extra build args]
     echo "built $tag in $(( $(date +%s) - started )) s, $(( $("$cli" image inspect -f '{{.Size}}' "$tag") / 1000000 )) MB"
   fi
 }
-if [ "$variant" != cuda ]; then build cpu "$cpu" --build-arg TORCH_INDEX_URL="${TORCH_INDEX_URL:-}"; fi
+if [ "$variant" != cuda ]; then
+  build cpu "$cpu" --build-arg TORCH_INDEX_URL="${TORCH_INDEX_URL-https://download.pytorch.org/whl/cpu}"
+fi
 if [ "$variant" != cpu ]; then build cuda "$cuda"; fi
 # A rebuild leaves the image it replaced untagged, its layers held by BuildKit's cache: drop those images (ours
 # only, by label) and keep the cache under CLOOB_BUILD_CACHE (most recently used first, so the dependency layers
 # stay), or repeated CI runs on one machine fill its disk.
 if [ "$dry" -eq 0 ]; then
+  for image in $("$cli" image ls --filter "label=org.opencontainers.image.title=cloob-pipelines" \
+                   --format '{{.Repository}}:{{.Tag}}'); do  # earlier builds' tags: each commit has its own
+    case "$image" in "$cpu"|"$cuda"|*"<none>"*) ;; *) "$cli" rmi "$image" >/dev/null 2>&1 || true ;; esac
+  done
   "$cli" image prune -f --filter "label=org.opencontainers.image.title=cloob-pipelines" >/dev/null
   if [ "$DOCKER_BUILDKIT" = 1 ] && "$cli" builder prune --help 2>/dev/null | grep -q -- --keep-storage; then
     "$cli" builder prune -f --keep-storage "${CLOOB_BUILD_CACHE:-24GB}" >/dev/null
