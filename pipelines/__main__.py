@@ -225,8 +225,9 @@ def build_parser() -> argparse.ArgumentParser:
                       "the production model")
     comp.add_argument("--output", type=Path, default=DEFAULT_PACKAGE)
     comp.add_argument("--registry", metavar="REGISTRY", help="name the steps' images under this registry (e.g. "
-                      "ghcr.io/acme: ghcr.io/acme/cloob-pipelines:VERSION-cpu), where infra/images/build.sh pushed "
-                      "them; default: CLOOB_IMAGE_CPU / CLOOB_IMAGE_CUDA, else no registry (a warning); not both")
+                      "ghcr.io/acme: ghcr.io/acme/cloob-pipelines:VERSION-COMMIT-cpu), where infra/images/build.sh "
+                      "pushed them; default: CLOOB_IMAGE_CPU / CLOOB_IMAGE_CUDA, else no registry (a warning); not "
+                      "both")
     add_model_flags(comp, ClusterSettings, "cluster", "cluster settings (cloob_core.config.cluster.ClusterSettings)",
                     skip=("image",))
     comp.set_defaults(func=_compile)
