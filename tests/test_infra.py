@@ -396,3 +396,19 @@ def test_every_monitoring_resource_carries_the_label_prometheus_selects_by(rende
     monitoring = [doc for doc in documents if doc["apiVersion"].startswith("monitoring.coreos.com")]
     assert len(monitoring) == 4
     assert all(doc["metadata"]["labels"]["release"] == "kube-prometheus-stack" for doc in monitoring)
+
+
+def test_a_drain_does_not_evict_a_running_training_pod(rendered):
+    """A drain or a consolidation evicts through the eviction API, which a PodDisruptionBudget of maxUnavailable 0
+    refuses for the pods it selects: every training pod (the one-node step's and every job pod) is selected."""
+    _, documents = rendered
+    (budget,) = by_kind(documents, "PodDisruptionBudget")
+    assert budget["spec"]["maxUnavailable"] == 0
+    selector = budget["spec"]["selector"]["matchLabels"]
+    settings = ClusterSettings(image="i", job_workdir="s3://w", nodes=2)
+    config = trainjob.job_config(CloobConfig(), "s3://d", "s3://w")
+    for kind in trainjob.KINDS:
+        body = trainjob.manifest(settings.model_copy(update={"job_kind": kind}), "n", config, "s3://w")
+        text = json.dumps(body["spec"])
+        assert all(f'"{key}": "{value}"' in text for key, value in selector.items()), kind
+    assert selector.items() <= trainjob.PART_OF.items()  # the one-node training pod's labels (pipelines/pretrain.py)
