@@ -50,6 +50,11 @@ def test_a_pytorchjob_has_a_master_workers_gpus_shm_and_secrets_by_reference(mon
     assert body["apiVersion"] == "kubeflow.org/v1" and body["kind"] == "PyTorchJob"
     spec = body["spec"]
     assert spec["nprocPerNode"] == "8" and spec["runPolicy"]["backoffLimit"] == 3
+    # an ended job's running pods stopped, its ended ones (and their logs) kept a day, then the job deleted; before,
+    # cleanPodPolicy None and no TTL kept succeeded jobs for ever
+    assert spec["runPolicy"]["cleanPodPolicy"] == "Running" and spec["runPolicy"]["ttlSecondsAfterFinished"] == 86400
+    # exit codes 1-127 (the code's own failure) end the job; a kill (128 + signal) restarts the pod
+    assert {replica["restartPolicy"] for replica in spec["pytorchReplicaSpecs"].values()} == {"ExitCode"}
     replicas = spec["pytorchReplicaSpecs"]
     assert replicas["Master"]["replicas"] == 1 and replicas["Worker"]["replicas"] == 2
     for role in ("Master", "Worker"):

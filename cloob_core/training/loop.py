@@ -12,6 +12,7 @@ import math
 import os
 import random
 import signal
+import sys
 import tarfile
 import threading
 import time
@@ -585,7 +586,9 @@ def _train(config: CloobConfig, output: Path, resume: str | None, progress: bool
         raise
     finally:
         batches.close()  # ends the data-loader workers now, whatever stopped the loop
-        monitor.close(ended=state.step >= setup.steps)
+        # a stopped run (SIGTERM: a pod's grace period is short) keeps nothing up: its series are to end now
+        stopped = isinstance(sys.exc_info()[1], (TrainingInterrupted, KeyboardInterrupt))
+        monitor.close(ended=state.step >= setup.steps, linger=not stopped)
     seconds = time.perf_counter() - started
     windows = health_history(state.history)
     last_health = windows[-1][1] if windows else None

@@ -177,17 +177,18 @@ class Monitor:
         if self._registry is not None:
             pushgateway.push(self.pushgateway, "cloob-train", self._registry, {"run": self.run, "rank": "0"})
 
-    def close(self, ended: bool = False) -> None:
-        """The loop is over (``ended``: the run reached its last step). The final values are pushed, and stay up
-        for ``linger_s``: the process's exit waits for them (:func:`atexit`), while the run exports and publishes
-        meanwhile, so a scrape every 30 s sees the end (progress 1, a diverged run's NaN) before the series go."""
+    def close(self, ended: bool = False, linger: bool = True) -> None:
+        """The loop is over (``ended``: the run reached its last step). The final values are pushed, and unless
+        told not to ``linger`` (a run stopped by a signal) stay up for ``linger_s``: the process's exit waits for
+        them (:func:`atexit`), while the run exports and publishes meanwhile, so a scrape every 30 s sees the end
+        (progress 1, a diverged run's NaN) before the series go."""
         if self._bar is not None:
             self._bar.close()
         if self._writer is not None:
             self._writer.close()
         self.push()
         self._ended = ended
-        if self.linger_s > 0 and (self._server is not None or (ended and self._registry is not None)):
+        if linger and self.linger_s > 0 and (self._server is not None or (ended and self._registry is not None)):
             self._linger_until = time.monotonic() + self.linger_s
             atexit.register(self.stop)
         else:
