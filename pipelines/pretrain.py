@@ -13,6 +13,7 @@ import yaml
 from kfp import dsl, kubernetes
 
 from cloob_core.config.cluster import MAX_DOWNLOAD_GROUPS, ClusterSettings, cpu_count
+from cloob_core.ops.kubeflow import SPILL_ENV
 from cloob_core.ops.trainjob import (
     CREDENTIAL_KEYS,
     ENDPOINT_KEY,
@@ -102,7 +103,8 @@ def build(settings: ClusterSettings | None = None):
         if settings.acquire_disk:  # its spill (the URL column's dedup) on a disk the scheduler accounts for
             kubernetes.add_ephemeral_volume(acquired, volume_name="spill", mount_path=SPILL_PATH,
                                             access_modes=["ReadWriteOnce"], size=settings.acquire_disk)
-            acquired.set_env_variable("TMPDIR", SPILL_PATH)
+            acquired.set_env_variable(SPILL_ENV, SPILL_PATH)  # engine.spill_dir there (not TMPDIR: the
+            # launcher's own shell would then need the volume, which a kfp.local run does not have)
         # The shards' folder; the partitions read it from the manifest's metadata instead (kfp.local 2.17 hands a
         # ParallelFor body the loop item in place of any task-output parameter passed into it).
         shards = acquired.outputs["Output"]

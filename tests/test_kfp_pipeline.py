@@ -709,8 +709,8 @@ def test_every_step_requests_cpu_and_memory(tmp_path, options):
     assert download["resources"]["resourceMemoryRequest"] == download["resources"]["resourceMemoryLimit"] == "2Gi"
     assert {"name": "LOKY_MAX_CPU_COUNT", "value": "8"} in download["env"]
     acquire = executors["exec-acquire"]["container"]
-    assert acquire["resources"]["resourceMemoryRequest"] == "2Gi" and {"name": "TMPDIR", "value": "/spill"} in \
-        acquire["env"]
+    assert acquire["resources"]["resourceMemoryRequest"] == "2Gi" and {"name": "CLOOB_SPILL_DIR", "value": "/spill"} \
+        in acquire["env"]
     (spill,) = compiled["platform"]["exec-acquire"]["genericEphemeralVolume"]
     assert spill["mountPath"] == "/spill" and spill["size"] == "40Gi"
     without = compile_with(tmp_path, "--acquire-disk", "", "--download-memory", "3Gi")

@@ -111,3 +111,24 @@ def test_a_succeeded_run_deletes_its_mirrored_checkpoints_unless_kept(mnist_trai
     kubeflow.train(params, str(mnist_train_shards), str(tmp_path / "b"), run_folder=str(dropped),
                    keep_checkpoints=False)
     assert not (dropped / "checkpoints").exists() and (tmp_path / "b" / "metrics.json").is_file()
+
+
+def test_acquire_spills_to_the_steps_volume_where_it_has_one(tmp_path, monkeypatch):
+    """The pipeline mounts acquire's spill disk and names it in CLOOB_SPILL_DIR: the engine spills there when it
+    exists, and where the params say when it does not (a kfp.local run has no such volume)."""
+    from cloob_core.data import acquire as acquire_module
+
+    seen = []
+
+    def stage(config, folder):
+        seen.append(config.engine.spill_dir)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(acquire_module, "acquire", stage)
+    volume = tmp_path / "spill"
+    volume.mkdir()
+    for named in (volume, tmp_path / "absent"):
+        monkeypatch.setenv(kubeflow.SPILL_ENV, str(named))
+        with pytest.raises(RuntimeError, match="stop here"):
+            kubeflow.acquire({}, str(tmp_path / "store"))
+    assert seen == [str(volume), None]

@@ -151,8 +151,9 @@ class ClusterSettings(BaseModel):
                              "acquire peaked at 1 GB and its gate at 0.6 GB (docs/scale.md), within "
                              "engine.memory_limit.")
     acquire_disk: str | None = Field("40Gi", description="Disk acquire spills to (a generic ephemeral volume of the "
-                                     "cluster's default storage class, its TMPDIR): about the manifest's URL column, "
-                                     "35 GB for LAION-400M (docs/scale.md); '' for none (the container's own disk).")
+                                     "cluster's default storage class, its engine.spill_dir): about the manifest's "
+                                     "URL column, 35 GB for LAION-400M (docs/scale.md); '' for none (the "
+                                     "container's own disk).")
     shm: str = Field("16Gi", description="Size of the training pods' memory-backed /dev/shm (DataLoader workers).")
     node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels the training pods need.")
     pod_labels: dict[str, str] = Field(default_factory=dict, description="Labels of every pod: each step's and each "

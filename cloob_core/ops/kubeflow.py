@@ -31,6 +31,9 @@ from cloob_core.io import write_text
 from cloob_core.threads import limit_spinning
 
 log = logging.getLogger(__name__)
+# The folder of acquire's spill volume (pipelines/pretrain.py mounts one, ClusterSettings.acquire_disk): the engine
+# spills there when it exists (a kfp.local run has none, and spills where the params say).
+SPILL_ENV = "CLOOB_SPILL_DIR"
 Params = dict[str, Any] | str  # a params.yaml as a mapping (KFP's struct parameter) or as its text
 
 
@@ -57,7 +60,8 @@ def acquire(params: Params, store: str, index_path: str | None = None) -> dict[s
     from cloob_core.data.acquire import acquire as acquire_stage
     from cloob_core.data.plan import manifest_folder, shards_folder
 
-    config = _config(params)
+    spill = os.environ.get(SPILL_ENV)  # the step's spill volume, where the pipeline gave it one
+    config = _config(params, values={"engine": {"spill_dir": spill}} if spill and Path(spill).is_dir() else None)
     result = acquire_stage(config, manifest_folder(store, config.acquire.source, config.acquire.split))
     shards = shards_folder(store, result.source, config)
     if index_path:
