@@ -184,7 +184,7 @@ def test_kfp_local_runs_the_whole_pipeline_on_the_packaged_default(tmp_path, s3_
     params["promote"]["min_first"] = {}  # a 3-epoch model becomes production, for the evaluation pipeline below
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "root"))
     build(ClusterSettings(partitions=2, gpus=0, shards_store=f"s3://{s3_bucket}/shards",
-                          job_workdir=f"s3://{s3_bucket}/jobs"))(params=json.dumps(params))
+                          job_workdir=f"s3://{s3_bucket}/jobs", keep_checkpoints=True))(params=json.dumps(params))
     (report,) = (tmp_path / "root").glob("*/report/folder/metrics.json")
     metrics = json.loads(report.read_text())
     zeroshot = metrics["emoji_zeroshot_classification"]
@@ -205,7 +205,8 @@ def test_kfp_local_runs_the_whole_pipeline_on_the_packaged_default(tmp_path, s3_
     assert len(storage.list_names(shards, ".tar")) == 8
     assert not list((tmp_path / "root").rglob("*.tar"))  # and no step's folder holds a copy
     mirrored = [path for path, _, _ in storage.tree_entries(f"s3://{s3_bucket}/jobs")]
-    assert any("/checkpoints/step-" in path for path in mirrored), mirrored  # a retry of training resumes from them
+    # a retry of training resumes from them (kept here: by default a succeeded run's are deleted)
+    assert any("/checkpoints/step-" in path for path in mirrored), mirrored
     (page,) = (tmp_path / "root").glob("*/report/page")
     assert page.read_text().startswith("# Evaluation report")
     pointer = json.loads((tmp_path / "store" / "production.json").read_text())  # promoted: the first model
