@@ -28,10 +28,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
+from cloob_core.errors import StageError
 from cloob_core.io import atomic_path, parse_json
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+
+class StorageSettingError(StageError, ValueError):
+    """An S3 setting from the environment that botocore cannot read, named."""
+
+
 LEASE_PREFIX = ".cloob-lease"  # the files of cloob_core.lease: bookkeeping while a stage writes, never content
 STREAM_BLOCK = 16 * 1024 * 1024  # an S3 object read from start to end is fetched in ranges of this size
 RANGE_BLOCK = 2 * 1024 * 1024  # a reader that seeks (parquet: footer, then row groups) fetches ranges this small
@@ -75,11 +82,13 @@ def _s3_for_process(pid: int) -> _S3:
 
 def s3_client() -> Any:
     """This process's boto3 S3 client."""
+    _retry_environment()  # one line naming a variable botocore cannot read, whenever S3 is used
     return _s3_for_process(os.getpid()).client
 
 
 def s3_filesystem() -> Any:
     """This process's s3fs filesystem (what engines such as DuckDB and pyarrow read through)."""
+    _retry_environment()
     return _s3_for_process(os.getpid()).files
 
 
@@ -132,8 +141,28 @@ def _transient(err: BaseException) -> bool:
 
 def _read_attempts() -> int:
     """Tries of a whole-object read: botocore's ``AWS_MAX_ATTEMPTS`` (its legacy mode's 5 when unset)."""
+    value = _retry_environment()
+    return max(1, value) if value is not None else 5
+
+
+_RETRY_MODES = ("legacy", "standard", "adaptive")
+
+
+def _retry_environment() -> int | None:
+    """``AWS_MAX_ATTEMPTS`` as a number (None: unset), once ``AWS_RETRY_MODE`` and it are known to be what
+    botocore reads: otherwise botocore's ``invalid literal for int()`` would name neither the variable nor its
+    use."""
+    mode = os.environ.get("AWS_RETRY_MODE", "")
+    if mode and mode not in _RETRY_MODES:
+        raise StorageSettingError(f"AWS_RETRY_MODE={mode[:40]!r}: botocore's retry mode is one of "
+                                  f"{', '.join(_RETRY_MODES)}")
     value = os.environ.get("AWS_MAX_ATTEMPTS", "")
-    return max(1, int(value)) if value.isdigit() else 5
+    if not value:
+        return None
+    if not value.strip().isdigit():
+        raise StorageSettingError(f"AWS_MAX_ATTEMPTS={value[:40]!r}: the tries of each S3 request (and of a "
+                                  "whole-object read) must be a whole number, e.g. 5")
+    return int(value)
 
 
 def _retried_read(location: str | os.PathLike, read: Callable[[], T]) -> T:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import reprlib
+
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from cloob_core.errors import StageError
@@ -12,7 +14,8 @@ class ConfigError(StageError, ValueError):
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    # no NaN or infinity in any number: a NaN floor or tolerance compares false with everything and so holds nothing
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
 
 
 def describe(err: ValidationError, what: str = "configuration") -> str:
@@ -27,9 +30,16 @@ def describe(err: ValidationError, what: str = "configuration") -> str:
             named = key == "<root>" or message.startswith(f"{key}.")  # the message names its keys itself
             lines.append(message if named else f"{key}: {message}")
         else:
-            lines.append(f"{key}: {problem['msg']} (got {_short(repr(problem.get('input')))})")
+            lines.append(f"{key}: {problem['msg']} (got {short_repr(problem.get('input'))})")
     return f"invalid {what}: " + "; ".join(lines)
 
 
-def _short(text: str, limit: int = 80) -> str:
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxstring, _REPR.maxother = 2, 4, 4, 60, 60
+
+
+def short_repr(value: object, limit: int = 80) -> str:
+    """``value`` as a short repr, never formatted whole: a value built by YAML aliases may expand to billions of
+    items, while its containers are few objects (reprlib stops at a few items per level)."""
+    text = _REPR.repr(value)
     return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -82,7 +82,8 @@ def load_layers(path: str | Path | None = None, overrides: Sequence[str] = (), p
     text = None
     if path is not None:
         try:
-            text = Path(path).read_text(encoding="utf-8")
+            with open(path, "rb") as handle:  # no more than the bound read: the file may be any size
+                text = handle.read(MAX_CONFIG_BYTES + 1).decode("utf-8")
         except FileNotFoundError:
             raise ConfigError(f"config file {path} does not exist") from None
         except UnicodeDecodeError:
@@ -105,16 +106,46 @@ def config_from_text(text: str | None, overrides: Sequence[str] = (), preset: st
     return config_from_mapping(_parsed(text, source), overrides, preset, values)
 
 
+MAX_CONFIG_BYTES = 1 << 20  # a params.yaml is a few KiB; PyYAML reads about 0.25 MB/s of a long list
+MAX_CONFIG_VALUES = 100_000  # values in a configuration, each alias counted as the values it stands for
+
+
 def _parsed(text: str | None, source: str) -> dict[str, Any]:
     if text is None:
         return {}
+    if len(text) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{source} holds over {MAX_CONFIG_BYTES:,} characters, the most a configuration may have "
+                          "(a params.yaml is a few thousand)")
+    loader = _UniqueKeyLoader(text)  # a SafeLoader
     try:
-        loaded = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader
+        node = loader.get_single_node()
+        if node is not None and _expanded_size(node, {}) > MAX_CONFIG_VALUES:
+            raise ConfigError(f"{source}: its YAML aliases expand to over {MAX_CONFIG_VALUES:,} values (an alias "
+                              "repeated inside another alias?); a configuration has far fewer")
+        loaded = None if node is None else loader.construct_document(node)
     except yaml.YAMLError as err:
         raise ConfigError(f"{source} is not valid YAML: {err}") from None
+    except RecursionError:
+        raise ConfigError(f"{source}: its YAML nests deeper than Python's recursion limit") from None
+    finally:
+        loader.dispose()
     if loaded is not None and not isinstance(loaded, dict):
         raise ConfigError(f"{source} must hold a mapping of sections, got {type(loaded).__name__}")
     return loaded or {}
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, int]) -> int:
+    """The values ``node`` stands for once its aliases are expanded; an alias is the node it names, so a shared node
+    is sized once (``sizes``) and a "billion laughs" of a few lines is sized in as many steps."""
+    if id(node) not in sizes:
+        sizes[id(node)] = 0  # a recursive alias (`&a [*a]`) counts once rather than forever
+        children: list[yaml.Node] = []
+        if isinstance(node, yaml.SequenceNode):
+            children = node.value
+        elif isinstance(node, yaml.MappingNode):
+            children = [part for pair in node.value for part in pair]
+        sizes[id(node)] = 1 + sum(_expanded_size(child, sizes) for child in children)
+    return sizes[id(node)]
 
 
 def config_from_mapping(data: Mapping[str, Any], overrides: Sequence[str] = (), preset: str | None = None,

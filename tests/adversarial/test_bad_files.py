@@ -28,7 +28,26 @@ def _model_folder(tmp: Path, info: str) -> list[str]:
     return ["eval", "zeroshot", "--model", str(tmp / "model"), "--output", str(tmp / "out"), "--no-cache"]
 
 
+def _alias_bomb() -> str:
+    """A "billion laughs" of 1 KB: nine lists of nine aliases, 9**9 values once expanded, under a real key."""
+    lines = ['  a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"  a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)]
+    return "anchors:\n" + "\n".join(lines) + "\ntrain:\n  batch_size: *a8\n"
+
+
 CASES = {
+    "params whose aliases expand past the bound": (
+        lambda tmp: ["config", "--params", str(_write(tmp / "params.yaml", _alias_bomb()))],
+        "its YAML aliases expand to over 100,000 values"),
+    "params of 50 MB": (
+        lambda tmp: ["config", "--params", str(_write(tmp / "params.yaml", "train:\n  batch_size:\n" + "    - 1\n" * 6_000_000))],
+        "holds over 1,048,576 characters, the most a configuration may have"),
+    "params nested past the recursion limit": (
+        lambda tmp: ["config", "--params", str(_write(tmp / "params.yaml", "train:\n  x: " + "[" * 50_000 + "]" * 50_000))],
+        "nests deeper than Python's recursion limit"),
+    "a NaN promotion floor": (
+        lambda tmp: ["config", "--set", "promote.min_first={suite.retrieval_recall@5: .nan}"],
+        "promote.min_first.suite.retrieval_recall@5: Input should be a finite number"),
     "params that are not text": (
         lambda tmp: ["config", "--params", str(_write(tmp / "params.yaml", os.urandom(64) + b"\xff"))],
         "is not UTF-8 text"),
@@ -73,3 +92,16 @@ def test_a_bad_file_or_setting_is_one_line(capsys, tmp_path, weights, case):
     line = done.error_line()
     assert done.code == 2, line
     assert expected in line, line
+
+
+@pytest.mark.parametrize(("variable", "value", "expected"), [
+    ("AWS_MAX_ATTEMPTS", "abc", "AWS_MAX_ATTEMPTS='abc': the tries of each S3 request"),
+    ("AWS_RETRY_MODE", "eager", "AWS_RETRY_MODE='eager': botocore's retry mode is one of legacy, standard, adaptive"),
+])
+def test_an_s3_retry_setting_botocore_cannot_read_is_named(capsys, monkeypatch, tmp_path, variable, value, expected):
+    """botocore's own error was `invalid literal for int() with base 10: 'abc'`, naming neither the variable nor
+    what it is for."""
+    monkeypatch.setenv(variable, value)
+    done = cli(capsys, "eval", "zeroshot", "--model", "s3://bucket/model", "--output", str(tmp_path / "out"))
+    assert done.code == 2
+    assert expected in done.error_line()
