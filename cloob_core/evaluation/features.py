@@ -72,7 +72,9 @@ class Embedded:
         return {name: getattr(self, name) for name in _SAVED_FIELDS}
 
 
-_SAVED_FIELDS = frozenset(field.name for field in dataclasses.fields(Embedded))  # a cache entry's keys
+# a cache entry's keys, in the dataclass's order: a set's order changes with each process's hash seed, and with it
+# the saved bytes of the same contents
+_SAVED_FIELDS = tuple(field.name for field in dataclasses.fields(Embedded))
 
 
 def _read_cached(path: Path) -> Any:
@@ -160,7 +162,7 @@ def image_features(model: EvalModel, images: ImageSet, encoding: Encoding) -> Em
     # precision they were computed
     others = [key + _precision_key(p) for p in AUTOCAST_DTYPES if p != model.precision]
     saved = _cached(encoding, key + _precision_key(model.precision), compute, shared_keys=others,
-                    valid=lambda value: isinstance(value, dict) and set(value) == _SAVED_FIELDS
+                    valid=lambda value: isinstance(value, dict) and set(value) == set(_SAVED_FIELDS)
                     and isinstance(value["features"], Tensor))
     embedded = Embedded(**saved)
     if embedded.skipped:
