@@ -14,12 +14,13 @@ keeps them, within a budget (``Encoding.kept``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import logging
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -32,7 +33,7 @@ from tqdm.auto import tqdm
 from cloob_core.config import ConfigError
 from cloob_core.data.shard_files import SkipCounter
 from cloob_core.devices import AUTOCAST_DTYPES
-from cloob_core.evaluation.image_loader import Batch, Unreadable, image_batches
+from cloob_core.evaluation.image_loader import Batch, Unreadable, check_labels, image_batches
 from cloob_core.evaluation.inputs import ImageSet, Indexed, Record
 from cloob_core.evaluation.kept import KeptInputs
 from cloob_core.io import UnreadableFile, read_torch, write_torch
@@ -192,17 +193,29 @@ def _embed_into(spool: _Spool, model: EvalModel, images: ImageSet, encoding: Enc
     device = model.device
     total = images.reader.size if isinstance(images.reader, Indexed) else None
     bar = tqdm(total=total, desc=f"embed {images.name}", unit="img", disable=not encoding.progress)
-    pending: tuple[Tensor, Batch] | None = None  # a GPU batch whose features are not fetched yet
     batches = image_batches(images, model.transform, batch_size=encoding.batch_size, workers=workers,
                             pin_memory=device.type == "cuda", kept=encoding.kept)
+    with contextlib.closing(batches):  # whatever ends the loop, the data-loader workers are stopped
+        pending = _embed_batches(spool, model, images, batches, skips, balance, bar)
+    if pending is not None:
+        spool.add(pending[0].cpu(), pending[1].keys, pending[1].records)
+    bar.close()
+    return spool.read()
+
+
+def _embed_batches(spool: _Spool, model: EvalModel, images: ImageSet, batches: Iterator[Batch], skips: SkipCounter,
+                   balance: CoreBalance | None, bar: tqdm) -> tuple[Tensor, Batch] | None:
+    """Each batch embedded, the one before it spooled; the last batch's features are returned, not spooled."""
+    pending: tuple[Tensor, Batch] | None = None  # a GPU batch whose features are not fetched yet
     while True:
         started = time.perf_counter()
         batch = next(batches, None)
         if batch is None:
-            break
+            return pending
         arrived = time.perf_counter()
         for why in batch.unreadable:
             skips(Unreadable(why))
+        check_labels(images, batch)
         if len(batch.keys):
             features = model.encode_images(batch.images)
             if pending is not None:
@@ -211,10 +224,6 @@ def _embed_into(spool: _Spool, model: EvalModel, images: ImageSet, encoding: Enc
         if balance is not None:
             balance.record(arrived - started, time.perf_counter() - arrived)
         bar.update(len(batch.keys) + len(batch.unreadable))
-    if pending is not None:
-        spool.add(pending[0].cpu(), pending[1].keys, pending[1].records)
-    bar.close()
-    return spool.read()
 
 
 def text_features(model: EvalModel, texts: Sequence[str], encoding: Encoding, tag: str) -> Tensor:

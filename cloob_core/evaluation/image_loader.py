@@ -21,11 +21,16 @@ import torch
 from PIL import Image
 from torch import Tensor
 
+from cloob_core.errors import StageError
 from cloob_core.evaluation.inputs import ImageSet, Indexed, Record, ShardStream
 from cloob_core.evaluation.kept import KeptInputs
 
 log = logging.getLogger(__name__)
 SHARD_STRIDE = 1 << 32  # a stream sample's key: shard index * SHARD_STRIDE + its position in the shard
+
+
+class LabelError(StageError, ValueError):
+    """A sample labelled with no class of its set."""
 
 
 class Unreadable(Exception):
@@ -154,4 +159,31 @@ def image_batches(images: ImageSet, transform: Callable[[Image.Image], Tensor], 
                                "pin_memory": pin_memory}
     if workers:
         options.update(prefetch_factor=2, persistent_workers=False)
-    yield from torch.utils.data.DataLoader(dataset, **options)
+    loading = iter(torch.utils.data.DataLoader(dataset, **options))
+    try:
+        yield from loading
+    finally:  # the caller stopped early (an error, a refusal): the workers are stopped now, not at collection
+        shutdown = getattr(loading, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+
+
+def sample_name(reader: Indexed | ShardStream, key: int) -> str:
+    """The sample at position ``key`` of a batch, as a user finds it: a shard's URL and the sample's place in it,
+    or an indexed set's image number."""
+    if isinstance(reader, ShardStream):
+        shard, position = divmod(key, SHARD_STRIDE)
+        return f"{reader.urls[shard]} sample {position}"
+    return f"image {key}"
+
+
+def check_labels(images: ImageSet, batch: Batch) -> None:
+    """A batch's labels are classes of ``images``: none negative (Python's indexing would score -1 as the last
+    class), none past the set's class names where it names them. Refused naming the first sample that is not."""
+    classes = len(images.classnames) if images.classnames is not None else None
+    for key, record in zip(batch.keys.tolist(), batch.records):
+        label = record.label
+        if label is not None and (label < 0 or (classes is not None and label >= classes)):
+            bound = f"the {classes} classes 0-{classes - 1}" if classes is not None else "the classes 0, 1, ..."
+            raise LabelError(f"{images.name}: {sample_name(images.reader, key)} has label {label}, outside "
+                             f"{bound}; give every sample a class of the set (or leave the sample out)")

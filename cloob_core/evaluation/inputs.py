@@ -188,10 +188,21 @@ def _image_of(raw: dict[str, Any]) -> bytes:
     return found
 
 
+def _class_label(value: Any) -> int:
+    """A sample's class as a whole number (3, "3"), never a number cut to one (3.7 read as 3) or a boolean."""
+    if isinstance(value, bytes):
+        value = value.decode("utf-8").strip()
+    if isinstance(value, str) and value.lstrip("-").isdigit():
+        return int(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise ValueError(f"label {str(value)[:40]!r} is not a whole number")
+
+
 def _shard_sample(raw: dict[str, Any], label_key: str) -> tuple[bytes, Record]:
     """A `cloob data` shard's sample: its image, caption (``txt``) and the class field ``label_key`` of its json."""
     meta = json.loads(raw["json"]) if "json" in raw else {}
-    label = int(meta[label_key]) if label_key in meta else None
+    label = _class_label(meta[label_key]) if label_key in meta else None
     return _image_of(raw), Record(label, (raw["txt"].decode("utf-8"),) if "txt" in raw else (),
                                   str(meta["classname"]) if label is not None and "classname" in meta else None)
 
@@ -200,7 +211,7 @@ def _wds_sample(raw: dict[str, Any], retrieval: bool) -> tuple[bytes, Record]:
     """A CLIP_benchmark ``wds`` sample: its image and ``cls``, or (a retrieval set) its captions, one per line."""
     if retrieval:
         return _image_of(raw), Record(None, tuple(raw["txt"].decode("utf-8").splitlines()))
-    return _image_of(raw), Record(int(raw["cls"]))
+    return _image_of(raw), Record(_class_label(raw["cls"]))
 
 
 def _files_identity(urls: Sequence[str]) -> str:

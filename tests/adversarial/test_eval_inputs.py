@@ -4,9 +4,13 @@ member, a full disk under the features spool; and the cache's outputs, the same 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
+
+import pytest
+from hostile import cli
 
 _WRITE_ENTRY = """
 import sys, torch
@@ -27,3 +31,48 @@ def test_a_features_cache_entry_is_the_same_bytes_in_every_process(tmp_path):
                        env={**os.environ, "PYTHONHASHSEED": str(seed)})
         digests.add(hashlib.sha256(path.read_bytes()).hexdigest())
     assert len(digests) == 1
+
+
+def _eval_set(tmp_path, shard_size: int = 100):
+    """The packaged MNIST test split in CLIP_benchmark's wds layout (10 classes, 1,000 images)."""
+    from cloob_core.cli import main
+
+    root = tmp_path / "mnist"
+    assert main(["data", "eval-set", "--source", "mnist", "--output", str(root), "--shard-size", str(shard_size)]) == 0
+    return root
+
+
+def _rewrite_member(tar_path, suffix_name: str, data: bytes) -> None:
+    """The member ``suffix_name`` of the tar at ``tar_path`` given ``data`` instead."""
+    import io
+    import tarfile
+
+    with tarfile.open(tar_path) as source:
+        members = [(member, source.extractfile(member).read()) for member in source.getmembers()]
+    with tarfile.open(tar_path, "w") as target:
+        for member, body in members:
+            body = data if member.name == suffix_name else body
+            member.size = len(body)
+            target.addfile(member, io.BytesIO(body))
+
+
+@pytest.mark.parametrize("label", [b"-1", b"10"])
+def test_a_label_outside_the_classes_is_refused_naming_the_sample(capsys, tmp_path, untrained_export, label):
+    """A sample labelled -1 in a set of 10 classes was scored as class 9 (Python's negative index): exit 0, 80 of
+    80 samples scored. It is refused, naming the sample, before its set is embedded whole."""
+    root = _eval_set(tmp_path)
+    names = sorted(name for name in _tar_names(root / "test" / "3.tar") if name.endswith(".cls"))
+    _rewrite_member(root / "test" / "3.tar", names[7], label)
+    done = cli(capsys, "eval", "zeroshot", "--model", untrained_export, "--data", root, "--output",
+               tmp_path / "out", "--no-cache", "--no-progress", "--workers", "2")
+    line = done.error_line()
+    assert done.code == 2, line
+    assert f"{root / 'test' / '3.tar'} sample 7 has label {label.decode()}, outside the 10 classes 0-9" in line
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").rglob("*.json"))
+
+
+def _tar_names(path):
+    import tarfile
+
+    with tarfile.open(path) as archive:
+        return archive.getnames()
