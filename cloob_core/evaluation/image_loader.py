@@ -181,7 +181,7 @@ def check_labels(images: ImageSet, batch: Batch) -> None:
     """A batch's labels are classes of ``images``: none negative (Python's indexing would score -1 as the last
     class), none past the set's class names where it names them. Refused naming the first sample that is not."""
     classes = len(images.classnames) if images.classnames is not None else None
-    for key, record in zip(batch.keys.tolist(), batch.records):
+    for key, record in zip(batch.keys.tolist(), batch.records, strict=True):
         label = record.label
         if label is not None and (label < 0 or (classes is not None and label >= classes)):
             bound = f"the {classes} classes 0-{classes - 1}" if classes is not None else "the classes 0, 1, ..."

@@ -40,10 +40,12 @@ CASES = {
         lambda tmp: ["config", "--params", str(_write(tmp / "params.yaml", _alias_bomb()))],
         "its YAML aliases expand to over 100,000 values"),
     "params of 50 MB": (
-        lambda tmp: ["config", "--params", str(_write(tmp / "params.yaml", "train:\n  batch_size:\n" + "    - 1\n" * 6_000_000))],
+        lambda tmp: ["config", "--params",
+                     str(_write(tmp / "params.yaml", "train:\n  batch_size:\n" + "    - 1\n" * 6_000_000))],
         "holds over 1,048,576 characters, the most a configuration may have"),
     "params nested past the recursion limit": (
-        lambda tmp: ["config", "--params", str(_write(tmp / "params.yaml", "train:\n  x: " + "[" * 50_000 + "]" * 50_000))],
+        lambda tmp: ["config", "--params",
+                     str(_write(tmp / "params.yaml", "train:\n  x: " + "[" * 50_000 + "]" * 50_000))],
         "nests deeper than Python's recursion limit"),
     "a NaN promotion floor": (
         lambda tmp: ["config", "--set", "promote.min_first={suite.retrieval_recall@5: .nan}"],
