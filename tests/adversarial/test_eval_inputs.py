@@ -4,7 +4,6 @@ member, a full disk under the features spool; and the cache's outputs, the same 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import subprocess
 import sys
