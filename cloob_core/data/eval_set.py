@@ -6,6 +6,7 @@ one copy of it serves `cloob eval`, CLIP_benchmark and open_clip users alike. A 
     OUTPUT/zeroshot_classification_templates.txt   one prompt per line, {c} where the class name goes
     OUTPUT/SPLIT/0.tar, 1.tar, …                   samples s0000000, …: the image (jpg/png/webp) and cls
     OUTPUT/SPLIT/nshards.txt                       the number of tars
+    OUTPUT/SPLIT/sizes.json                        each tar's samples (ours; CLIP_benchmark reads without it)
 
 A retrieval set (image–text retrieval, CLIP_benchmark's ``zeroshot_retrieval``) has ``dataset_type.txt`` saying
 "retrieval", no class files, and ``txt`` in place of ``cls``: the image's captions, one per line.
@@ -35,7 +36,7 @@ from cloob_core.data.packaged import SPLITS, PackagedSplit, load_packaged
 from cloob_core.data.sources import IMAGE_SUFFIXES
 from cloob_core.data.wds_layout import CLASSNAMES_FILE, DATASET_TYPE_FILE, SHARD_COUNT_FILE, TEMPLATES_FILE
 from cloob_core.data.writer import ShardWriter
-from cloob_core.io import atomic_write
+from cloob_core.io import atomic_write, json_bytes
 
 log = logging.getLogger(__name__)
 DEFAULT_TEMPLATES = ("a photo of a {c}.",)
@@ -252,18 +253,19 @@ def _image_member(image: _Image) -> tuple[str, bytes] | None:
 
 
 def _write_split(folder: str, rows: _Rows, shard_size: int) -> tuple[int, int]:
-    """The tars, then ``nshards.txt``, into the local staging folder ``folder``; (images written, images left
-    out)."""
+    """The tars, then ``sizes.json`` and ``nshards.txt``, into the local staging folder ``folder``; (images
+    written, images left out)."""
     storage.ensure_folder(folder)
-    written = skipped = shards = 0
+    written = skipped = 0
+    sizes: dict[str, int] = {}  # each tar's samples, so that a reader counts what a broken tar lost
     pending: list[tuple[str, bytes, dict[str, bytes]]] = []
 
     def flush() -> None:
-        nonlocal shards
         if not pending:
             return
-        _write_tar(storage.join(folder, f"{shards}.tar"), pending, first=written - len(pending))
-        shards += 1
+        name = f"{len(sizes)}.tar"
+        _write_tar(storage.join(folder, name), pending, first=written - len(pending))
+        sizes[name] = len(pending)
         pending.clear()
 
     for image, fields in rows:
@@ -278,7 +280,8 @@ def _write_split(folder: str, rows: _Rows, shard_size: int) -> tuple[int, int]:
     flush()
     if written == 0:
         raise ConfigError(f"no image of {folder} decodes ({skipped} tried)")
-    storage.write_bytes(storage.join(folder, SHARD_COUNT_FILE), f"{shards}\n".encode())
+    storage.write_bytes(storage.join(folder, "sizes.json"), json_bytes(sizes))
+    storage.write_bytes(storage.join(folder, SHARD_COUNT_FILE), f"{len(sizes)}\n".encode())
     return written, skipped
 
 

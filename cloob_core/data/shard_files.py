@@ -41,14 +41,16 @@ class SkipCounter:
     reasons: dict[str, int] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def __call__(self, exn: Exception) -> bool:
+    def __call__(self, exn: Exception, samples: int = 1) -> bool:
+        """Skip what ``exn`` says did not read: ``samples`` samples (a broken tar's, where they are known)."""
         with self._lock:
-            self.skipped += 1
+            before = self.skipped
+            self.skipped += samples
             name = type(exn).__name__
-            self.reasons[name] = self.reasons.get(name, 0) + 1
-            if self.skipped <= self.log_first:
+            self.reasons[name] = self.reasons.get(name, 0) + samples
+            if before < self.log_first:
                 log.warning("skipping unreadable data (%s: %s)", name, str(exn)[:300])
-            elif self.skipped in (self.log_first + 1, 100, 1000, 10000):
+            elif any(before < mark <= self.skipped for mark in (self.log_first + 1, 100, 1000, 10000)):
                 log.warning("skipped %d unreadable samples or shards so far", self.skipped)
         return True
 
@@ -61,20 +63,27 @@ def shard_list(location: str | list[str]) -> tuple[list[str], int | None]:
         import braceexpand
 
         return list(braceexpand.braceexpand(location)), None
-    sizes_file = storage.join(location, "sizes.json")
-    try:
-        raw = summary_file(location, "sizes.json")
-    except FileNotFoundError:
+    sizes = shard_sizes(location)
+    if sizes is None:
         names = storage.list_names(location, ".tar")
         if not names:
             raise FileNotFoundError(f"no sizes.json and no .tar shards in {location}") from None
         return [storage.join(location, name) for name in names], None
+    return list(sizes), int(sum(sizes.values()))
+
+
+def shard_sizes(location: str) -> dict[str, int] | None:
+    """Each shard's URL and sample count, in order, from the folder's ``sizes.json`` (None: it has none)."""
+    sizes_file = storage.join(location, "sizes.json")
+    try:
+        raw = summary_file(location, "sizes.json")
+    except FileNotFoundError:
+        return None
     sizes = parse_json(raw, sizes_file)
     if not isinstance(sizes, dict) or not sizes or not all(
             isinstance(n, str) and isinstance(c, int) and c >= 0 for n, c in sizes.items()):
-        raise UnreadableFile(f"{storage.join(location, 'sizes.json')} must map shard names to sample counts, got "
-                             f"{str(sizes)[:80]}")
-    return [storage.join(location, name) for name in sorted(sizes)], int(sum(sizes.values()))
+        raise UnreadableFile(f"{sizes_file} must map shard names to sample counts, got {str(sizes)[:80]}")
+    return {storage.join(location, name): sizes[name] for name in sorted(sizes)}
 
 
 def summary_file(folder: str, name: str) -> bytes:

@@ -213,8 +213,8 @@ def _embed_batches(spool: _Spool, model: EvalModel, images: ImageSet, batches: I
         if batch is None:
             return pending
         arrived = time.perf_counter()
-        for why in batch.unreadable:
-            skips(Unreadable(why))
+        for why, lost in batch.unreadable:
+            skips(Unreadable(why), lost)
         check_labels(images, batch)
         if len(batch.keys):
             features = model.encode_images(batch.images)
@@ -223,7 +223,7 @@ def _embed_batches(spool: _Spool, model: EvalModel, images: ImageSet, batches: I
             pending = (features, batch)
         if balance is not None:
             balance.record(arrived - started, time.perf_counter() - arrived)
-        bar.update(len(batch.keys) + len(batch.unreadable))
+        bar.update(len(batch.keys) + sum(lost for _, lost in batch.unreadable))
 
 
 def text_features(model: EvalModel, texts: Sequence[str], encoding: Encoding, tag: str) -> Tensor:

@@ -42,14 +42,16 @@ class Batch:
     images: Tensor  # [B, 3, H, W]: the readable samples only
     keys: Tensor  # [B] int64: each sample's position in the set's order
     records: list[Record]
-    unreadable: list[str]  # why each sample or shard left out since the previous batch did not read
+    unreadable: list[tuple[str, int]]  # why each sample or tar left out since the previous batch did not read, and
+    # the samples it lost
 
     def pin_memory(self) -> Batch:  # called by the DataLoader's pinning thread when it pins
         self.images = self.images.pin_memory()
         return self
 
 
-_Item = tuple[Tensor | None, int, Record | str]  # (pixels, key, record) or (None, -1, why it did not read)
+# (pixels, key, record), or (None, samples lost, why they did not read)
+_Item = tuple[Tensor | None, int, Record | str]
 
 
 class _IndexedImages(torch.utils.data.Dataset):
@@ -63,7 +65,7 @@ class _IndexedImages(torch.utils.data.Dataset):
         try:
             pixels = self.transform(self.reader.open(index))
         except Exception as err:  # whatever a broken image raises, in a worker: reported as data
-            return None, -1, f"image {index}: {type(err).__name__}: {err}"
+            return None, 1, f"image {index}: {type(err).__name__}: {err}"
         return pixels, index, self.reader.record(index)
 
 
@@ -77,9 +79,7 @@ class _StreamedImages(torch.utils.data.IterableDataset):
         self.reader, self.transform = reader, transform
 
     def __iter__(self) -> Iterator[_Item]:
-        import io
-
-        import webdataset as wds
+        import webdataset  # noqa: F401  (register_s3 adds to its URL openers)
 
         from cloob_core.data.shard_files import register_s3
 
@@ -88,33 +88,65 @@ class _StreamedImages(torch.utils.data.IterableDataset):
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         by_shard = len(self.reader.urls) >= workers
         for shard in range(worker, len(self.reader.urls), workers) if by_shard else range(len(self.reader.urls)):
-            url = self.reader.urls[shard]
-            failed: list[str] = []
+            yield from self._shard(shard, None if by_shard else (worker, workers))
 
-            def handler(err: Exception, url: str = url, failed: list[str] = failed) -> bool:
-                failed.append(f"{url}: {type(err).__name__}: {str(err)[:300]}")
-                return True
+    def _shard(self, shard: int, share: tuple[int, int] | None) -> Iterator[_Item]:
+        """The samples of one tar (with ``share`` (worker, workers): those at the worker's positions). A tar that
+        breaks (cut short, corrupt, or ending before the samples its set records) is one item counting the
+        samples it lost, reported by one worker: the sample the break cut is one of them, not an unreadable sample
+        of its own."""
+        import io
 
-            for position, raw in enumerate(wds.tarfile_samples([{"url": url}], handler=handler)):
-                if not by_shard and position % workers != worker:
-                    failed.clear()  # another worker reports it
-                    continue
-                yield from self._flush(failed)
-                try:
-                    image, record = self.reader.parse(raw)
-                    pixels = self.transform(Image.open(io.BytesIO(image)).convert("RGB"))
-                except Exception as err:  # whatever a broken member raises
-                    yield None, -1, f"{url} sample {raw.get('__key__')!r}: {type(err).__name__}: {str(err)[:300]}"
-                    continue
-                yield pixels, shard * SHARD_STRIDE + position, record
-            if by_shard or worker == 0:
-                yield from self._flush(failed)
-            failed.clear()
+        import webdataset as wds
+
+        url = self.reader.urls[shard]
+        errors: list[Exception] = []  # webdataset reports one break at each of its layers: the first says why
+
+        def handler(err: Exception) -> bool:
+            errors.append(err)
+            return True
+
+        read, held, last = 0, None, None  # held: the last sample's failure, kept until it is known not to be a cut
+        for position, raw in enumerate(wds.tarfile_samples([{"url": url}], handler=handler)):
+            if held is not None:
+                yield held
+                held = None
+            read, last = position + 1, raw
+            if share is not None and position % share[1] != share[0]:
+                continue
+            try:
+                image, record = self.reader.parse(raw)
+                pixels = self.transform(Image.open(io.BytesIO(image)).convert("RGB"))
+            except Exception as err:  # whatever a broken member raises
+                held = None, 1, f"{url} sample {raw.get('__key__')!r}: {type(err).__name__}: {str(err)[:300]}"
+                continue
+            yield pixels, shard * SHARD_STRIDE + position, record
+        size = None if self.reader.sizes is None else self.reader.sizes[shard]
+        broke = bool(errors) or (size is not None and read < size)
+        cut = broke and last is not None and not self._parses(last)
+        if cut:  # the last sample is the one the break cut short: part of the tar's loss
+            read, held = read - 1, None
+        if held is not None:
+            yield held
+        if broke and (share is None or share[0] == 0):
+            yield self._loss(url, read, size, cut, errors[0] if errors else None)
+
+    def _parses(self, raw: dict[str, Any]) -> bool:
+        try:
+            self.reader.parse(raw)
+        except Exception:  # whatever a sample missing its members raises
+            return False
+        return True
 
     @staticmethod
-    def _flush(failed: list[str]) -> Iterator[_Item]:
-        while failed:
-            yield None, -1, failed.pop(0)
+    def _loss(url: str, read: int, size: int | None, cut: bool, error: Exception | None) -> _Item:
+        """The item saying what a broken tar lost: its samples past the ``read`` it gave whole (where its set
+        records its size; else the one it cut, or at least one)."""
+        why = "it ends early" if error is None else f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
+        if size is not None:
+            return None, size - read, f"{url}: {size - read} of its {size} samples lost after sample {read} ({why})"
+        lost = "the sample it cut and any after it" if cut else "any samples after them"
+        return None, 1, f"{url}: broken after {read} samples ({why}); {lost} lost (no sizes.json counts them)"
 
 
 def _malloc_trim() -> Callable[[int], int] | None:
@@ -139,7 +171,7 @@ def _collate(items: list[_Item]) -> Batch:
     readable = [item for item in items if item[0] is not None]
     images = torch.stack([item[0] for item in readable]) if readable else torch.empty(0)
     return Batch(images, torch.tensor([item[1] for item in readable], dtype=torch.int64),
-                 [item[2] for item in readable], [item[2] for item in items if item[0] is None])
+                 [item[2] for item in readable], [(item[2], item[1]) for item in items if item[0] is None])
 
 
 def image_batches(images: ImageSet, transform: Callable[[Image.Image], Tensor], *, batch_size: int, workers: int,

@@ -60,6 +60,7 @@ class ShardStream:
     urls: tuple[str, ...]
     location: str
     parse: Callable[[dict[str, Any]], tuple[bytes, Record]]  # picklable, as ``Indexed.open``
+    sizes: tuple[int, ...] | None = None  # each tar's samples, where the set records them (sizes.json)
 
 
 @dataclass
@@ -234,12 +235,14 @@ def _files_identity(urls: Sequence[str]) -> str:
 
 def shard_set(location: str, label_key: str) -> ImageSet:
     """WebDataset shards from `cloob data`: images, captions, and the class field ``label_key`` of the json."""
-    from cloob_core.data.shard_files import shard_list
+    from cloob_core.data.shard_files import shard_list, shard_sizes
 
     urls, _ = shard_list(location)
+    sizes = None if "{" in location or location.endswith(".tar") else shard_sizes(location)
     return ImageSet(name=Path(location.rstrip("/")).name,
                     identity=f"shards:{location}:{label_key}:{_files_identity(urls)}",
-                    reader=ShardStream(tuple(urls), location, partial(_shard_sample, label_key=label_key)))
+                    reader=ShardStream(tuple(urls), location, partial(_shard_sample, label_key=label_key),
+                                       None if sizes is None else tuple(sizes.values())))
 
 
 def is_wds_set(location: str, split: str) -> bool:
@@ -252,6 +255,7 @@ def wds_set(location: str, split: str) -> ImageSet:
     """CLIP_benchmark's ``wds`` layout (what `cloob data eval-set` writes, and what CLIP_benchmark publishes):
     ``SPLIT/{0..n-1}.tar`` with an image and ``cls`` (or ``txt`` captions, one per line, for a set whose
     ``dataset_type.txt`` says retrieval), ``classnames.txt`` and ``zeroshot_classification_templates.txt``."""
+    from cloob_core.data.shard_files import shard_sizes
     from cloob_core.data.wds_layout import CLASSNAMES_FILE, DATASET_TYPE_FILE, SHARD_COUNT_FILE, TEMPLATES_FILE
 
     publish.unit_of(location)  # a set whose publication a killed `cloob data eval-set` left half-done: completed
@@ -270,9 +274,11 @@ def wds_set(location: str, split: str) -> ImageSet:
     retrieval = (lines(DATASET_TYPE_FILE) or ["classification"])[0].lower() == "retrieval"
     urls = [storage.join(location, split, f"{i}.tar") for i in range(int(count))]
     templates = lines(TEMPLATES_FILE)
+    sizes = shard_sizes(storage.join(location, split))  # where `cloob data eval-set` wrote it
+    counts = None if sizes is None or list(sizes) != urls else tuple(sizes.values())
     return ImageSet(name=f"{Path(location.rstrip('/')).name}-{split}",
                     identity=f"wds:{location}:{split}:{_files_identity(urls)}",
-                    reader=ShardStream(tuple(urls), location, partial(_wds_sample, retrieval=retrieval)),
+                    reader=ShardStream(tuple(urls), location, partial(_wds_sample, retrieval=retrieval), counts),
                     classnames=None if retrieval else lines(CLASSNAMES_FILE),
                     templates=[t.replace("{c}", "{}") for t in templates] if templates else None)
 

@@ -4,6 +4,7 @@ member, a full disk under the features spool; and the cache's outputs, the same 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -75,3 +76,25 @@ def _tar_names(path):
 
     with tarfile.open(path) as archive:
         return archive.getnames()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_tar_cut_inside_an_image_is_one_warning_counting_the_samples_it_lost(capsys, caplog, tmp_path,
+                                                                              untrained_export, workers):
+    """It was counted as 3 unreadable samples (webdataset's two reports of the break, and the sample it cut) and
+    warned twice; the 399 samples after the cut went uncounted."""
+    import tarfile
+
+    root = _eval_set(tmp_path, shard_size=500)
+    tar = root / "test" / "0.tar"
+    with tarfile.open(tar) as archive:
+        image = [member for member in archive.getmembers() if member.name.endswith(".png")][100]
+    tar.write_bytes(tar.read_bytes()[: image.offset_data + image.size // 2])
+    done = cli(capsys, "eval", "zeroshot", "--model", untrained_export, "--data", root, "--output", tmp_path / "out",
+               "--no-cache", "--no-progress", "--workers", workers)
+    assert done.code == 0, done.err
+    warned = [r.getMessage() for r in caplog.records if "skipping unreadable data" in r.getMessage()]
+    assert len(warned) == 1 and f"{tar}: 400 of its 500 samples lost after sample 100" in warned[0], warned
+    record = json.loads((tmp_path / "out" / "mnist-test_zeroshot_classification.json").read_text())
+    assert record["metrics"]["skipped_unreadable"] == 400
+    assert sum(map(sum, record["metrics"]["confusion_matrix"])) == 600
