@@ -71,19 +71,25 @@ def _commands(parser, prefix=()):
 
 
 def test_every_commands_help_prints(capsys):
-    """`cloob COMMAND --help` for each command: a configuration field's description with a literal % (the promotion
+    """`cloob COMMAND --help` and `python -m pipelines COMMAND --help` for each command and subcommand: a configuration field's description with a literal % (the promotion
     floor's "5%") once made argparse's help formatting fail with a traceback."""
     import pytest
 
     from cloob_core.cli import build_parser
 
-    commands = dict(_commands(build_parser()))
-    assert {("promote",), ("eval", "zeroshot"), ("data", "acquire"), ("train",)} <= commands.keys()
-    for command in commands:
-        with pytest.raises(SystemExit) as exited:
-            main([*command, "--help"])
-        assert exited.value.code == 0, command
-        assert capsys.readouterr().out.startswith(f"usage: cloob {' '.join(command)}"), command
+    from pipelines.__main__ import build_parser as pipelines_parser
+    from pipelines.__main__ import main as pipelines_main
+
+    for program, run, parser, named in (
+            ("cloob", main, build_parser(), {("promote",), ("eval", "zeroshot"), ("data", "acquire"), ("train",)}),
+            ("python -m pipelines", pipelines_main, pipelines_parser(), {("compile",), ("schedule", "create")})):
+        commands = dict(_commands(parser))
+        assert named <= commands.keys()
+        for command in [(), *commands]:
+            with pytest.raises(SystemExit) as exited:
+                run([*command, "--help"])
+            assert exited.value.code == 0, command
+            assert capsys.readouterr().out.startswith(f"usage: {' '.join((program, *command))}"), command
 
 
 def test_a_refusal_line_is_one_write(monkeypatch):
