@@ -36,7 +36,7 @@ from cloob_core.devices import AUTOCAST_DTYPES
 from cloob_core.evaluation.image_loader import Batch, Unreadable, check_labels, image_batches
 from cloob_core.evaluation.inputs import ImageSet, Indexed, Record
 from cloob_core.evaluation.kept import KeptInputs
-from cloob_core.io import UnreadableFile, read_torch, write_torch
+from cloob_core.io import UnreadableFile, naming_full_disk, read_torch, write_torch
 from cloob_core.model.source import EvalModel
 from cloob_core.threads import CoreBalance, plan_eval_threads
 
@@ -177,7 +177,9 @@ def _embed(model: EvalModel, images: ImageSet, encoding: Encoding) -> Embedded:
     skips = SkipCounter()
     if encoding.cache is not None:  # the spool beside the cache (a pod's /tmp may be memory)
         encoding.cache.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryFile(dir=encoding.cache, prefix=".features-") as file:
+    folder = encoding.cache if encoding.cache is not None else Path(tempfile.gettempdir())
+    with (naming_full_disk(f"{folder}/ (the features spool, an unnamed file; --cache DIR puts it elsewhere)"),
+          tempfile.TemporaryFile(dir=folder, prefix=".features-") as file):
         features, records = _embed_into(_Spool(file), model, images, encoding, budget.workers, skips, balance)
     if not len(records):
         raise ConfigError(f"{images.name}: no readable image ({skips.skipped} unreadable sample(s) or shard(s))")

@@ -98,3 +98,14 @@ def test_a_tar_cut_inside_an_image_is_one_warning_counting_the_samples_it_lost(c
     record = json.loads((tmp_path / "out" / "mnist-test_zeroshot_classification.json").read_text())
     assert record["metrics"]["skipped_unreadable"] == 400
     assert sum(map(sum, record["metrics"]["confusion_matrix"])) == 600
+
+
+def test_a_full_disk_under_the_features_spool_names_its_folder(capsys, tmp_path, untrained_export, small_disk):
+    """It said `no space left on device` with no path, where docs/reliability.md promises one."""
+    cache = small_disk(32 * 1024)  # the spool of 1,000 features needs more
+    root = _eval_set(tmp_path, shard_size=500)
+    done = cli(capsys, "eval", "zeroshot", "--model", untrained_export, "--data", root, "--output", tmp_path / "out",
+               "--cache", cache, "--no-progress", "--workers", "0")
+    line = done.error_line()
+    assert done.code == 2, line
+    assert line.startswith(f"cloob: no space left on device writing {cache}/ (the features spool"), line
