@@ -76,7 +76,6 @@ def test_every_commands_help_prints(capsys):
     import pytest
 
     from cloob_core.cli import build_parser
-
     from pipelines.__main__ import build_parser as pipelines_parser
     from pipelines.__main__ import main as pipelines_main
 
