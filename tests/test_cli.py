@@ -71,8 +71,9 @@ def _commands(parser, prefix=()):
 
 
 def test_every_commands_help_prints(capsys):
-    """`cloob COMMAND --help` and `python -m pipelines COMMAND --help` for each command and subcommand: a configuration field's description with a literal % (the promotion
-    floor's "5%") once made argparse's help formatting fail with a traceback."""
+    """`cloob COMMAND --help` and `python -m pipelines COMMAND --help` for each command and subcommand: a
+    configuration field's description with a literal % (the promotion floor's "5%") once made argparse's help
+    formatting fail with a traceback."""
     import pytest
 
     from cloob_core.cli import build_parser

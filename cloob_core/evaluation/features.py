@@ -64,7 +64,7 @@ class Embedded:
 
     features: Tensor  # [N, d] float32, unit norm
     labels: list[int] | None  # None: some sample had no label
-    captions: list[list[str]] | None  # None: some sample had no caption
+    captions: list[list[str]] | None  # None: no sample had a caption; [] for a sample without one
     classnames: dict[int, str]  # label -> name, as a stream's samples named them
     skipped: int  # samples or shards that did not read
     precision: str  # what the features were computed at (features computed ahead may differ from the model's)
@@ -184,8 +184,8 @@ def _embed(model: EvalModel, images: ImageSet, encoding: Encoding) -> Embedded:
     if not len(records):
         raise ConfigError(f"{images.name}: no readable image ({skips.skipped} unreadable sample(s) or shard(s))")
     labels = [r.label for r in records]
-    captions = [list(r.captions) for r in records]
-    return Embedded(features, labels if None not in labels else None, captions if all(captions) else None,
+    captions = [[caption for caption in r.captions if caption.strip()] for r in records]  # a blank one is none
+    return Embedded(features, labels if None not in labels else None, captions if any(captions) else None,
                     {r.label: r.classname for r in records if r.classname is not None and r.label is not None},
                     skips.skipped, model.precision)
 

@@ -109,3 +109,23 @@ def test_a_full_disk_under_the_features_spool_names_its_folder(capsys, tmp_path,
     line = done.error_line()
     assert done.code == 2, line
     assert line.startswith(f"cloob: no space left on device writing {cache}/ (the features spool"), line
+
+
+@pytest.mark.parametrize("caption", [b"", b" \n"])
+def test_a_retrieval_set_with_one_empty_caption_leaves_that_image_out_and_counts_it(capsys, tmp_path,
+                                                                                   untrained_export, caption):
+    """The whole set was refused ("this task needs captions"), naming no sample, though 503 others had captions;
+    a blank caption was ranked as a query."""
+    from cloob_core.cli import main
+
+    root = tmp_path / "captioned"
+    assert main(["data", "eval-set", "--source", "captioned", "--type", "retrieval", "--output", str(root)]) == 0
+    tar = root / "test" / "0.tar"
+    _rewrite_member(tar, sorted(name for name in _tar_names(tar) if name.endswith(".txt"))[5], caption)
+    done = cli(capsys, "eval", "retrieval", "--model", untrained_export, "--data", root, "--output", tmp_path / "out",
+               "--no-cache", "--no-progress", "--workers", "0")
+    assert done.code == 0, done.err
+    record = json.loads((tmp_path / "out" / "captioned-test_zeroshot_retrieval.json").read_text())
+    total = sum(json.loads((root / "test" / "sizes.json").read_text()).values())
+    assert record["metrics"]["uncaptioned_left_out"] == 1 and record["metrics"]["images"] == total - 1
+    assert record["warnings"] == ["1 image(s) without a caption left out"]

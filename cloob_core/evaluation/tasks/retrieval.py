@@ -103,6 +103,7 @@ class CaptionPairs(NamedTuple):
     matches: torch.Tensor  # the (caption, image) matches
     first: list[int]  # each image's first caption
     embedded: Embedded  # the image set as read
+    uncaptioned: int = 0  # images of the set left out: they have no caption
 
 
 def caption_pairs(model: EvalModel, images: ImageSet, encoding: Encoding) -> CaptionPairs:
@@ -116,15 +117,25 @@ def caption_pairs(model: EvalModel, images: ImageSet, encoding: Encoding) -> Cap
             captions = [[templates[0].format(classnames[label])] for label in embedded.labels]
             log.info("%s has no captions: using '%s' with each image's class name", images.name, templates[0])
     need(images.name, captions=captions)
+    features, uncaptioned = embedded.features, [i for i, own in enumerate(captions) if not own]
+    if uncaptioned:  # no right answer to rank: left out of both directions, counted
+        log.warning("%s: %d of %d images have no caption (the first: image %d in the set's order): left out of "
+                    "retrieval", images.name, len(uncaptioned), len(captions), uncaptioned[0])
+        kept = [i for i, own in enumerate(captions) if own]
+        features, captions = features[kept], [captions[i] for i in kept]
     texts, matches, first = distinct_captions(captions)
     text_y = text_features(model, texts, encoding, f"captions|{images.identity}")
-    return CaptionPairs(embedded.features, text_y, matches, first, embedded)
+    return CaptionPairs(features, text_y, matches, first, embedded, len(uncaptioned))
 
 
 def retrieval(model: EvalModel, images: ImageSet, output: Path, encoding: Encoding) -> dict[str, Any]:
     pairs = caption_pairs(model, images, encoding)
     metrics = retrieval_metrics(pairs.image, pairs.text, pairs.matches)
     metrics.update(images=len(pairs.image), captions=len(pairs.text))
-    write_result(output, task_record(model, images, "zeroshot_retrieval", metrics, embedded=pairs.embedded),
+    warnings = []
+    if pairs.uncaptioned:
+        metrics["uncaptioned_left_out"] = pairs.uncaptioned
+        warnings.append(f"{pairs.uncaptioned} image(s) without a caption left out")
+    write_result(output, task_record(model, images, "zeroshot_retrieval", metrics, warnings, pairs.embedded),
                  model.fingerprint)
     return metrics
