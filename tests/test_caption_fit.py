@@ -134,6 +134,15 @@ def test_the_most_common_captions_share_is_measured():
     assert classes.top_share == pytest.approx(0.1)
 
 
+@pytest.mark.parametrize("rows", [1, 2, 19])
+def test_the_diversity_check_decides_nothing_from_a_sample_too_small_to_measure(tmp_path, capsys, rows):
+    """A 1-row manifest failed with "100.0% of 1 sampled captions are the same caption": in a sample of n the top
+    share is at least 1/n, whatever the captions."""
+    small = _manifest(tmp_path / "small.csv", [f"a photo of the digit {i}." for i in range(rows)])
+    assert main(["data", "validate", "--manifest", str(small)]) == 0
+    assert "data gate PASSED" in capsys.readouterr().out
+
+
 def test_the_gate_fails_captions_that_are_one_sentence_and_names_the_setting(tmp_path, capsys):
     same = _manifest(tmp_path / "same.csv", ["an image"] * 40)
     assert main(["data", "validate", "--manifest", str(same)]) == 1
@@ -170,4 +179,5 @@ def test_training_on_one_repeated_caption_warns(tmp_path, caplog):
                  "--batch-size", "8", "--data-streams", "2", "--workers", "0", "--no-progress",
                  "--no-tensorboard"]) == 0
     warned = [record.getMessage() for record in caplog.records if "max_top_caption_share" in record.getMessage()]
-    assert len(warned) == 1 and "100.0% of 40 sampled captions are the same caption ('an image'" in warned[0]
+    assert len(warned) == 1 and ("100.0% of 40 sampled captions (the check decides from 20 or more) are the same "
+                                 "caption ('an image'") in warned[0]

@@ -97,12 +97,24 @@ def measure(captions: Sequence[str], architecture: str) -> CaptionFit:
                       repeated, repeated_caption)
 
 
+# The fewest sampled captions the diversity check decides from: in a sample of n the top share is at least 1/n, so
+# a manifest of one row "repeats" its caption 100% and one of two 50%, whatever the captions are.
+MIN_DIVERSITY_SAMPLE = 20
+
+
 def diversity_problem(fit: CaptionFit, config: CloobConfig) -> str | None:
-    """One line when the most common caption is above ``validation.max_top_caption_share`` of the sample."""
+    """One line when the most common caption is above ``validation.max_top_caption_share`` of the sample; none
+    from a sample under :data:`MIN_DIVERSITY_SAMPLE` captions, which measures nothing (said in the log)."""
     limit = config.validation.max_top_caption_share
+    if fit.sampled < MIN_DIVERSITY_SAMPLE:
+        if fit.sampled:
+            log.info("captions: %d sampled, under the %d the check of their diversity decides from: not checked",
+                     fit.sampled, MIN_DIVERSITY_SAMPLE)
+        return None
     if fit.top_share <= limit:
         return None
-    return (f"{fit.top_share:.1%} of {fit.sampled:,} sampled captions are the same caption "
+    return (f"{fit.top_share:.1%} of {fit.sampled:,} sampled captions (the check decides from "
+            f"{MIN_DIVERSITY_SAMPLE} or more) are the same caption "
             f"({_shown(fit.repeated_caption)}; {fit.distinct:,} distinct in all), above "
             f"validation.max_top_caption_share {limit:g}: captions that repeat tell no images apart, so the run "
             "would learn nothing from them; fix the captions, or raise the threshold")
