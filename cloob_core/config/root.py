@@ -85,7 +85,8 @@ class CloobConfig(_Section):
     def _promotion_reads_the_suite(self) -> CloobConfig:
         written = self.eval.metric_names()
         for where, metric in (("promote.metric", self.promote.metric),
-                              *((f"promote.guards.{key}", key) for key in self.promote.guards)):
+                              *((f"promote.guards.{key}", key) for key in self.promote.guards),
+                              *((f"promote.min_first.{key}", key) for key in self.promote.min_first)):
             result, _, key = metric.partition(".")
             if not key:
                 raise ValueError(f"{where}: {metric!r} is not RESULT.KEY")

@@ -47,6 +47,9 @@ CASES = {
         lambda tmp: ["config", "--params",
                      str(_write(tmp / "params.yaml", "train:\n  x: " + "[" * 50_000 + "]" * 50_000))],
         "nests deeper than Python's recursion limit"),
+    "a promotion floor on a metric the suite does not write": (
+        lambda tmp: ["config", "--set", "promote.min_first={suite.zeroshot_acc9: 0.1}"],
+        "promote.min_first.suite.zeroshot_acc9: 'suite.zeroshot_acc9' names no aggregate of eval.aggregates"),
     "a NaN promotion floor": (
         lambda tmp: ["config", "--set", "promote.min_first={suite.retrieval_recall@5: .nan}"],
         "promote.min_first.suite.retrieval_recall@5: Input should be a finite number"),
