@@ -92,12 +92,13 @@ class Evaluator:
     def resume(self, model: Any, step: int) -> None:
         """A run resumed at ``step``: its history from the finished evaluations up to that step, the unfinished
         ones queued again (the step's own exported first when the kill came before its export), and the folders
-        of later steps removed (the run trains them again)."""
-        if not self.enabled or not (self.output / "evals").is_dir():
-            if self.enabled and self.due(step) and step:
-                self.submit(model, step)
+        of later steps removed (the run trains them again). A step whose folder is gone keeps its row of
+        ``eval_history.csv``, said in the log; one that is neither there nor rebuildable is named as lost."""
+        if not self.enabled:
             return
-        for folder in sorted((self.output / "evals").iterdir()):
+        recorded = self._recorded_history(step)
+        evals = self.output / "evals"
+        for folder in sorted(evals.iterdir()) if evals.is_dir() else ():
             match = _STEP_FOLDER.match(folder.name)
             if match is None:
                 continue
@@ -105,8 +106,10 @@ class Evaluator:
             if evaluated > step:
                 shutil.rmtree(folder, ignore_errors=True)
             elif (folder / SCALARS).is_file():
-                self.history[evaluated] = {name: float(value) for name, value in
-                                           storage.read_json(folder / SCALARS).items()}
+                scalars = _read_scalars(folder / SCALARS)
+                if scalars is not None:
+                    self.history[evaluated] = scalars
+        kept, lost = [], []
         for due in range(self.every, step + 1, self.every):
             if due in self.history:
                 continue
@@ -115,10 +118,33 @@ class Evaluator:
                 self._queue(due, self._folder(due))
             elif due == step:
                 self.submit(model, step)
+            elif due in recorded:
+                self.history[due] = recorded[due]
+                kept.append(due)
             else:
-                log.warning("evaluation of step %d cannot be done again: its export is gone", due)
+                lost.append(due)
+        if kept:
+            log.warning("evaluations of step(s) %s: their folders under evals/ are gone; their rows of %s are kept",
+                        ", ".join(map(str, kept)), HISTORY)
+        if lost:
+            log.warning("evaluations of step(s) %s cannot be done again (their exports are gone) and %s has no row "
+                        "of them: the history lacks them", ", ".join(map(str, lost)), HISTORY)
         if self.history:
             self._write_history()
+
+    def _recorded_history(self, step: int) -> dict[int, dict[str, float]]:
+        """The rows of an earlier ``eval_history.csv`` up to ``step`` (none where it is absent or damaged)."""
+        path = self.output / HISTORY
+        try:
+            rows = list(csv.DictReader(io.StringIO(path.read_text(encoding="utf-8"))))
+            history = {int(row.pop("step")): {name: float(value) for name, value in row.items() if value}
+                       for row in rows}
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError, TypeError, AttributeError) as err:  # a damaged file: what is rebuilt stays
+            log.warning("%s does not read (%s: %s); its rows are not kept", path, type(err).__name__, err)
+            return {}
+        return {at: scalars for at, scalars in history.items() if at <= step}
 
     def submit(self, model: Any, step: int) -> None:
         """Export the model of ``step`` and evaluate it: now, or after the evaluations before it."""
@@ -219,6 +245,19 @@ class Evaluator:
         for step in sorted(self.history):
             writer.writerow([step, *(self.history[step].get(name, "") for name in names)])
         write_text(self.output / HISTORY, text.getvalue())
+
+
+def _read_scalars(path: Path) -> dict[str, float] | None:
+    """A finished evaluation's record: names to numbers, or None (said) when the file is damaged, so that the
+    step is evaluated again as an unfinished one."""
+    try:
+        scalars = storage.read_json(path)
+        if not isinstance(scalars, dict):
+            raise ValueError(f"a JSON {type(scalars).__name__} where an object of scalars belongs")
+        return {str(name): float(value) for name, value in scalars.items()}
+    except (OSError, ValueError, TypeError) as err:
+        log.warning("%s is damaged (%s); the step counts as not evaluated", path, str(err)[:200])
+        return None
 
 
 def _scalars(results: Path) -> dict[str, float]:

@@ -271,10 +271,39 @@ def _batches(config: CloobConfig, setup: _Setup, per_stream: list[list[str]],
                                          timeout=cfg.data_timeout_s if cfg.workers else 0,
                                          worker_init_fn=_background if setup.device.type == "cuda"
                                          else _signals_to_the_main_process)
-    items = _bounded(iter(loader), cfg.data_timeout_s)  # workers fork here, before any thread
+    loading = iter(loader)  # workers fork here, before any thread
+    items = _bounded(loading, cfg.data_timeout_s)
     ring.pin(setup.device)  # after the fork (batch_ring.py)
     batches = _ring_closed_at_end(Assembler(owned, ring).batches(items), ring)
-    return batches if gate is None else gate.batches(batches)
+    return _Feed(batches if gate is None else gate.batches(batches), ring, gate, loading)
+
+
+@dataclass
+class _Feed:
+    """The run's batches; :meth:`close` stops the data-loader workers whether or not a batch was asked for (the
+    generators' own cleanup runs only once they started: a resume that failed before the first step left forked
+    workers waiting at the ring, and the process hung at exit)."""
+
+    batches: Generator[Batch, None, None]
+    ring: BatchRing
+    gate: WorkerGate | None
+    loading: Any  # the DataLoader's iterator
+
+    def __iter__(self) -> _Feed:
+        return self
+
+    def __next__(self) -> Batch:
+        return next(self.batches)
+
+    def close(self) -> None:
+        self.batches.close()
+        self.ring.close()  # (all three: idempotent)
+        if self.gate is not None:
+            self.gate.close()
+        shutdown = getattr(self.loading, "_shutdown_workers", None)  # a multi-process loader's
+        if shutdown is not None:
+            shutdown()
+        self.ring.unpin()
 
 
 def _ring_closed_at_end(batches: Generator[Batch, None, None], ring: BatchRing) -> Generator[Batch, None, None]:
@@ -563,6 +592,26 @@ def _train(config: CloobConfig, output: Path, resume: str | None, progress: bool
     start_step = state.step
     # A run resumed at its end trains no step: no data-loader workers (held by their gate, they would wait forever)
     batches = _batches(config, setup, mix.per_stream, state) if state.step < setup.steps else (b for b in ())
+    try:
+        return _train_with(config, setup, output, batches, state, _Inputs(mix, fit, start_step), progress, publish)
+    finally:
+        batches.close()  # the data-loader workers end on every way out, a failure before the first step included
+
+
+@dataclass(frozen=True)
+class _Inputs:
+    """What the run read before its first step, for its metrics: the sources' mix, the captions' fit, and the
+    step it starts at."""
+
+    mix: Mix
+    fit: caption_fit.CaptionFit | None
+    start_step: int
+
+
+def _train_with(config: CloobConfig, setup: _Setup, output: Path, batches: Iterator[Batch], state: TrainingState,
+                inputs: _Inputs, progress: bool, publish: str | None) -> TrainResult:
+    cfg, env = config.train, setup.env
+    mix, fit, start_step = inputs.mix, inputs.fit, inputs.start_step
     monitor = Monitor(enabled=env.is_main, total_steps=setup.steps, start_step=start_step, output=output,
                       progress=progress, tensorboard=cfg.tensorboard, metrics_port=cfg.metrics_port,
                       metrics_host=cfg.metrics_host, pushgateway=cfg.pushgateway, linger_s=cfg.metrics_linger_s,
