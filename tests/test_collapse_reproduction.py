@@ -76,3 +76,16 @@ def test_on_collapse_stop_checkpoints_and_exits_2_with_the_line(captioned_train_
     step = int(last.split("stopped at step ")[1].split(" ")[0])
     assert step <= 50 and (tmp_path / "run" / "checkpoints" / f"step-{step:08d}.pt").exists()
     assert not (tmp_path / "run" / "model").exists()
+    # resumed (by hand, by dvc repro's --resume auto, by a retried pod), it stops again before a step, saying so;
+    # it had exited 0 and exported the collapsed model without a word
+    for resume in ("latest", "auto"):
+        again = train(captioned_train_shards, tmp_path / "run", *PAPERS_START, "--set", "train.on_collapse=stop",
+                      "--resume", resume)
+        assert again.returncode == 2, again.stderr[-2000:]
+        line = again.stderr.strip().splitlines()[-1]
+        assert f"collapsed at step {step} and train.on_collapse: stop ended it" in line, line
+        assert "--set train.on_collapse=warn" in line and not (tmp_path / "run" / "model").exists()
+    told = train(captioned_train_shards, tmp_path / "run", *PAPERS_START, "--set", "train.on_collapse=warn",
+                 "--resume", "latest")
+    assert told.returncode == 0, told.stderr[-2000:]
+    assert f"collapsed at step {step} (train.on_collapse: warn): training on" in told.stderr

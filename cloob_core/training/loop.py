@@ -494,6 +494,23 @@ def _collapse_rule(config: CloobConfig, setup: _Setup) -> CollapseRule:
                         width=setup.parts.model.encoder.text_projection.shape[1])
 
 
+def _resumed_after_collapse(config: CloobConfig, setup: _Setup, state: TrainingState, source: str | None) -> None:
+    """A resumed run whose history already collapsed: with ``train.on_collapse: stop`` it stops again before any
+    step (a retried pod, ``dvc repro`` or ``--resume`` must not turn the stop into a finished model); with
+    ``warn`` it says so and trains on."""
+    collapsed_at = _collapse_rule(config, setup).first_collapse(health_history(state.history))
+    if collapsed_at is None:
+        return
+    if config.train.on_collapse == "stop":
+        raise TrainingCollapsed(
+            f"the run resumed from {source} collapsed at step {collapsed_at} and train.on_collapse: stop ended it; "
+            "resuming would train a collapsed model on: give --set train.on_collapse=warn to train on anyway, or "
+            "start a new --output with a changed recipe")
+    if setup.env.is_main:
+        log.warning("the run resumed from %s collapsed at step %d (train.on_collapse: warn): training on",
+                    source, collapsed_at)
+
+
 def _agreed(setup: _Setup, verdict: str | None) -> str | None:
     """Rank 0's verdict on every rank: the figures are the whole batch's on each, but with train.local_loss each
     rank's loss is its own rows', and ranks that disagreed would wait for each other in the checkpoint."""
@@ -590,6 +607,8 @@ def _train(config: CloobConfig, output: Path, resume: str | None, progress: bool
     state = _resume(config, output, source, saved, setup.parts, setup.steps, identity)
     del saved  # restored: its tensors are not held for the run
     start_step = state.step
+    if start_step:
+        _resumed_after_collapse(config, setup, state, source)
     # A run resumed at its end trains no step: no data-loader workers (held by their gate, they would wait forever)
     batches = _batches(config, setup, mix.per_stream, state) if state.step < setup.steps else (b for b in ())
     try:
