@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from cloob_core.errors import StageError
+
 CGROUP = Path("/sys/fs/cgroup")  # cgroup v2's unified hierarchy, as a container sees its own
 
 
@@ -27,3 +29,19 @@ def limit_text() -> str:
     except OSError:
         return "unknown"
     return "no limit" if raw == "max" else f"{int(raw) / 2**30:.1f} GiB"
+
+
+class WorkerKilled(StageError):
+    """A data-loader worker was killed (most likely by the OOM killer): one line with the setting to lower."""
+
+
+def killed_worker(err: BaseException) -> str | None:
+    """What ``err`` says when it is torch's report of a data-loader worker killed from outside ("exited
+    unexpectedly", "is killed by signal"), as the start of one line; None for any other error."""
+    text = str(err)
+    if not isinstance(err, RuntimeError) or "DataLoader worker" not in text or not (
+            "exited unexpectedly" in text or "killed by signal" in text):
+        return None
+    kills = oom_kills()
+    seen = f"; this container's OOM kills so far: {kills}, its memory limit: {limit_text()}" if kills else ""
+    return f"a data-loader worker was killed, most likely by the kernel's OOM killer for memory{seen}"

@@ -116,3 +116,50 @@ def test_an_abandoned_shard_stream_is_not_written_again_when_collected():
     finally:
         sys.unraisablehook = previous
     assert unraisable == []
+
+
+def _kill_a_worker(argv: list, after: str | None = None) -> tuple[subprocess.Popen, str]:
+    """``cloob ARGV`` with one of its data-loader workers SIGKILLed (as the OOM killer does) once it has some (and,
+    with ``after``, once its stderr printed that); its stderr."""
+    import psutil
+
+    run = subprocess.Popen([sys.executable, "-m", "cloob_core.cli", *map(str, argv)], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True)
+    lines = []
+    if after is not None:
+        for line in run.stderr:
+            lines.append(line)
+            if after in line:
+                break
+    deadline = time.monotonic() + 300
+    while not (children := psutil.Process(run.pid).children()):
+        assert run.poll() is None and time.monotonic() < deadline, "".join(lines)
+        time.sleep(0.05)
+    children[0].kill()
+    stderr = "".join(lines) + run.stderr.read()
+    run.wait(timeout=120)
+    return run, stderr
+
+
+def test_a_killed_evaluation_worker_is_one_line_naming_the_setting(tmp_path, untrained_export):
+    """It ended in `RuntimeError: DataLoader worker (pid(s) …) exited unexpectedly (an internal error …)`."""
+    assert cloob("data", "eval-set", "--source", "mnist", "--output", tmp_path / "mnist",
+                 "--shard-size", "100").returncode == 0
+    run, stderr = _kill_a_worker(["eval", "zeroshot", "--model", untrained_export, "--data", tmp_path / "mnist",
+                                  "--output", tmp_path / "out", "--no-cache", "--no-progress", "--workers", "2",
+                                  "--batch-size", "4"])
+    assert run.returncode == 2, stderr
+    line = only_line(run, stderr)
+    assert "a data-loader worker was killed, most likely by the kernel's OOM killer for memory" in line, line
+    assert "lower --workers (here 2) or --batch-size (here 4)" in line, line
+
+
+def test_a_killed_training_worker_is_one_line_naming_the_setting_and_the_checkpoint(mnist_train_shards, tmp_path):
+    run, stderr = _kill_a_worker(["train", "--shards", mnist_train_shards, "--output", tmp_path / "run", "--steps",
+                                  "400", "--batch-size", "32", "--workers", "2", "--no-progress", "--no-tensorboard",
+                                  "--checkpoint-every", "2", "--log-every", "1"], after="step 3/400")
+    assert run.returncode == 2, stderr
+    line = only_line(run, stderr)
+    assert "a data-loader worker was killed, most likely by the kernel's OOM killer for memory" in line, line
+    assert "lower train.workers (--workers; here 2) or train.batch_size; --resume latest continues from " in line
+    assert checkpoint.latest(str(tmp_path / "run" / "checkpoints")) in line
