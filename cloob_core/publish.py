@@ -74,6 +74,31 @@ class Unit:
     def read_json(self, name: str) -> Any:
         return parse_json(self.read(name), storage.join(self.folder, *name.split("/")))
 
+    def copy(self, name: str, target: Path) -> None:
+        """Member ``name`` into the local file ``target`` (streamed, then checked against the record; atomic)."""
+        location = storage.join(self.folder, *name.split("/"))
+        with atomic_path(target) as tmp:
+            try:
+                storage.download_file(location, tmp)
+            except FileNotFoundError:
+                raise IncompleteOutput(f"{location} is missing from the output published in {self.folder}; run the "
+                                       "stage that writes it again") from None
+            self._check(name, tmp)
+
+    def check(self, name: str) -> None:
+        """Member ``name``, read where it lies (a local unit), matches the record."""
+        location = storage.join(self.folder, *name.split("/"))
+        if not Path(location).is_file():
+            raise IncompleteOutput(f"{location} is missing from the output published in {self.folder}; run the "
+                                   "stage that writes it again")
+        self._check(name, Path(location))
+
+    def _check(self, name: str, path: Path) -> None:
+        if file_digest(path) != self.files[name]:
+            raise IncompleteOutput(f"{storage.join(self.folder, *name.split('/'))} does not match the output "
+                                   f"published in {self.folder} (changed after it was published, or left by another "
+                                   "run); run the stage that writes it again")
+
 
 def _is_bookkeeping(name: str) -> bool:
     return name.startswith(BOOKKEEPING)
@@ -200,6 +225,76 @@ def fetch(folder: str, local: str | os.PathLike) -> list[str]:
         with atomic_path(Path(local, *name.split("/"))) as tmp:
             tmp.write_bytes(unit.read(name))
     return sorted(unit.files)
+
+
+def covering_unit(location: str) -> tuple[Unit, str] | None:
+    """The unit published at ``location`` (a folder or a file, local or ``s3://``) or at the nearest folder above
+    it that has one, with ``location``'s path inside it ("" for the unit's own folder); None where none is. A
+    model folder is often a member of a larger unit (a run's outputs published under a prefix)."""
+    current, inside = str(location).rstrip("/"), ""
+    while True:
+        unit = unit_of(current) if not Path(current).is_file() else None
+        if unit is not None:
+            return unit, inside
+        parent = current.rpartition("/")[0] if storage.is_s3(current) else str(Path(current).parent)
+        if parent in ("s3:/", "s3:", current) or not parent:
+            return None
+        name = current.rpartition("/")[2] if storage.is_s3(current) else Path(current).name
+        current, inside = parent, f"{name}/{inside}" if inside else name
+
+
+def checked_local(location: str, scratch: Path) -> Path:
+    """``location`` (a folder or a file, local or ``s3://``) as a local path to read, every file of it checked
+    against the unit published at it or above it, where there is one (:func:`covering_unit`): an S3 location is
+    copied into ``scratch``, a local one is checked in place (:func:`check_in_place`). With no unit, S3 is copied
+    as it is."""
+    if not storage.is_s3(location):
+        check_in_place(Path(location))
+        return Path(location)
+    found = covering_unit(location)
+    if found is None:
+        if storage.file_version(location) is not None:  # a file
+            target = scratch / location.rpartition("/")[2]
+            storage.download_file(location, target)
+            return target
+        storage.download_tree(location, scratch)
+        return scratch
+    unit, inside = found
+    if inside in unit.files:  # a file of the unit
+        target = scratch / inside.rpartition("/")[2]
+        unit.copy(inside, target)
+        return target
+    for relative, name in sorted(_members_under(unit, location, inside).items()):
+        unit.copy(name, scratch.joinpath(*relative.split("/")))
+    return scratch
+
+
+def check_in_place(location: Path) -> None:
+    """The local folder or file ``location`` matches the unit published at it or above it, where there is one:
+    every member's digest, and no file the unit does not name (added after it was published)."""
+    found = covering_unit(str(location))
+    if found is None:
+        return
+    unit, inside = found
+    if inside in unit.files:
+        unit.check(inside)
+        return
+    members = _members_under(unit, str(location), inside)
+    strays = sorted(set(_members(location)) - set(members))
+    if strays:
+        raise IncompleteOutput(f"{location / strays[0]} is not part of the output published in {unit.folder} "
+                               "(added after it was published); remove it, or run the stage that writes it again")
+    for name in members.values():
+        unit.check(name)
+
+
+def _members_under(unit: Unit, location: str, inside: str) -> dict[str, str]:
+    """The unit's members under its folder ``inside``: path relative to it -> member name."""
+    prefix = f"{inside}/" if inside else ""
+    members = {name[len(prefix):]: name for name in unit.files if name.startswith(prefix)}
+    if not members:
+        raise IncompleteOutput(f"{location} is not part of the output published in {unit.folder}")
+    return members
 
 
 def _link_previous(folder: Path, staging: Path, names: list[str]) -> None:

@@ -429,9 +429,12 @@ def download_tree(location: str, local: str | os.PathLike) -> list[str]:
     names = [name for name, _, _ in tree_entries(location)]
     if not names:
         raise FileNotFoundError(f"{location} holds no files")
-    with _filesystem(location) as (files, root):
-        for name in names:
-            with atomic_path(Path(local, name)) as tmp:
-                source = f"{root.rstrip('/')}/{name}"
-                _retried_read(join(location, name), lambda: files.get_file(source, str(tmp)))  # noqa: B023
+    for name in names:
+        download_file(join(location, name), Path(local, name))
     return names
+
+
+def download_file(location: str, local: str | os.PathLike) -> None:
+    """The file at ``location`` (local or s3://) into the local path ``local``, atomically, its read retried."""
+    with _filesystem(location) as (files, source), atomic_path(local) as tmp:
+        _retried_read(location, lambda: files.get_file(source, str(tmp)))

@@ -15,7 +15,7 @@ from open_clip.transform import PreprocessCfg, image_transform_v2
 from PIL import Image
 from torch import Tensor
 
-from cloob_core import storage
+from cloob_core import publish, storage
 from cloob_core.config import ConfigError
 from cloob_core.devices import autocast, choose_device, resolve_precision
 from cloob_core.io import UnreadableFile, file_digest
@@ -51,14 +51,6 @@ class EvalModel:
             return self.model.encode_text(tokens.to(self.device, non_blocking=True), normalize=True).float()
 
 
-def _local_copy(location: str, scratch: Path) -> Path:
-    """An exported model folder on S3 is fetched into ``scratch``; a local one is used in place."""
-    if not storage.is_s3(location):
-        return Path(location)
-    storage.download_tree(location, scratch)
-    return scratch
-
-
 @dataclass(frozen=True)
 class ModelSource:
     """A `cloob train` export (``model``, local or s3://), a `cloob train` checkpoint (``checkpoint``: the model as
@@ -84,7 +76,8 @@ def load_model(source: ModelSource) -> EvalModel:
                           "(cloob_core/model/configs)")
     if source.model:
         with tempfile.TemporaryDirectory() as scratch:
-            folder = _local_copy(source.model, Path(scratch))
+            # on S3 fetched into scratch, a local one read in place; checked against a unit published there
+            folder = publish.checked_local(source.model, Path(scratch))
             if not (folder / INFO_FILE).exists():
                 raise FileNotFoundError(f"{source.model} is not a `cloob train` model folder (no {INFO_FILE})")
             exported = load_exported(folder)  # its tokenizer is read now: the folder may be a scratch copy

@@ -27,13 +27,13 @@ from typing import Any
 import open_clip
 import torch
 
-from cloob_core import storage
+from cloob_core import publish, storage
 from cloob_core.config import ConfigError
 from cloob_core.io import file_digest, write_json
 from cloob_core.model.dual_encoder import CLOOBModel
 from cloob_core.model.export import LOCAL_DIR, load_weights, read_state_dict
 from cloob_core.model.files import CONFIG_FILE, EARLIER_STATE_FILE, STATE_FILE
-from cloob_core.model.store import production_folder
+from cloob_core.model.store import check_production_weights, production_folder
 
 HF_HUB = "hf-hub:"
 PRODUCTION = "production"
@@ -85,25 +85,22 @@ def record_starting_weights(init_from: str | None, store: str, output: str | Pat
 
 def _locate(init_from: str, store: str, scratch: Path) -> tuple[Path, dict[str, Any] | None]:
     """The weights file and, for a folder, its ``model_cfg``."""
+    pointer = None
     if init_from == PRODUCTION:
-        location, _ = production_folder(store)
+        location, pointer = production_folder(store)
     elif init_from.startswith(HF_HUB):
         return _from_hf_cache(init_from.removeprefix(HF_HUB))
     else:
         location = init_from.removeprefix(LOCAL_DIR)
-    if storage.is_s3(location):
-        if storage.file_version(location) is not None:  # a weights file
-            local = scratch / Path(location).name
-            local.write_bytes(storage.read_bytes(location))
-            return local, None
-        storage.download_tree(location, scratch / "folder")  # nothing there: one line naming it
-        return _in_folder(scratch / "folder", init_from)
-    path = Path(location)
-    if path.is_dir():
-        return _in_folder(path, init_from)
-    if path.is_file():
-        return path, None
-    raise FileNotFoundError(f"train.init_from {init_from}: {location} is neither a model folder nor a weights file")
+    if not storage.is_s3(location) and not Path(location).exists():  # (nothing on S3: download_tree names it)
+        raise FileNotFoundError(f"train.init_from {init_from}: {location} is neither a model folder nor a weights "
+                                "file")
+    # checked against a unit published at it or above it (a run's published outputs); S3 fetched into scratch
+    local = publish.checked_local(location, scratch / "folder")
+    weights, model_cfg = _in_folder(local, init_from) if local.is_dir() else (local, None)
+    if pointer is not None:
+        check_production_weights(weights, pointer, location)
+    return weights, model_cfg
 
 
 def _in_folder(folder: Path, init_from: str) -> tuple[Path, dict[str, Any] | None]:

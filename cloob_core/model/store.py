@@ -5,10 +5,12 @@ promotion gate (:mod:`cloob_core.ops.promotion`) writes it; training reads it to
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from cloob_core import conditional_write, storage
 from cloob_core.errors import StageError
+from cloob_core.io import file_digest
 
 POINTER = "production.json"
 
@@ -35,3 +37,16 @@ def production_folder(store: str) -> tuple[str, dict[str, Any]]:
     if pointer is None or not isinstance(pointer.get("model"), str):
         raise StoreError(f"{store} has no production model yet: run the training pipeline first")
     return pointer["model"], pointer
+
+
+def weights_id(weights: str | Path) -> str:
+    """A model's id in the store: the first 16 hex digits of its weights file's SHA-256 (content-addressed)."""
+    return file_digest(weights)[:16]
+
+
+def check_production_weights(weights: str | Path, pointer: dict[str, Any], folder: str) -> None:
+    """The production model's weights, read from ``folder``, are the ones the pointer names by id."""
+    if pointer.get("model_id") and weights_id(weights) != pointer["model_id"]:
+        raise StoreError(f"{storage.join(folder, Path(weights).name)} is not the weights of production model "
+                         f"{pointer['model_id']} (their digest begins {weights_id(weights)}): changed after they "
+                         "were promoted; restore them, or promote a model again")

@@ -32,9 +32,9 @@ from cloob_core.config import PromoteConfig
 from cloob_core.errors import StageError
 from cloob_core.evaluation.records import INDEX_FILE, parse_metrics, read_metrics
 from cloob_core.evaluation.suite_report import SUITE_FILE
-from cloob_core.io import file_digest, json_bytes, write_json
+from cloob_core.io import json_bytes, write_json
 from cloob_core.model.files import INFO_FILE, STATE_FILE
-from cloob_core.model.store import POINTER, production_folder
+from cloob_core.model.store import POINTER, check_production_weights, production_folder, weights_id
 from cloob_core.model.store import read_pointer as _read_pointer
 
 log = logging.getLogger(__name__)
@@ -71,13 +71,14 @@ def flatten(metrics: dict[str, dict[str, Any]]) -> dict[str, float]:
 
 
 def model_id(model_dir: str | Path) -> str:
-    return file_digest(Path(model_dir) / STATE_FILE)[:16]
+    return weights_id(Path(model_dir) / STATE_FILE)
 
 
 def _check_candidate(model_dir: Path) -> None:
     """A model folder a later stage can load: the weights are there and the description parses."""
     if not model_dir.is_dir():
         raise PromotionError(f"candidate model folder {model_dir} does not exist")
+    publish.check_in_place(model_dir)  # inside a published unit (a run's outputs): as it was published
     missing = [name for name in (STATE_FILE, INFO_FILE) if not (model_dir / name).is_file()]
     if missing:
         raise PromotionError(f"{model_dir} has no {' or '.join(missing)}: not a `cloob train` model folder")
@@ -166,9 +167,11 @@ def read_production(store: str) -> dict[str, Any] | None:
 
 
 def fetch_production(store: str, output_dir: str | Path) -> dict[str, Any]:
-    """The production model of ``store`` into ``output_dir`` (the folder `cloob train` exports); its pointer."""
+    """The production model of ``store`` into ``output_dir`` (the folder `cloob train` exports), its weights
+    checked against the id the pointer names (their digest's first 16 hex digits); its pointer."""
     folder, pointer = production_folder(store)
     storage.download_tree(folder, output_dir)
+    check_production_weights(Path(output_dir) / STATE_FILE, pointer, folder)
     return pointer
 
 
