@@ -67,7 +67,7 @@ def test_the_gate_refuses_a_candidate_changed_after_it_was_published(untrained_e
     model = _published(untrained_export, tmp_path, str(tmp_path / "published"))
     promotion._check_candidate(Path(model))  # as published: a candidate
     (Path(model) / "notes.txt").write_text("added later")
-    with pytest.raises(publish.IncompleteOutput, match="notes.txt is not part of the output published"):
+    with pytest.raises(publish.IncompleteOutput, match=r"notes\.txt is not part of the output published"):
         promotion._check_candidate(Path(model))
     (Path(model) / "notes.txt").unlink()
     _tamper(model)
