@@ -83,7 +83,7 @@ class Unit:
             except FileNotFoundError:
                 raise IncompleteOutput(f"{location} is missing from the output published in {self.folder}; run the "
                                        "stage that writes it again") from None
-            self._check(name, tmp)
+            self.check_copy(name, tmp)
 
     def check(self, name: str) -> None:
         """Member ``name``, read where it lies (a local unit), matches the record."""
@@ -91,9 +91,10 @@ class Unit:
         if not Path(location).is_file():
             raise IncompleteOutput(f"{location} is missing from the output published in {self.folder}; run the "
                                    "stage that writes it again")
-        self._check(name, Path(location))
+        self.check_copy(name, Path(location))
 
-    def _check(self, name: str, path: Path) -> None:
+    def check_copy(self, name: str, path: Path) -> None:
+        """The local file ``path`` (member ``name`` or a copy of it) matches the record."""
         if file_digest(path) != self.files[name]:
             raise IncompleteOutput(f"{storage.join(self.folder, *name.split('/'))} does not match the output "
                                    f"published in {self.folder} (changed after it was published, or left by another "
@@ -244,34 +245,35 @@ def covering_unit(location: str) -> tuple[Unit, str] | None:
 
 
 def checked_local(location: str, scratch: Path) -> Path:
-    """``location`` (a folder or a file, local or ``s3://``) as a local path to read, every file of it checked
-    against the unit published at it or above it, where there is one (:func:`covering_unit`): an S3 location is
-    copied into ``scratch``, a local one is checked in place (:func:`check_in_place`). With no unit, S3 is copied
-    as it is."""
+    """``location`` (a folder or a file, local or ``s3://``) as a local path to read, each file of it that a unit
+    published at it or above it names checked against the unit's record (:func:`covering_unit`; a unit need not
+    own every file of its folder): an S3 location is copied into ``scratch`` and checked there, a local one is
+    checked in place (:func:`check_in_place`)."""
     if not storage.is_s3(location):
         check_in_place(Path(location))
         return Path(location)
     found = covering_unit(location)
-    if found is None:
-        if storage.file_version(location) is not None:  # a file
-            target = scratch / location.rpartition("/")[2]
+    if storage.file_version(location) is not None:  # a file
+        target = scratch / location.rpartition("/")[2]
+        if found is not None and found[1] in found[0].files:
+            found[0].copy(found[1], target)
+        else:
             storage.download_file(location, target)
-            return target
-        storage.download_tree(location, scratch)
-        return scratch
-    unit, inside = found
-    if inside in unit.files:  # a file of the unit
-        target = scratch / inside.rpartition("/")[2]
-        unit.copy(inside, target)
         return target
-    for relative, name in sorted(_members_under(unit, location, inside).items()):
-        unit.copy(name, scratch.joinpath(*relative.split("/")))
+    storage.download_tree(location, scratch)
+    if found is not None:
+        unit, inside = found
+        for relative, name in _members_under(unit, inside).items():
+            if not scratch.joinpath(*relative.split("/")).is_file():
+                raise IncompleteOutput(f"{storage.join(unit.folder, *name.split('/'))} is missing from the output "
+                                       f"published in {unit.folder}; run the stage that writes it again")
+            unit.check_copy(name, scratch.joinpath(*relative.split("/")))
     return scratch
 
 
 def check_in_place(location: Path) -> None:
-    """The local folder or file ``location`` matches the unit published at it or above it, where there is one:
-    every member's digest, and no file the unit does not name (added after it was published)."""
+    """Each file of the local folder or file ``location`` that a unit published at it or above it names matches
+    the unit's record, and none it names is missing."""
     found = covering_unit(str(location))
     if found is None:
         return
@@ -279,22 +281,14 @@ def check_in_place(location: Path) -> None:
     if inside in unit.files:
         unit.check(inside)
         return
-    members = _members_under(unit, str(location), inside)
-    strays = sorted(set(_members(location)) - set(members))
-    if strays:
-        raise IncompleteOutput(f"{location / strays[0]} is not part of the output published in {unit.folder} "
-                               "(added after it was published); remove it, or run the stage that writes it again")
-    for name in members.values():
+    for name in _members_under(unit, inside).values():
         unit.check(name)
 
 
-def _members_under(unit: Unit, location: str, inside: str) -> dict[str, str]:
-    """The unit's members under its folder ``inside``: path relative to it -> member name."""
+def _members_under(unit: Unit, inside: str) -> dict[str, str]:
+    """The unit's members under its folder ``inside`` ("": all): path relative to it -> member name."""
     prefix = f"{inside}/" if inside else ""
-    members = {name[len(prefix):]: name for name in unit.files if name.startswith(prefix)}
-    if not members:
-        raise IncompleteOutput(f"{location} is not part of the output published in {unit.folder}")
-    return members
+    return {name[len(prefix):]: name for name in unit.files if name.startswith(prefix)}
 
 
 def _link_previous(folder: Path, staging: Path, names: list[str]) -> None:

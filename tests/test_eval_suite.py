@@ -182,7 +182,7 @@ def test_a_suite_that_cannot_be_meant_is_refused_with_the_entry_named(text, mess
 
 def test_the_default_aggregates_apply_where_a_user_suite_has_their_tasks():
     settings = config_from_text("eval:\n  datasets:\n    imagenet: {source: /data/imagenet}\n"
-                                "promote: {metric: suite.zeroshot_acc1, guards: {}}\n").eval
+                                "promote: {metric: suite.zeroshot_acc1, guards: {}, min_first: {}}\n").eval
     assert list(settings.aggregates) == ["zeroshot_acc1"]  # no probe, no retrieval: their means would be empty
     assert settings.contributors("zeroshot_acc1", "zeroshot_classification") == ["imagenet"]
     assert EvalConfig().metric_names() >= {"mnist_zeroshot_classification", "emoji_linear_probe",
@@ -195,7 +195,7 @@ def test_an_aggregate_over_a_metric_a_data_set_lacks_is_named():
 
     settings = config_from_text("eval:\n  datasets:\n    a: {source: mnist}\n    b: {source: mnist}\n"
                                 "  aggregates:\n    top5: {of: zeroshot_classification.acc5}\n"
-                                "promote: {metric: suite.top5, guards: {}}\n").eval
+                                "promote: {metric: suite.top5, guards: {}, min_first: {}}\n").eval
     with pytest.raises(SuiteError, match=r"eval.aggregates.top5: b_zeroshot_classification has no metric 'acc5'"):
         aggregate(settings, {"a_zeroshot_classification": {"acc5": 0.9}, "b_zeroshot_classification": {"acc3": 1.0}})
     assert aggregate(settings, {"a_zeroshot_classification": {"acc5": 0.9},
