@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from hostile import cli
@@ -33,13 +34,24 @@ def test_a_features_cache_entry_is_the_same_bytes_in_every_process(tmp_path):
     assert len(digests) == 1
 
 
-def _eval_set(tmp_path, shard_size: int = 100):
-    """The packaged MNIST test split in CLIP_benchmark's wds layout (10 classes, 1,000 images)."""
+@pytest.fixture(scope="module")
+def eval_sets(tmp_path_factory):
+    """The packaged MNIST test split in CLIP_benchmark's wds layout (10 classes, 1,000 images) in tars of 100 and
+    of 500, built once; a test changes a copy (:func:`_eval_set`)."""
     from cloob_core.cli import main
 
-    root = tmp_path / "mnist"
-    assert main(["data", "eval-set", "--source", "mnist", "--output", str(root), "--shard-size", str(shard_size)]) == 0
+    root = tmp_path_factory.mktemp("eval-sets")
+    for size in (100, 500):
+        assert main(["data", "eval-set", "--source", "mnist", "--output", str(root / str(size) / "mnist"),
+                     "--shard-size", str(size)]) == 0
     return root
+
+
+def _eval_set(eval_sets, tmp_path, shard_size: int = 100):
+    """A copy of the built set in tars of ``shard_size``."""
+    import shutil
+
+    return Path(shutil.copytree(eval_sets / str(shard_size) / "mnist", tmp_path / "mnist"))
 
 
 def _rewrite_member(tar_path, suffix_name: str, data: bytes) -> None:
@@ -57,10 +69,11 @@ def _rewrite_member(tar_path, suffix_name: str, data: bytes) -> None:
 
 
 @pytest.mark.parametrize("label", [b"-1", b"10"])
-def test_a_label_outside_the_classes_is_refused_naming_the_sample(capsys, tmp_path, untrained_export, label):
+def test_a_label_outside_the_classes_is_refused_naming_the_sample(capsys, tmp_path, eval_sets, untrained_export,
+                                                                  label):
     """A sample labelled -1 in a set of 10 classes was scored as class 9 (Python's negative index): exit 0, 80 of
     80 samples scored. It is refused, naming the sample, before its set is embedded whole."""
-    root = _eval_set(tmp_path)
+    root = _eval_set(eval_sets, tmp_path)
     names = sorted(name for name in _tar_names(root / "test" / "3.tar") if name.endswith(".cls"))
     _rewrite_member(root / "test" / "3.tar", names[7], label)
     done = cli(capsys, "eval", "zeroshot", "--model", untrained_export, "--data", root, "--output",
@@ -79,13 +92,13 @@ def _tar_names(path):
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_a_tar_cut_inside_an_image_is_one_warning_counting_the_samples_it_lost(capsys, caplog, tmp_path,
+def test_a_tar_cut_inside_an_image_is_one_warning_counting_the_samples_it_lost(capsys, caplog, tmp_path, eval_sets,
                                                                               untrained_export, workers):
     """It was counted as 3 unreadable samples (webdataset's two reports of the break, and the sample it cut) and
     warned twice; the 399 samples after the cut went uncounted."""
     import tarfile
 
-    root = _eval_set(tmp_path, shard_size=500)
+    root = _eval_set(eval_sets, tmp_path, shard_size=500)
     tar = root / "test" / "0.tar"
     with tarfile.open(tar) as archive:
         image = [member for member in archive.getmembers() if member.name.endswith(".png")][100]
@@ -100,10 +113,11 @@ def test_a_tar_cut_inside_an_image_is_one_warning_counting_the_samples_it_lost(c
     assert sum(map(sum, record["metrics"]["confusion_matrix"])) == 600
 
 
-def test_a_full_disk_under_the_features_spool_names_its_folder(capsys, tmp_path, untrained_export, small_disk):
+def test_a_full_disk_under_the_features_spool_names_its_folder(capsys, tmp_path, eval_sets, untrained_export,
+                                                              small_disk):
     """It said `no space left on device` with no path, where docs/reliability.md promises one."""
     cache = small_disk(32 * 1024)  # the spool of 1,000 features needs more
-    root = _eval_set(tmp_path, shard_size=500)
+    root = _eval_set(eval_sets, tmp_path, shard_size=500)
     done = cli(capsys, "eval", "zeroshot", "--model", untrained_export, "--data", root, "--output", tmp_path / "out",
                "--cache", cache, "--no-progress", "--workers", "0")
     line = done.error_line()
