@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -236,56 +237,34 @@ def test_a_run_killed_around_an_evaluation_resumes_to_the_same_history_and_weigh
         assert _same(_weights(output), _weights(whole_run)), point
 
 
-@pytest.fixture(scope="module")
-def twelve_steps(mnist_train_shards, tmp_path_factory) -> Path:
-    """A run of 12 steps evaluated at steps 4, 8 and 12."""
-    output = tmp_path_factory.mktemp("twelve") / "run"
+def _killed_at_step_8(mnist_train_shards: Path, tmp_path: Path) -> Path:
+    """A run of 12 steps evaluated at steps 4, 8 and 12, as a kill between steps 8 and 12 leaves it: its
+    checkpoint of step 12 and its outputs gone."""
+    output = tmp_path / "run"
     assert main([*_cli(mnist_train_shards, output, "--eval-every", "4", *EVAL), "--steps", "12"]) == 0
+    (output / "checkpoints" / "step-00000012.pt").unlink()
+    shutil.rmtree(output / "model")
     return output
 
 
-def _killed_at_step_8(twelve_steps: Path, tmp_path: Path) -> Path:
-    """The run as a kill between steps 8 and 12 leaves it: its checkpoint of step 12 and outputs gone."""
-    import shutil
-
-    copy = tmp_path / "run"
-    shutil.copytree(twelve_steps, copy)
-    (copy / "checkpoints" / "step-00000012.pt").unlink()
-    shutil.rmtree(copy / "model")
-    return copy
-
-
-def _resume(mnist_train_shards: Path, run: Path, *extra: str) -> list[str]:
-    return [*_cli(mnist_train_shards, run, "--eval-every", "4", *EVAL), "--steps", "12", "--resume", "latest",
-            *extra]
-
-
-def test_a_resume_keeps_the_rows_of_evaluations_whose_folders_are_gone(twelve_steps, mnist_train_shards, tmp_path,
-                                                                        caplog):
-    """evals/ deleted by hand, then --resume latest: the row of step 4, which cannot be evaluated again (its export
-    is gone), was dropped from eval_history.csv without a word."""
-    import logging
-    import shutil
-
-    run = _killed_at_step_8(twelve_steps, tmp_path)
-    shutil.rmtree(run / "evals")
-    caplog.set_level(logging.WARNING)
-    assert main(_resume(mnist_train_shards, run)) == 0
-    with (run / "eval_history.csv").open() as handle:
-        assert [row["step"] for row in csv.DictReader(handle)] == ["4", "8", "12"]
-    assert "evaluations of step(s) 4: their folders under evals/ are gone; their rows of eval_history.csv are " \
-           "kept" in caplog.text
-
-
-def test_a_damaged_scalars_record_is_evaluated_again_and_the_workers_end(twelve_steps, mnist_train_shards, tmp_path):
-    """A list where the scalars' object belongs gave an AttributeError (an internal error); it and garbage hung at
-    times, the data-loader workers forked before the resume read the record and never stopped. Now the step is
-    evaluated again from its export, and the run (data-loader workers and all) ends."""
-    run = _killed_at_step_8(twelve_steps, tmp_path)
-    (run / "evals" / "step-00000004" / "scalars.json").write_text("[1, 2]")  # garbage takes the same way
-    done = subprocess.run([sys.executable, "-m", "cloob_core.cli", *_resume(mnist_train_shards, run, "--workers", "2")],
-                          capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+@pytest.mark.slow  # ~75 s (a run of 12 steps, then its resume in a process of its own), over the default's budget
+def test_a_resume_keeps_lost_rows_evaluates_a_damaged_record_again_and_ends_its_workers(mnist_train_shards, tmp_path):
+    """Resumed at step 8 with step 4's folder deleted by hand and step 8's `scalars.json` damaged (a JSON list):
+    step 4's row of eval_history.csv, which cannot be evaluated again (its export is gone), was dropped without a
+    word; the list gave an AttributeError (an internal error), and it and garbage hung at times: the data-loader
+    workers forked before the resume read the record and never stopped. Now the row is kept and said so, the
+    damaged step is evaluated again from its export, and the run (data-loader workers and all) ends."""
+    run = _killed_at_step_8(mnist_train_shards, tmp_path)
+    shutil.rmtree(run / "evals" / "step-00000004")
+    (run / "evals" / "step-00000008" / "scalars.json").write_text("[1, 2]")  # garbage takes the same way
+    argv = [*_cli(mnist_train_shards, run, "--eval-every", "4", *EVAL), "--steps", "12", "--resume", "latest",
+            "--workers", "2"]
+    done = subprocess.run([sys.executable, "-m", "cloob_core.cli", *argv], capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "PYTHONWARNINGS": "ignore"})
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "scalars.json is damaged" in done.stderr and "an internal error" not in done.stderr
+    assert "an internal error" not in done.stderr
+    assert "step-00000008/scalars.json is damaged" in done.stderr
+    assert "evaluations of step(s) 4: their folders under evals/ are gone; their rows of eval_history.csv are " \
+           "kept" in done.stderr
     with (run / "eval_history.csv").open() as handle:
         assert [row["step"] for row in csv.DictReader(handle)] == ["4", "8", "12"]

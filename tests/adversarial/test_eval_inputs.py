@@ -26,7 +26,7 @@ def test_a_features_cache_entry_is_the_same_bytes_in_every_process(tmp_path):
     """Its fields were saved in a frozenset's order, which changes with each process's hash seed: DVC and any
     content-addressed store saw a change where there was none."""
     digests = set()
-    for seed in range(3):
+    for seed in (0, 1):  # seeds under which the set's order differed
         path = tmp_path / f"entry-{seed}.pt"
         subprocess.run([sys.executable, "-c", _WRITE_ENTRY, str(path)], check=True,
                        env={**os.environ, "PYTHONHASHSEED": str(seed)})
