@@ -63,13 +63,17 @@ class Unit:
         try:
             data = storage.read_bytes(location)
         except FileNotFoundError:
-            raise IncompleteOutput(f"{location} is missing from the output published in {self.folder}; run the "
-                                   "stage that writes it again") from None
+            raise self.missing(name) from None
         if hashlib.sha256(data).hexdigest() != self.files[name]:
             raise IncompleteOutput(f"{location} does not match the output published in {self.folder} (changed "
                                    "after it was published, or left by another run); run the stage that writes it "
                                    "again")
         return data
+
+    def missing(self, name: str) -> IncompleteOutput:
+        """The error for member ``name`` not found where the unit says it is."""
+        return IncompleteOutput(f"{storage.join(self.folder, *name.split('/'))} is missing from the output published "
+                                f"in {self.folder}; run the stage that writes it again")
 
     def read_json(self, name: str) -> Any:
         return parse_json(self.read(name), storage.join(self.folder, *name.split("/")))
@@ -81,16 +85,14 @@ class Unit:
             try:
                 storage.download_file(location, tmp)
             except FileNotFoundError:
-                raise IncompleteOutput(f"{location} is missing from the output published in {self.folder}; run the "
-                                       "stage that writes it again") from None
+                raise self.missing(name) from None
             self.check_copy(name, tmp)
 
     def check(self, name: str) -> None:
         """Member ``name``, read where it lies (a local unit), matches the record."""
         location = storage.join(self.folder, *name.split("/"))
         if not Path(location).is_file():
-            raise IncompleteOutput(f"{location} is missing from the output published in {self.folder}; run the "
-                                   "stage that writes it again")
+            raise self.missing(name)
         self.check_copy(name, Path(location))
 
     def check_copy(self, name: str, path: Path) -> None:
@@ -265,8 +267,7 @@ def checked_local(location: str, scratch: Path) -> Path:
         unit, inside = found
         for relative, name in _members_under(unit, inside).items():
             if not scratch.joinpath(*relative.split("/")).is_file():
-                raise IncompleteOutput(f"{storage.join(unit.folder, *name.split('/'))} is missing from the output "
-                                       f"published in {unit.folder}; run the stage that writes it again")
+                raise unit.missing(name)
             unit.check_copy(name, scratch.joinpath(*relative.split("/")))
     return scratch
 
