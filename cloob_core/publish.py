@@ -230,15 +230,18 @@ def fetch(folder: str, local: str | os.PathLike) -> list[str]:
     return sorted(unit.files)
 
 
-def covering_unit(location: str) -> tuple[Unit, str] | None:
-    """The unit published at ``location`` (a folder or a file, local or ``s3://``) or at the nearest folder above
-    it that has one, with ``location``'s path inside it ("" for the unit's own folder); None where none is. A
-    model folder is often a member of a larger unit (a run's outputs published under a prefix)."""
+def covering_unit(location: str, is_file: bool) -> tuple[Unit, str] | None:
+    """The unit published at ``location`` (a folder, or a file where ``is_file``; local or ``s3://``) or at the
+    nearest folder above it that has one, with ``location``'s path inside it ("" for the unit's own folder); None
+    where none is. A model folder is often a member of a larger unit (a run's outputs published under a prefix).
+    A file is not probed as a folder: on S3 that is a listing under its name, a request for nothing."""
     current, inside = str(location).rstrip("/"), ""
     while True:
-        unit = unit_of(current) if not Path(current).is_file() else None
-        if unit is not None:
-            return unit, inside
+        if not is_file:
+            unit = unit_of(current)
+            if unit is not None:
+                return unit, inside
+        is_file = False
         parent = current.rpartition("/")[0] if storage.is_s3(current) else str(Path(current).parent)
         if parent in ("s3:/", "s3:", current) or not parent:
             return None
@@ -254,8 +257,9 @@ def checked_local(location: str, scratch: Path) -> Path:
     if not storage.is_s3(location):
         check_in_place(Path(location))
         return Path(location)
-    found = covering_unit(location)
-    if storage.file_version(location) is not None:  # a file
+    is_file = storage.file_version(location) is not None
+    found = covering_unit(location, is_file)
+    if is_file:
         target = scratch / location.rpartition("/")[2]
         if found is not None and found[1] in found[0].files:
             found[0].copy(found[1], target)
@@ -275,7 +279,7 @@ def checked_local(location: str, scratch: Path) -> Path:
 def check_in_place(location: Path) -> None:
     """Each file of the local folder or file ``location`` that a unit published at it or above it names matches
     the unit's record, and none it names is missing."""
-    found = covering_unit(str(location))
+    found = covering_unit(str(location), location.is_file())
     if found is None:
         return
     unit, inside = found
