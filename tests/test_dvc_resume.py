@@ -27,7 +27,7 @@ def _set_params(root: Path, **train: object) -> None:
 def test_an_interrupted_dvc_repro_continues_from_its_checkpoint(tmp_path):
     root = copy_repository(tmp_path / "repo")
     env = environment()
-    _set_params(root, epochs=4.0, checkpoint_every=10, workers=1)
+    _set_params(root, epochs=3.0, checkpoint_every=10, workers=1)
     run(["git", "commit", "-qam", "a short run, checkpoints every 10 steps"], root, env)
     run(["dvc", "repro", "validate_shards"], root, env)
 

@@ -202,26 +202,25 @@ def _kill_when(output: Path, trainer: forked.Forked, point: str) -> list:
 
 @pytest.fixture(scope="module")
 def whole_run(mnist_train_shards, tmp_path_factory) -> Path:
-    """The run that the killed ones must end as: the same process and settings, never killed (one for both
-    resume modes)."""
+    """The run that the killed ones must end as: the same process and settings, never killed."""
     output = tmp_path_factory.mktemp("whole") / "run"
     assert _trainer(output, shards=mnist_train_shards).wait(timeout=600) == 0, _stderr(output)[-3000:]
     return output
 
 
-@pytest.mark.slow  # ~3 minutes each: four runs killed at points around an evaluation, each resumed
-@pytest.mark.parametrize("resume", ["auto", "latest"])
+@pytest.mark.slow  # ~2.5 minutes: four runs killed at points around an evaluation, each resumed
 def test_a_run_killed_around_an_evaluation_resumes_to_the_same_history_and_weights(mnist_train_shards, tmp_path,
-                                                                                    whole_run, resume):
+                                                                                    whole_run):
     """kill -9 of the trainer at each point around an evaluation (its checkpoint written, the evaluation running,
-    the evaluation recorded, the last step's evaluation running), then `--resume`: the evaluation process dies with
-    its trainer, and the resumed run ends with the eval_history.csv and the weights of a run never killed."""
+    the evaluation recorded, the last step's evaluation running), then `--resume` (``auto``, as DVC's stage resumes,
+    and ``latest``, two points each): the evaluation process dies with its trainer, and the resumed run ends with
+    the eval_history.csv and the weights of a run never killed."""
     import time
 
     expected = (whole_run / "eval_history.csv").read_text()
     assert [line.split(",")[0] for line in expected.splitlines()[1:]] == ["4", "8"]
-    for number, point in enumerate(["checkpoint 4 written", "evaluating step 4", "step 4 evaluated",
-                                    "evaluating step 8"]):
+    for number, (point, resume) in enumerate([("checkpoint 4 written", "auto"), ("evaluating step 4", "latest"),
+                                              ("step 4 evaluated", "auto"), ("evaluating step 8", "latest")]):
         output = tmp_path / f"killed-{number}"
         orphans = _kill_when(output, _trainer(output, shards=mnist_train_shards), point)
         living = orphans
