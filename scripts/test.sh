@@ -3,7 +3,7 @@
 # The suite runs on PYTEST_WORKERS processes (pytest-xdist; default one more than the cores: a worker waits on its
 # test's processes, servers and files about a fifth of the time, and the third worker on CI's 2 cores took the
 # default phase from 929 s to 795 s; 0 runs it in this process), each taking whole test files (--dist loadfile), so
-# that a module's fixtures are built once.
+# that a module's fixtures are built once, in tests/conftest.py's order (longest first; xdist's reordering off).
 # "No tests ran" (pytest exit code 5) is a failure, not a pass.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +18,7 @@ if [ "$workers" -gt 0 ] && [ -z "${LOKY_MAX_CPU_COUNT:-}" ]; then
   export LOKY_MAX_CPU_COUNT
 fi
 status=0
-.venv/bin/python -m pytest -n "$workers" --dist loadfile "$@" || status=$?
+.venv/bin/python -m pytest -n "$workers" --dist loadfile --no-loadscope-reorder "$@" || status=$?
 if [ "$status" -eq 5 ]; then
   echo "test: pytest collected no tests; failing" >&2
   exit 1

@@ -7,6 +7,20 @@ import os
 import pytest
 
 
+@pytest.hookimpl(trylast=True)  # after `-m` has deselected: the tests that run
+def pytest_collection_modifyitems(config, items):
+    """Longest first, for the workers' sake (scripts/test.sh runs whole files per worker, in this order, with
+    xdist's own reordering off): files by their number of slow tests (minutes each), then by their number of
+    tests (xdist's own order), most first. A long file dispatched last would run on alone while the other workers
+    idle: CI runs the default and slow tests in one session."""
+    files: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        files.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+    ordered = sorted(files.values(), key=lambda tests: (-sum(bool(t.get_closest_marker("slow")) for t in tests),
+                                                         -len(tests)))
+    items[:] = [item for tests in ordered for item in tests]
+
+
 @pytest.fixture(scope="session")
 def s3_server():
     """Endpoint URL of a moto S3 server on loopback; boto3 (and our spawned workers) find it via the env."""

@@ -1,5 +1,5 @@
 """The DVC pipeline end to end on the embedded default, in a temporary copy of the repository: `dvc repro`, a
-parameter change that re-runs exactly the affected stages, experiments with CLIP, RING and poly-view objectives
+parameter change that re-runs exactly the affected stages, experiments with CLIP and poly-view objectives
 compared in one table, and
 `dvc push` / `dvc pull` of every output to a real S3-compatible server on 127.0.0.1."""
 
@@ -128,11 +128,12 @@ def test_a_parameter_change_reruns_exactly_the_affected_stages(reproduced):
     run(["dvc", "repro"], repo, env)  # back to the committed parameters for the tests below
 
 
-# name -> `dvc exp run -S` settings: the baseline (cloob) against the other families, each trained for 1 epoch (CI
-# time: what is tested is that each family runs in the pipeline and lands in the table, not how well it learns)
+# name -> `dvc exp run -S` settings: the baseline (cloob) against CLIP and a poly-view objective (several views a
+# sample: another batch shape through every stage), each trained for 1 epoch (CI time: what is tested is that an
+# experiment runs the pipeline and lands in the table, named by its objective, not how well it learns; the ring
+# objective trains in tests/test_train.py and tests/test_negatives.py)
 EXPERIMENTS = {
     "clip": ["train.objective=clip"],
-    "ring": ["train.objective=cloob_ring", "objective.p_in=0.02", "objective.p_out=0.5", "objective.anneal_steps=30"],
     "pvc": ["train.objective=pvc_geometric", "train.image_views=2", "train.text_views=2"],
 }
 
@@ -154,10 +155,10 @@ def test_dvc_experiments_with_each_objective_family_compared_in_one_table(reprod
                    env)
     rows = [line for line in compared.splitlines() if line.startswith("| ") and " | mnist | " in line]
     labels = {row.split(" | ")[0].strip("| ") for row in rows}
-    assert {"clip", "ring (cloob_ring)", "pvc (pvc_geometric)"} <= labels and len(rows) == 4, compared
+    assert {"clip", "pvc (pvc_geometric)"} <= labels and len(rows) == 3, compared
     suite_table = compared.split("| run | suite.", 1)[1].split("\n\n", 1)[0]
     suite_rows = [line for line in suite_table.splitlines() if line.startswith("| ") and line.count("%") == 4]
-    assert len(suite_rows) == 4, compared  # the suite means of each run
+    assert len(suite_rows) == 3, compared  # the suite means of each run
     assert all(re.search(r"\d+\.\d\d% \| \d+\.\d\d%", row) for row in rows), compared
     assert (tmp_path / "cmp" / "comparison.png").stat().st_size > 10_000
 

@@ -21,9 +21,7 @@ import torch
 from cloob_core import storage
 from cloob_core.io import UnreadableFile, read_safetensors, read_torch, write_json, write_safetensors
 from cloob_core.model.dual_encoder import CLOOBModel, image_stats, without_random_init_warning
-from cloob_core.model.files import CONFIG_FILE, EARLIER_STATE_FILE, INFO_FILE, STATE_FILE
-
-LOCAL_DIR = "local-dir:"  # open_clip's prefix for a model folder
+from cloob_core.model.files import CONFIG_FILE, EARLIER_STATE_FILE, INFO_FILE, LOCAL_DIR, STATE_FILE
 
 
 def export_model(model: CLOOBModel, folder: Path, extra: dict[str, Any]) -> Path:

@@ -22,18 +22,16 @@ import json
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
-
-import open_clip
-import torch
+from typing import TYPE_CHECKING, Any
 
 from cloob_core import publish, storage
 from cloob_core.config import ConfigError
 from cloob_core.io import file_digest, write_json
-from cloob_core.model.dual_encoder import CLOOBModel
-from cloob_core.model.export import LOCAL_DIR, load_weights, read_state_dict
-from cloob_core.model.files import CONFIG_FILE, EARLIER_STATE_FILE, STATE_FILE
+from cloob_core.model.files import CONFIG_FILE, EARLIER_STATE_FILE, LOCAL_DIR, STATE_FILE
 from cloob_core.model.store import check_production_weights, production_folder
+
+if TYPE_CHECKING:
+    from cloob_core.model.dual_encoder import CLOOBModel
 
 HF_HUB = "hf-hub:"
 PRODUCTION = "production"
@@ -42,6 +40,11 @@ _WEIGHTS_FILES = (STATE_FILE, "open_clip_pytorch_model.bin", EARLIER_STATE_FILE)
 
 def load_starting_weights(model: CLOOBModel, init_from: str, store: str) -> str:
     """Load ``init_from``'s weights into ``model`` (see the module); the weights file's SHA-256, as recorded."""
+    import open_clip  # here, not above: the starting_weights stage, run by every `dvc repro`, only records
+    import torch
+
+    from cloob_core.model.export import load_weights, read_state_dict
+
     with tempfile.TemporaryDirectory(prefix="cloob-init-") as scratch:
         weights, source_cfg = _locate(init_from, store, Path(scratch))
         architecture = model.config.architecture
