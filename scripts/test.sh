@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh dev
 .venv/bin/python -m ruff check .
-workers=${PYTEST_WORKERS:-$(( $(nproc) + 1 ))}
+workers=${PYTEST_WORKERS:-$(( $(nproc) + 2 ))}
 # Each worker plans its threads for its share of the cores, as the ranks of a node split it (cloob_core/threads.py),
 # unless LOKY_MAX_CPU_COUNT is set: two workers that each planned for both cores oversubscribed them (the quick
 # ablation beside kfp.local's pipeline: 205 s and 224 s, against 96 s and 180 s with a core each).
