@@ -171,9 +171,25 @@ def output_to(log: Path) -> Iterator[None]:
             os.close(saved[1])
 
 
+@contextmanager
+def print_kept() -> Iterator[None]:
+    """``builtins.print`` as it was before, once the block ends. kfp.local runs a ParallelFor's iterations in
+    threads, and each step swaps ``builtins.print`` for one that indents by 4 spaces, restoring what it saw on
+    entry: interleaved, the steps leave one of theirs in place, and every later line the process prints (the run's
+    summary, or a test's next command) came out indented by 4 spaces a step (kfp 2.17)."""
+    import builtins
+
+    original = builtins.print
+    try:
+        yield
+    finally:
+        builtins.print = original
+
+
 def _run(pipeline: Any, parameters: dict[str, str]) -> None:
     try:
-        pipeline(**parameters)
+        with print_kept():
+            pipeline(**parameters)
     except RuntimeError as err:  # kfp.local: "Task 'NAME' finished with status FAILURE" (with colour codes)
         message = re.sub(r"\x1b\[[0-9;]*m", "", str(err)).strip().splitlines()
         raise LocalRunError(message[0] if message else "a step failed") from None

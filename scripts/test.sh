@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Set up (if needed) and run the checks: ruff, then the test suite. Extra arguments go to pytest.
-# The suite runs on PYTEST_WORKERS processes (pytest-xdist; default one more than the cores: a worker waits on its
-# test's processes, servers and files about a fifth of the time, and the third worker on CI's 2 cores took the
-# default phase from 929 s to 795 s; 0 runs it in this process), each taking whole test files (--dist loadfile), so
-# that a module's fixtures are built once, in tests/conftest.py's order (longest first; xdist's reordering off).
+# The suite runs on PYTEST_WORKERS processes (pytest-xdist; default two more than the cores: a worker waits on its
+# test's processes, servers and files part of the time; on CI's 2 cores a third worker took the default tests from
+# 929 s to 795 s, a fourth the slow ones from 1,678 s to 1,594 s; 0 runs it in this process), each taking whole test
+# files (--dist loadfile), so that a module's fixtures are built once, in tests/conftest.py's order (longest
+# first; xdist's own reordering, by number of tests, off). docs/development.md#tests-and-ci has the figures.
 # "No tests ran" (pytest exit code 5) is a failure, not a pass.
 set -euo pipefail
 cd "$(dirname "$0")/.."

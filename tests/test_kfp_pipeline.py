@@ -170,6 +170,7 @@ def test_kfp_local_runs_the_whole_pipeline_on_the_packaged_default(tmp_path, s3_
     from cloob_core import storage
     from cloob_core.config.cluster import ClusterSettings
     from cloob_core.data.sources import packaged_frame
+    from pipelines.local_run import print_kept
     from pipelines.pretrain import DEFAULT_PARAMS, build
 
     pairs, _ = packaged_frame("captioned", "train")  # the default's rows, as a crawl's folder of parts
@@ -183,8 +184,9 @@ def test_kfp_local_runs_the_whole_pipeline_on_the_packaged_default(tmp_path, s3_
     params["promote"]["store"] = str(tmp_path / "store")
     params["promote"]["min_first"] = {}  # a 3-epoch model becomes production
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "root"))
-    build(ClusterSettings(partitions=2, gpus=0, shards_store=f"s3://{s3_bucket}/shards",
-                          job_workdir=f"s3://{s3_bucket}/jobs", keep_checkpoints=True))(params=json.dumps(params))
+    with print_kept():  # (kfp.local's steps, in threads, would leave this worker's print indented)
+        build(ClusterSettings(partitions=2, gpus=0, shards_store=f"s3://{s3_bucket}/shards",
+                              job_workdir=f"s3://{s3_bucket}/jobs", keep_checkpoints=True))(params=json.dumps(params))
     (report,) = (tmp_path / "root").glob("*/report/folder/metrics.json")
     metrics = json.loads(report.read_text())
     zeroshot = metrics["emoji_zeroshot_classification"]

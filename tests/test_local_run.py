@@ -29,6 +29,27 @@ def test_each_compiled_executor_names_its_component_function(tmp_path):
     assert {"acquire", "train", "evaluate", "report", "promote"} <= names and "step" not in names
 
 
+def test_a_print_a_step_leaves_swapped_does_not_outlive_the_run():
+    """kfp.local's parallel steps can leave ``builtins.print`` swapped for their indenting one (a race between
+    threads); the run puts the process's own back, whether the pipeline ends or fails."""
+    import builtins
+
+    from pipelines.local_run import LocalRunError, _run
+
+    original = builtins.print
+
+    def leaves_print_indented(fails: bool) -> None:
+        builtins.print = lambda *args, **kwargs: original("    ", *args, **kwargs)
+        if fails:
+            raise RuntimeError("Task 'train' finished with status FAILURE")
+
+    _run(leaves_print_indented, {"fails": False})
+    assert builtins.print is original
+    with pytest.raises(LocalRunError, match="'train' finished with status FAILURE"):
+        _run(leaves_print_indented, {"fails": True})
+    assert builtins.print is original
+
+
 def test_without_a_docker_engine_the_run_stops_with_one_line(tmp_path):
     env = {**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"}
     done = subprocess.run([sys.executable, "-m", "pipelines", "run-local", "--runner", "docker", "--root",
