@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import short_suite
 
 pytestmark = pytest.mark.container
 DOCKER = "/usr/bin/docker" if Path("/usr/bin/docker").exists() else (shutil.which("docker") or "docker")
@@ -77,7 +78,8 @@ def test_no_credentials_are_baked_into_the_image(image):
 
 def run_local(root: Path, runner: str, env: dict[str, str], *extra: str) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "pipelines", "run-local", "--runner", runner, "--root", str(root),
-               "--set", "train.epochs=1", "--set", f"promote.store={root / 'store'}", "--partitions", "2", *extra]
+               "--set", "train.epochs=1", "--set", f"promote.store={root / 'store'}", *short_suite.SET,
+               "--partitions", "2", *extra]
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
 
 

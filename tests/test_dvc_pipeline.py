@@ -75,7 +75,10 @@ def repo(tmp_path_factory) -> Path:
     """A copy of the repository with a shorter training run."""
     root = copy_repository(tmp_path_factory.mktemp("pipeline"))
     params = yaml.safe_load((root / "params.yaml").read_text())
-    params["train"]["epochs"] = 10.0  # CI time (the default is 40); the pipeline's shape is what is tested here
+    # CI time (the default is 40); the pipeline's shape is what is tested here. 5 epochs (79 steps) reached R@5 9.5%
+    # and 8.3% on the held-out captions and emoji's linear probe 55.5% (seed 0, this machine): the checks below are 5%
+    # and 22.2%
+    params["train"]["epochs"] = 5.0
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     env = environment()
     run(["git", "commit", "-qam", "shorter training"], root, env)

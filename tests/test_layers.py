@@ -100,3 +100,16 @@ def test_a_download_worker_imports_neither_pandas_nor_torch():
              "print(sorted(m for m in ('pandas', 'torch', 'pyarrow', 'duckdb') if m in sys.modules))")
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT)
     assert loaded.stdout.strip() == "[]"
+
+
+def test_the_evaluation_plan_step_loads_neither_torch_nor_open_clip():
+    """The Kubeflow pipelines' fan-out step checks every entry of the suite and lists its data sets: torch and
+    open_clip there (5 s of CPU a step, most of the step) planned nothing."""
+    import subprocess
+    import sys
+
+    probe = ("import sys; from cloob_core.ops import kubeflow; "
+             "print(kubeflow.plan_evaluation(open('params.yaml').read())); "
+             "print(sorted(m for m in ('torch', 'open_clip', 'torchvision', 'matplotlib') if m in sys.modules))")
+    planned = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert planned.stdout.split("\n")[:2] == ["['captioned', 'tuxpaint', 'emoji', 'mnist']", "[]"], planned.stdout

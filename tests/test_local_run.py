@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import short_suite
 import yaml
 
 from cloob_core.training import checkpoint
@@ -88,7 +89,7 @@ def test_a_killed_training_step_is_retried_and_resumes_from_its_mirrored_checkpo
 
     root = tmp_path / "root"
     command = [sys.executable, "-m", "pipelines", "run-local", "--runner", "subprocess", "--root", str(root),
-               "--set", "train.epochs=1", "--set", "train.checkpoint_every=2", "--partitions", "2",
+               "--set", "train.epochs=1", "--set", "train.checkpoint_every=2", *short_suite.SET, "--partitions", "2",
                "--train-retries", "1", "--train-retry-backoff-s", "0"]
     dvc_registry = sorted((ROOT / "models" / "registry").rglob("*")) if (ROOT / "models" / "registry").is_dir() \
         else []

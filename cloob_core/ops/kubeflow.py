@@ -233,7 +233,7 @@ def train_multinode(params: Params, shards: str, output_dir: str, job: str, run_
 def plan_evaluation(params: Params) -> list[str]:
     """The suite's data sets, every entry checked (its source there, its class list known) before any model is
     loaded: the Kubeflow pipelines fan out over this list."""
-    from cloob_core.evaluation.suite import plan_suite
+    from cloob_core.evaluation.suite_plan import plan_suite
 
     return list(plan_suite(_config(params).eval))
 
