@@ -1,4 +1,6 @@
-"""Shared fixtures: a real S3-compatible server (moto's server mode) on 127.0.0.1, started and stopped here."""
+"""The order the test files run in (longest first, for the workers' sake), and the shared fixtures: a real
+S3-compatible server (moto's server mode) on 127.0.0.1, started and stopped here, and the packaged data sets
+as shards, built once per worker."""
 
 from __future__ import annotations
 

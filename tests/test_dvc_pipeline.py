@@ -77,8 +77,9 @@ def repo(tmp_path_factory) -> Path:
     params = yaml.safe_load((root / "params.yaml").read_text())
     # CI time (the default is 40); the pipeline's shape is what is tested here. 5 epochs (79 steps) reached R@5 9.5%
     # and 8.3% on the held-out captions and emoji's linear probe 55.5% (seed 0, this machine): the checks below are 5%
-    # and 22.2%
+    # and 22.2%. The first promotion's floor (the default's 10% of suite R@5, for 40 epochs) is cut to the same 5%
     params["train"]["epochs"] = 5.0
+    params["promote"]["min_first"] = {"suite.retrieval_recall@5": 0.05}
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     env = environment()
     run(["git", "commit", "-qam", "shorter training"], root, env)
