@@ -3,6 +3,8 @@ has ended: what tells a worker killed for memory from one that crashed, so the e
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from cloob_core.errors import StageError
@@ -45,3 +47,16 @@ def killed_worker(err: BaseException) -> str | None:
     kills = oom_kills()
     seen = f"; this container's OOM kills so far: {kills}, its memory limit: {limit_text()}" if kills else ""
     return f"a data-loader worker was killed, most likely by the kernel's OOM killer for memory{seen}"
+
+
+@contextlib.contextmanager
+def naming_killed_workers(line: Callable[[str], str]) -> Iterator[None]:
+    """Torch's report of a data-loader worker killed from outside, raised in the block, becomes
+    :class:`WorkerKilled` with ``line(what killed_worker says)``: the caller adds the settings to lower."""
+    try:
+        yield
+    except RuntimeError as err:
+        killed = killed_worker(err)
+        if killed is None:
+            raise
+        raise WorkerKilled(line(killed)) from None

@@ -1,11 +1,18 @@
-"""``cloob data``: acquire, download, validate, shards, eval-set, merge-stats; each parses its options, calls one
-stage function of cloob_core.data and prints the result."""
+"""``cloob data``: acquire, download, validate, shards, eval-set, merge-stats, score; each parses its options,
+calls one stage function of cloob_core.data (or cloob_core.curation) and prints the result."""
 
 from __future__ import annotations
 
 import argparse
 
-from cloob_core.cli.options import add_command, add_config_options, config_of
+from cloob_core.cli.options import (
+    add_command,
+    add_config_options,
+    add_model_source,
+    add_output_and_device,
+    config_of,
+    model_source_of,
+)
 
 
 def _download(args: argparse.Namespace) -> int:
@@ -98,8 +105,25 @@ def _acquire(args: argparse.Namespace) -> int:
     return 0
 
 
+def _score(args: argparse.Namespace) -> int:
+    """Score every sample of a pool of shards with a model (anything `cloob eval` loads): per shard NAME, OUTPUT/parts/
+    NAME.parquet (key, url, caption, the image's sha256, the image-text cosine, caption words and characters, the
+    caption's language and its confidence, a 64-bit perceptual hash, the stored width and height) and NAME.npz (the
+    image and text embeddings, float16, in the same row order); OUTPUT/scores.json, the index, once every shard is
+    scored. Re-running the same command scores only the shards it lacks (after a kill, or a pool grown since);
+    --partition i/n shares the shards between pods, and the one that scores the last of them writes the index."""
+    from cloob_core.curation.score import ScoreRequest, score
+    from cloob_core.data.manifest import Partition
+
+    result = score(ScoreRequest(args.shards, model_source_of(args), args.output, Partition.parse(args.partition),
+                                batch_size=args.batch_size, workers=args.workers, progress=not args.no_progress))
+    for line in result.lines:
+        print(line)
+    return 0
+
+
 def add_commands(sub: argparse._SubParsersAction) -> None:
-    data = sub.add_parser("data", help="data stages: acquire, download, validate, shards, eval-set, merge-stats",
+    data = sub.add_parser("data", help="data stages: acquire, download, validate, shards, eval-set, merge-stats, score",
                           description="Data stages: manifest -> shards, the validation gate, local folders -> shards.")
     stages = data.add_subparsers(dest="data_command", metavar="STAGE", required=True)
     _add_acquire(stages)
@@ -108,6 +132,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     _add_validate(stages)
     _add_shards(stages)
     _add_eval_set(stages)
+    _add_score(stages)
 
 
 def _add_output_folder(parser: argparse.ArgumentParser) -> None:
@@ -186,3 +211,14 @@ def _add_eval_set(stages: argparse._SubParsersAction) -> None:
                         help="manifest column of captions, for a retrieval set (default: caption)")
     parser.add_argument("--shard-size", type=int, default=1_000,
                         help="images per tar (default: 1000; evaluation reads the tars in parallel)")
+
+
+def _add_score(stages: argparse._SubParsersAction) -> None:
+    parser = add_command(stages, "score", _score, "score a pool of shards with a model, a part per shard")
+    parser.add_argument("--shards", required=True, metavar="DIR", help="the pool: a shard folder (sizes.json or "
+                        ".tar files), a brace pattern; local or s3://")
+    add_model_source(parser)
+    add_output_and_device(parser, output="scores")
+    parser.add_argument("--partition", default="0/1", metavar="I/N",
+                        help="score only the I-th of N contiguous ranges of the shards (default: 0/1, all)")
+    parser.add_argument("--batch-size", type=int, default=256, help="images per batch (default: 256)")

@@ -8,7 +8,14 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from cloob_core.cli.options import add_command, add_config_options, add_output_and_device, config_of
+from cloob_core.cli.options import (
+    add_command,
+    add_config_options,
+    add_model_source,
+    add_output_and_device,
+    config_of,
+    model_source_of,
+)
 from cloob_core.config import TASK_RESULTS
 
 DATA_HELP = ("a packaged set (captioned, tuxpaint, fluent-emoji, mnist, sklearn-digits), an ImageFolder tree (SPLIT/ "
@@ -27,7 +34,6 @@ TASK_HELP = {
 def _task(args: argparse.Namespace) -> int:
     from cloob_core.evaluation.run import FEATURE_CACHE, TASKS, evaluate
     from cloob_core.evaluation.tasks.common import EvalOptions
-    from cloob_core.model.source import ModelSource
 
     task_class = TASKS[args.eval_command]
     task = task_class(**{f.name: getattr(args, f.name) for f in dataclasses.fields(task_class)})
@@ -36,7 +42,7 @@ def _task(args: argparse.Namespace) -> int:
                           csv_columns=(args.url_col, args.caption_col),
                           cache=None if args.no_cache else Path(args.cache or output / FEATURE_CACHE),
                           workers=args.workers, batch_size=args.batch_size)
-    source = ModelSource(args.model, args.architecture, args.weights, args.device, args.checkpoint, args.precision)
+    source = model_source_of(args)
     result = evaluate(task, source, output, options)
     for line in result.lines:
         print(line)
@@ -63,9 +69,8 @@ def _suite(args: argparse.Namespace) -> int:
     """Evaluate every data set of the config's eval suite (or those named) on its tasks, into OUTPUT/<data set>/. Each
     entry's source, splits and class list are checked before the model loads; a data set's tasks share its features."""
     from cloob_core.evaluation.suite import evaluate_suite
-    from cloob_core.model.source import ModelSource
 
-    model = ModelSource(args.model, args.architecture, args.weights, args.device, args.checkpoint, args.precision)
+    model = model_source_of(args)
     results = evaluate_suite(config_of(args).eval, model, args.output, datasets=args.dataset, tasks=args.task,
                              cache=Path(args.cache) if args.cache else None, progress=not args.no_progress,
                              workers=args.workers)
@@ -149,17 +154,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     _add_compare(tasks)
 
 
-def _add_model_source(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", metavar="DIR", help="`cloob train` model folder (OUTPUT/model), local or s3://")
-    parser.add_argument("--architecture", help="open_clip config name (with --weights instead of --model)")
-    parser.add_argument("--weights", metavar="FILE", help="state-dict file for --architecture")
-    parser.add_argument("--checkpoint", metavar="FILE", help="a `cloob train` checkpoint (OUTPUT/checkpoints/"
-                        "step-N.pt, local or s3://): the model as it was at that step")
-
-
 def _add_task_options(parser: argparse.ArgumentParser) -> None:
     """What every single task takes: the model, the output, the feature cache and the class names."""
-    _add_model_source(parser)
+    add_model_source(parser)
     add_output_and_device(parser, "runs/eval")
     parser.add_argument("--cache", metavar="DIR", help="feature cache (default: OUTPUT/.cache)")
     parser.add_argument("--no-cache", action="store_true", help="do not cache features")
@@ -225,7 +222,7 @@ def _add_suite(tasks: argparse._SubParsersAction) -> None:
     add_config_options(parser)
     parser.add_argument("--dataset", action="append", metavar="NAME", help="only this data set (repeatable)")
     parser.add_argument("--task", action="append", choices=list(TASK_RESULTS), help="only this task (repeatable)")
-    _add_model_source(parser)
+    add_model_source(parser)
     add_output_and_device(parser, "runs/eval")
     parser.add_argument("--cache", metavar="DIR", help="feature cache kept between runs (default: none)")
 

@@ -59,6 +59,22 @@ def _workers(text: str) -> int:
     return int(text)
 
 
+def add_model_source(parser: argparse.ArgumentParser) -> None:
+    """The options that name a model to embed with (:class:`cloob_core.model.source.ModelSource`)."""
+    parser.add_argument("--model", metavar="DIR", help="`cloob train` model folder (OUTPUT/model), local or s3://")
+    parser.add_argument("--architecture", help="open_clip config name (with --weights instead of --model)")
+    parser.add_argument("--weights", metavar="FILE", help="state-dict file for --architecture")
+    parser.add_argument("--checkpoint", metavar="FILE", help="a `cloob train` checkpoint (OUTPUT/checkpoints/"
+                        "step-N.pt, local or s3://): the model as it was at that step")
+
+
+def model_source_of(args: argparse.Namespace) -> Any:
+    """The :class:`ModelSource` that :func:`add_model_source`'s and :func:`add_output_and_device`'s options name."""
+    from cloob_core.model.source import ModelSource
+
+    return ModelSource(args.model, args.architecture, args.weights, args.device, args.checkpoint, args.precision)
+
+
 def add_output_and_device(parser: argparse.ArgumentParser, output: str) -> None:
     parser.add_argument("--output", default=output, help=f"results folder (default: {output})")
     parser.add_argument("--device", default="auto",

@@ -116,16 +116,34 @@ def missing_shards(location: str | list[str]) -> str | None:
     return None
 
 
+def shard_listings(urls: list[str]) -> dict[str, dict[str, tuple[int, str]]]:
+    """Each folder of ``urls`` (``"."`` for a bare name) -> its files' ``name -> (size, version)``, from one
+    listing per folder rather than a request per shard (the version: an S3 ETag, or the local size and time). A
+    folder storage cannot list (``http://``, ``pipe:``) has no entries."""
+    folders: dict[str, dict[str, tuple[int, str]]] = {}
+    for url in urls:
+        folder = url.rpartition("/")[0] or "."
+        if folder in folders:
+            continue
+        try:
+            listed = storage.tree_entries(folder)
+        except Exception:  # a folder storage cannot list: its shards are known by name only
+            listed = []
+        folders[folder] = {path: (size, version) for path, size, version in listed if "/" not in path}
+    return folders
+
+
+def shard_entry(listings: dict[str, dict[str, tuple[int, str]]], url: str) -> tuple[int, str] | None:
+    """The shard ``url``'s ``(size, version)`` in :func:`shard_listings`' result; None where it was not listed."""
+    folder, _, name = url.rpartition("/")
+    return listings.get(folder or ".", {}).get(name)
+
+
 def shards_fingerprint(urls: list[str]) -> str:
     """What tells one training data set from another, cheaply: each shard's name and byte size, from one listing
     per folder. Shards rebuilt with other settings (size, resizing, captions) differ in size; the location does not
     count, so the same shards moved to S3 keep their fingerprint. (A content digest would read every shard.)"""
-    folders: dict[str, list[str]] = {}
-    for url in urls:
-        folder, _, name = url.rpartition("/")
-        folders.setdefault(folder or ".", []).append(name)
-    listed = []
-    for folder, names in folders.items():
-        sizes = {path: size for path, size, _ in storage.tree_entries(folder) if "/" not in path}
-        listed += [(name, sizes.get(name)) for name in names]
+    listings = shard_listings(urls)
+    listed = [(url.rpartition("/")[2], None if (entry := shard_entry(listings, url)) is None else entry[0])
+              for url in urls]
     return hashlib.sha256(json.dumps(listed).encode()).hexdigest()[:16]

@@ -37,7 +37,7 @@ from cloob_core.evaluation.image_loader import Batch, Unreadable, check_labels, 
 from cloob_core.evaluation.inputs import ImageSet, Indexed, Record
 from cloob_core.evaluation.kept import KeptInputs
 from cloob_core.io import UnreadableFile, naming_full_disk, read_torch, write_torch
-from cloob_core.memory_limit import WorkerKilled, killed_worker
+from cloob_core.memory_limit import naming_killed_workers
 from cloob_core.model.source import EvalModel
 from cloob_core.threads import CoreBalance, plan_eval_threads
 
@@ -180,15 +180,10 @@ def _embed(model: EvalModel, images: ImageSet, encoding: Encoding) -> Embedded:
         encoding.cache.mkdir(parents=True, exist_ok=True)
     folder = encoding.cache if encoding.cache is not None else Path(tempfile.gettempdir())
     with (naming_full_disk(f"{folder}/ (the features spool, an unnamed file; --cache DIR puts it elsewhere)"),
-          tempfile.TemporaryFile(dir=folder, prefix=".features-") as file):
-        try:
-            features, records = _embed_into(_Spool(file), model, images, encoding, budget.workers, skips, balance)
-        except RuntimeError as err:
-            killed = killed_worker(err)
-            if killed is None:
-                raise
-            raise WorkerKilled(f"{images.name}: {killed}: lower --workers (here {budget.workers}) or --batch-size "
-                               f"(here {encoding.batch_size})") from None
+          tempfile.TemporaryFile(dir=folder, prefix=".features-") as file,
+          naming_killed_workers(lambda killed: f"{images.name}: {killed}: lower --workers (here {budget.workers}) "
+                                f"or --batch-size (here {encoding.batch_size})")):
+        features, records = _embed_into(_Spool(file), model, images, encoding, budget.workers, skips, balance)
     if not len(records):
         raise ConfigError(f"{images.name}: no readable image ({skips.skipped} unreadable sample(s) or shard(s))")
     labels = [r.label for r in records]

@@ -7,6 +7,10 @@ does). A batch carries each sample's key, its position in the set's order (a sha
 position in it), so that features land in that order whatever the number of workers: a stream's shards are dealt to
 the workers in turn, and their batches arrive interleaved. On a GPU the batches are page-locked for an
 asynchronous copy.
+
+A caller that needs more of a stream's samples than pixels and a record (curation's scoring: hashes, sizes, the
+caption's language and tokens) gives a ``describe`` that computes it in the worker, beside the decode, and may ask
+for each shard's end to be marked in the batches, so that it can write a shard's results as soon as they are all in.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import ctypes
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from PIL import Image
@@ -37,6 +41,11 @@ class Unreadable(Exception):
     """A sample or shard a worker could not read; its message says why."""
 
 
+# What ``describe`` computes for a readable sample of a stream, in the worker: (the sample's fields as webdataset
+# read them, the image's bytes, the decoded image) -> facts carried to the main process in the batch
+Describe = Callable[[dict[str, Any], bytes, Image.Image], Any]
+
+
 @dataclass
 class Batch:
     images: Tensor  # [B, 3, H, W]: the readable samples only
@@ -44,14 +53,23 @@ class Batch:
     records: list[Record]
     unreadable: list[tuple[str, int]]  # why each sample or tar left out since the previous batch did not read, and
     # the samples it lost
+    facts: list[Any] | None = None  # describe's result for each readable sample, where a describe was given
+    ended: list[int] | None = None  # shards a worker finished reading (with mark_ends): all of their samples a
+    # worker reads are in this batch or an earlier one
 
     def pin_memory(self) -> Batch:  # called by the DataLoader's pinning thread when it pins
         self.images = self.images.pin_memory()
         return self
 
 
-# (pixels, key, record), or (None, samples lost, why they did not read)
-_Item = tuple[Tensor | None, int, Record | str]
+class _Ended(NamedTuple):
+    """A worker's mark that it finished reading a shard (its share of it, where workers share a shard)."""
+
+    shard: int
+
+
+# (pixels, key, record, facts), or (None, samples lost, why they did not read, None), or (None, 0, _Ended, None)
+_Item = tuple[Tensor | None, int, Record | str | _Ended, Any]
 
 
 class _IndexedImages(torch.utils.data.Dataset):
@@ -65,8 +83,8 @@ class _IndexedImages(torch.utils.data.Dataset):
         try:
             pixels = self.transform(self.reader.open(index))
         except Exception as err:  # whatever a broken image raises, in a worker: reported as data
-            return None, 1, f"image {index}: {type(err).__name__}: {err}"
-        return pixels, index, self.reader.record(index)
+            return None, 1, f"image {index}: {type(err).__name__}: {err}", None
+        return pixels, index, self.reader.record(index), None
 
 
 class _StreamedImages(torch.utils.data.IterableDataset):
@@ -75,8 +93,9 @@ class _StreamedImages(torch.utils.data.IterableDataset):
     fewer (a set of one 10,000-image tar), every worker reads every shard and decodes the samples at positions
     congruent to its number mod W: reading a tar costs little beside decoding its images."""
 
-    def __init__(self, reader: ShardStream, transform: Callable[[Image.Image], Tensor]):
-        self.reader, self.transform = reader, transform
+    def __init__(self, reader: ShardStream, transform: Callable[[Image.Image], Tensor],
+                 describe: Describe | None = None, mark_ends: bool = False):
+        self.reader, self.transform, self.describe, self.mark_ends = reader, transform, describe, mark_ends
 
     def __iter__(self) -> Iterator[_Item]:
         import webdataset  # noqa: F401  (register_s3 adds to its URL openers)
@@ -86,9 +105,11 @@ class _StreamedImages(torch.utils.data.IterableDataset):
         register_s3()
         info = torch.utils.data.get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        by_shard = len(self.reader.urls) >= workers
+        by_shard = readers_per_shard(len(self.reader.urls), workers) == 1
         for shard in range(worker, len(self.reader.urls), workers) if by_shard else range(len(self.reader.urls)):
             yield from self._shard(shard, None if by_shard else (worker, workers))
+            if self.mark_ends:
+                yield None, 0, _Ended(shard), None
 
     def _shard(self, shard: int, share: tuple[int, int] | None) -> Iterator[_Item]:
         """The samples of one tar (with ``share`` (worker, workers): those at the worker's positions). A tar that
@@ -116,11 +137,14 @@ class _StreamedImages(torch.utils.data.IterableDataset):
                 continue
             try:
                 image, record = self.reader.parse(raw)
-                pixels = self.transform(Image.open(io.BytesIO(image)).convert("RGB"))
+                decoded = Image.open(io.BytesIO(image)).convert("RGB")
+                pixels = self.transform(decoded)
+                facts = None if self.describe is None else self.describe(raw, image, decoded)
             except Exception as err:  # whatever a broken member raises
-                held = None, 1, f"{url} sample {raw.get('__key__')!r}: {type(err).__name__}: {str(err)[:300]}"
+                held = (None, 1, f"{url} sample {raw.get('__key__')!r}: {type(err).__name__}: {str(err)[:300]}",
+                        None)
                 continue
-            yield pixels, shard * SHARD_STRIDE + position, record
+            yield pixels, shard * SHARD_STRIDE + position, record, facts
         size = None if self.reader.sizes is None else self.reader.sizes[shard]
         broke = bool(errors) or (size is not None and read < size)
         cut = broke and last is not None and not self._parses(last)
@@ -144,9 +168,16 @@ class _StreamedImages(torch.utils.data.IterableDataset):
         records its size; else the one it cut, or at least one)."""
         why = "it ends early" if error is None else f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
         if size is not None:
-            return None, size - read, f"{url}: {size - read} of its {size} samples lost after sample {read} ({why})"
+            return (None, size - read, f"{url}: {size - read} of its {size} samples lost after sample {read} ({why})",
+                    None)
         lost = "the sample it cut and any after it" if cut else "any samples after them"
-        return None, 1, f"{url}: broken after {read} samples ({why}); {lost} lost (no sizes.json counts them)"
+        return None, 1, f"{url}: broken after {read} samples ({why}); {lost} lost (no sizes.json counts them)", None
+
+
+def readers_per_shard(shards: int, workers: int) -> int:
+    """How many workers read each shard of a stream (each its share of the samples): one where there are at least
+    as many shards as workers (0 workers: this process, one reader), else every worker."""
+    return 1 if shards >= max(workers, 1) else workers
 
 
 def _malloc_trim() -> Callable[[int], int] | None:
@@ -170,21 +201,29 @@ def _collate(items: list[_Item]) -> Batch:
         _MALLOC_TRIM(0)
     readable = [item for item in items if item[0] is not None]
     images = torch.stack([item[0] for item in readable]) if readable else torch.empty(0)
+    ended = [item[2].shard for item in items if isinstance(item[2], _Ended)]
+    described = any(item[3] is not None for item in readable)
     return Batch(images, torch.tensor([item[1] for item in readable], dtype=torch.int64),
-                 [item[2] for item in readable], [(item[2], item[1]) for item in items if item[0] is None])
+                 [item[2] for item in readable],
+                 [(item[2], item[1]) for item in items if item[0] is None and isinstance(item[2], str)],
+                 [item[3] for item in readable] if described else None, ended or None)
 
 
 def image_batches(images: ImageSet, transform: Callable[[Image.Image], Tensor], *, batch_size: int, workers: int,
-                  pin_memory: bool = False, kept: KeptInputs | None = None) -> Iterator[Batch]:
+                  pin_memory: bool = False, kept: KeptInputs | None = None, describe: Describe | None = None,
+                  mark_ends: bool = False) -> Iterator[Batch]:
     """``images`` in batches of up to ``batch_size`` readable samples (a stream's last batch of each worker may be
-    short), read by ``workers`` processes (0: in this one), or from ``kept`` when it holds them."""
+    short), read by ``workers`` processes (0: in this one), or from ``kept`` when it holds them. A stream's
+    samples may be described (``describe``) and its shards' ends marked (``mark_ends``), see the module."""
+    if (describe is not None or mark_ends) and (kept is not None or not isinstance(images.reader, ShardStream)):
+        raise ValueError("describe and mark_ends are for a stream of shards read afresh")
     if kept is not None:
         yield from kept.batches((images.identity, str(transform)), lambda: image_batches(
             images, transform, batch_size=batch_size, workers=workers, pin_memory=pin_memory))
         return
     reader = images.reader
     if isinstance(reader, ShardStream):
-        dataset: torch.utils.data.Dataset = _StreamedImages(reader, transform)
+        dataset: torch.utils.data.Dataset = _StreamedImages(reader, transform, describe, mark_ends)
     else:
         dataset = _IndexedImages(reader, transform)
     options: dict[str, Any] = {"num_workers": workers, "batch_size": batch_size, "collate_fn": _collate,

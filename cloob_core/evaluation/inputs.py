@@ -182,7 +182,8 @@ def image_folder_set(root: Path, name: str) -> ImageSet:
                     classnames=list(folder.classes))
 
 
-def _image_of(raw: dict[str, Any]) -> bytes:
+def sample_image(raw: dict[str, Any]) -> bytes:
+    """A WebDataset sample's image bytes: its jpg, jpeg, png or webp member."""
     found = next((raw[key] for key in ("jpg", "jpeg", "png", "webp") if key in raw), None)
     if found is None:
         raise ValueError(f"sample {raw.get('__key__')!r} has no image (jpg, jpeg, png or webp)")
@@ -204,31 +205,30 @@ def _shard_sample(raw: dict[str, Any], label_key: str) -> tuple[bytes, Record]:
     """A `cloob data` shard's sample: its image, caption (``txt``) and the class field ``label_key`` of its json."""
     meta = json.loads(raw["json"]) if "json" in raw else {}
     label = _class_label(meta[label_key]) if label_key in meta else None
-    return _image_of(raw), Record(label, (raw["txt"].decode("utf-8"),) if "txt" in raw else (),
+    return sample_image(raw), Record(label, (raw["txt"].decode("utf-8"),) if "txt" in raw else (),
                                   str(meta["classname"]) if label is not None and "classname" in meta else None)
 
 
 def _wds_sample(raw: dict[str, Any], retrieval: bool) -> tuple[bytes, Record]:
     """A CLIP_benchmark ``wds`` sample: its image and ``cls``, or (a retrieval set) its captions, one per line."""
     if retrieval:
-        return _image_of(raw), Record(None, tuple(raw["txt"].decode("utf-8").splitlines()))
-    return _image_of(raw), Record(_class_label(raw["cls"]))
+        return sample_image(raw), Record(None, tuple(raw["txt"].decode("utf-8").splitlines()))
+    return sample_image(raw), Record(_class_label(raw["cls"]))
 
 
 def _files_identity(urls: Sequence[str]) -> str:
     """The shards' sizes and versions (S3 ETags, local size and time), from one listing per folder rather than a
     request per tar: a set rewritten in place is another set to the features cache. Counting the samples would
-    mean reading them."""
-    by_folder: dict[str, set[str]] = {}
-    for url in urls:
-        folder, _, name = url.rpartition("/")
-        by_folder.setdefault(folder, set()).add(name)
+    mean reading them. A folder storage cannot list (http://, pipe:) is known by its shards' names."""
+    from cloob_core.data.shard_files import shard_listings
+
+    listings = shard_listings(list(urls))
     found = []
-    for folder, names in sorted(by_folder.items()):
-        try:
-            listed: list[Any] = [entry for entry in storage.tree_entries(folder) if entry[0] in names]
-        except Exception:  # a folder storage cannot list (http://, pipe:): the names stand for it
-            listed = sorted(names)
+    for folder in sorted({url.rpartition("/")[0] or "." for url in urls}):
+        names = {url.rpartition("/")[2] for url in urls if (url.rpartition("/")[0] or ".") == folder}
+        entries = listings.get(folder, {})
+        listed: list[Any] = [[name, *entries[name]] for name in sorted(names) if name in entries] if entries \
+            else sorted(names)
         found.append([folder, listed])
     return json_digest(found)[:16]
 

@@ -32,7 +32,7 @@ from cloob_core.data.shard_files import missing_shards, shard_list, shards_finge
 from cloob_core.devices import choose_device, resolve_precision
 from cloob_core.errors import StageError
 from cloob_core.io import write_json, write_text
-from cloob_core.memory_limit import WorkerKilled, killed_worker
+from cloob_core.memory_limit import naming_killed_workers
 from cloob_core.model.dual_encoder import build_model, build_tokenizer, lock_towers
 from cloob_core.model.export import export_model
 from cloob_core.model.starting_weights import load_starting_weights
@@ -612,15 +612,15 @@ def _train(config: CloobConfig, output: Path, resume: str | None, progress: bool
         _resumed_after_collapse(config, setup, state, source)
     # A run resumed at its end trains no step: no data-loader workers (held by their gate, they would wait forever)
     batches = _batches(config, setup, mix.per_stream, state) if state.step < setup.steps else (b for b in ())
-    try:
-        return _train_with(config, setup, output, batches, state, _Inputs(mix, fit, start_step), progress, publish)
-    except RuntimeError as err:
-        killed = killed_worker(err)
-        if killed is None:
-            raise
+    def killed_line(killed: str) -> str:
         kept = checkpoint.latest(str(output / "checkpoints"))
-        raise WorkerKilled(f"{killed}: lower train.workers (--workers; here {cfg.workers}) or train.batch_size; "
-                           + (f"--resume latest continues from {kept}" if kept else "no checkpoint yet")) from None
+        return (f"{killed}: lower train.workers (--workers; here {cfg.workers}) or train.batch_size; "
+                + (f"--resume latest continues from {kept}" if kept else "no checkpoint yet"))
+
+    try:
+        with naming_killed_workers(killed_line):
+            return _train_with(config, setup, output, batches, state, _Inputs(mix, fit, start_step), progress,
+                               publish)
     finally:
         batches.close()  # the data-loader workers end on every way out, a failure before the first step included
 

