@@ -15,7 +15,7 @@ LAYERS = (
      "cloob_core.pushgateway", "cloob_core.flags", "cloob_core.plots"),
     ("cloob_core.config", "cloob_core.objectives.names", "cloob_core.objectives"),
     ("cloob_core.objectives.", "cloob_core.model", "cloob_core.data", "cloob_core.devices"),
-    ("cloob_core.training", "cloob_core.evaluation"),
+    ("cloob_core.training", "cloob_core.evaluation", "cloob_core.curation"),
     ("cloob_core.ops", "cloob_core.experiments"),
     ("cloob_core.cli",),
 )
