@@ -3,6 +3,7 @@ the DVC view of it; its values are these defaults.
 
 - ``base``: what every section shares (the section model, :class:`ConfigError`, one-line validation errors);
 - ``data``: preprocessing, acquiring, downloading, the engine, the gate;
+- ``curation``: the filters of `cloob data curate`;
 - ``train``: the model, the objective, the optimiser, ``train``;
 - ``eval``: the evaluation suite and its vocabulary;
 - ``promote``: the promotion gate;
@@ -15,6 +16,7 @@ here imports torch.
 """
 
 from cloob_core.config.base import ConfigError, describe
+from cloob_core.config.curation import CurationConfig
 from cloob_core.config.data import (
     SECRET_QUERY_PARAMS,
     AcquireConfig,
@@ -57,7 +59,8 @@ from cloob_core.config.train import (
 
 __all__ = [
     "CPU_DATA_STREAMS", "PACKAGED_SETS", "PACKAGED_SOURCES", "PRESETS", "SECRET_QUERY_PARAMS", "SUITE_RESULT",
-    "TASK_RESULTS", "AcquireConfig", "AggregateConfig", "CloobConfig", "ConfigError", "ConfigLayers", "DatasetConfig",
+    "TASK_RESULTS", "AcquireConfig", "AggregateConfig", "CloobConfig", "ConfigError", "ConfigLayers", "CurationConfig",
+    "DatasetConfig",
     "DownloadConfig", "EngineConfig", "EvalConfig", "ModelConfig", "ObjectiveConfig", "OptimConfig",
     "PreprocessConfig", "PromoteConfig", "ShardSource", "SplitsConfig", "TaskName", "TrainConfig",
     "ValidationConfig", "Values", "config_from_mapping", "config_from_text", "describe", "dump_defaults",

@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from cloob_core.config.base import _Section
+from cloob_core.config.curation import CurationConfig
 from cloob_core.config.data import AcquireConfig, DownloadConfig, EngineConfig, PreprocessConfig, ValidationConfig
 from cloob_core.config.eval import SUITE_RESULT, EvalConfig
 from cloob_core.config.promote import PromoteConfig
@@ -39,6 +40,7 @@ class CloobConfig(_Section):
     download: DownloadConfig = Field(default_factory=DownloadConfig)
     validation: ValidationConfig = Field(default_factory=ValidationConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
+    curation: CurationConfig = Field(default_factory=CurationConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     promote: PromoteConfig = Field(default_factory=PromoteConfig)

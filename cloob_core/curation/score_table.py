@@ -36,6 +36,7 @@ INDEX_FILE = "scores.json"
 PARTS = "parts"
 FORMAT = "cloob-scores/1"
 EMBEDDINGS = ("image", "text")  # the arrays of a part's npz
+_READ_BLOCK = 8 << 20
 
 
 class ScoresError(StageError):
@@ -164,16 +165,37 @@ def read_index(scores: str) -> ScoreIndex:
         raise ScoresError(f"{location} is damaged ({type(err).__name__}: {err})") from None
 
 
+def _missing(location: str) -> ScoresError:
+    return ScoresError(f"{location} is missing: the scores are incomplete (score the pool again into the same "
+                       "--output: only the parts it lacks are scored)")
+
+
+def _changed(location: str) -> ScoresError:
+    return ScoresError(f"{location} does not match the digest its index records: it changed or was cut after it "
+                       "was scored (score the pool again into a new --output)")
+
+
+def check_part_file(location: str, digest: str) -> None:
+    """The part file at ``location`` has the SHA-256 ``digest``, read in blocks (a part may be large)."""
+    found = hashlib.sha256()
+    try:
+        with storage.open_read(location) if storage.is_s3(location) else open(location, "rb") as handle:
+            while block := handle.read(_READ_BLOCK):
+                found.update(block)
+    except FileNotFoundError:
+        raise _missing(location) from None
+    if found.hexdigest() != digest:
+        raise _changed(location)
+
+
 def _checked_bytes(scores: str, record: PartRecord, suffix: str, digest: str) -> bytes:
     location = part_file(scores, record.name, suffix)
     try:
         data = storage.read_bytes(location)
     except FileNotFoundError:
-        raise ScoresError(f"{location} is missing: the scores are incomplete (score the pool again into this "
-                          "--output: only the parts it lacks are scored)") from None
+        raise _missing(location) from None
     if hashlib.sha256(data).hexdigest() != digest:
-        raise ScoresError(f"{location} does not match the digest its index records: it changed or was cut after "
-                          "it was scored (score the pool again into a new --output)")
+        raise _changed(location)
     return data
 
 

@@ -1,0 +1,55 @@
+"""The curation section: which filters `cloob data curate` applies to a scored pool. Every filter is off unless
+set; a sample is kept when every filter that is set keeps it."""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import Field, field_validator, model_validator
+
+from cloob_core.config.base import _Section
+
+
+class CurationConfig(_Section):
+    """Filters of `cloob data curate` over the scores `cloob data score` wrote (docs/curation.md)."""
+
+    enabled: bool = Field(False, description="Run the DVC pipeline's score and curate stages and train on the "
+                          "curated shards (false: train on the downloaded shards, as before).")
+    min_clip_score: float | None = Field(None, ge=-1.0, le=1.0, description="Keep samples whose image-text cosine "
+                                         "is at least this (LAION-5B: 0.28 with ViT-B/32); null: no floor.")
+    top_fraction: float | None = Field(None, gt=0.0, le=1.0, description="Keep this fraction of the pool with the "
+                                       "highest image-text cosine, over every part at once (DataComp: 0.3); ties "
+                                       "are broken by shard and position. null: no cut.")
+    languages: list[str] | None = Field(None, min_length=1, description="Keep captions identified as one of these "
+                                        "languages (fastText lid.176's ISO 639 codes: en, de, ...); null: any.")
+    min_language_confidence: float | None = Field(None, ge=0.0, le=1.0, description="With languages: keep only "
+                                                  "captions identified with at least this confidence (short "
+                                                  "captions often score below 0.5).")
+    min_caption_words: int | None = Field(None, ge=1, description="Keep captions of at least this many words "
+                                          "(DataComp's basic filter: more than 2, i.e. 3).")
+    min_image_side: int | None = Field(None, ge=1, description="Keep images whose stored shorter side is at least "
+                                       "this (DataComp's basic filter: 200).")
+    max_aspect_ratio: float | None = Field(None, ge=1.0, description="Keep images whose stored long/short side ratio "
+                                           "is at most this (DataComp's basic filter: 3).")
+    near_duplicates: bool = Field(False, description="Of images within near_duplicate_bits of each other by "
+                                  "perceptual hash, keep the one with the highest image-text cosine.")
+    near_duplicate_bits: int = Field(4, ge=0, le=16, description="The Hamming distance of two 64-bit perceptual "
+                                     "hashes at or below which two images are near-duplicates (0: the same hash).")
+
+    @field_validator("languages")
+    @classmethod
+    def _language_codes(cls, value: list[str] | None) -> list[str] | None:
+        if value is None:
+            return value
+        bad = [code for code in value if not re.fullmatch(r"[a-z]{2,3}", code)]
+        if bad:
+            raise ValueError(f"{bad[0]!r} is not a language code as lid.176 labels them (two or three lower-case "
+                             "letters: en, de, zh, ...)")
+        return sorted(set(value))
+
+    @model_validator(mode="after")
+    def _confidence_needs_languages(self) -> CurationConfig:
+        if self.min_language_confidence is not None and self.languages is None:
+            raise ValueError("curation.min_language_confidence is set without curation.languages: the confidence "
+                             "is in the languages kept; set both")
+        return self

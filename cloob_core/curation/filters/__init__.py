@@ -1,0 +1,44 @@
+"""The curation filters, one module per kind, each with one signature (:class:`Filter`): it reads the score table
+(the ``scores`` view of a :class:`~cloob_core.curation.pool.ScoredPool`) and names the samples it removes, by shard
+and position, as a query; its ``reason`` is what the kept table records for them. A sample is kept when no filter
+removes it. The shape is DataComp's ``apply_filter.py`` (a filter reads the scores, a subset comes out) and NeMo
+Curator's stages (one job each, chained by the caller)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from cloob_core.config import CurationConfig
+from cloob_core.curation.pool import ScoredPool
+
+
+class Filter(Protocol):
+    reason: str  # recorded for each sample the filter removes
+
+    def removed(self, pool: ScoredPool) -> str:
+        """A SQL query over the pool's connection giving ``shard, position`` of each sample removed."""
+        ...
+
+
+def filters_of(settings: CurationConfig) -> list[Filter]:
+    """The filters ``settings`` sets, in the order their reasons are listed."""
+    from cloob_core.curation.filters.caption import AspectRatio, CaptionWords, ImageSide, Language
+    from cloob_core.curation.filters.near_duplicates import NearDuplicates
+    from cloob_core.curation.filters.score import ClipScoreFloor, TopFraction
+
+    chosen: list[Filter] = []
+    if settings.min_clip_score is not None:
+        chosen.append(ClipScoreFloor(settings.min_clip_score))
+    if settings.top_fraction is not None:
+        chosen.append(TopFraction(settings.top_fraction))
+    if settings.languages is not None:
+        chosen.append(Language(tuple(settings.languages), settings.min_language_confidence or 0.0))
+    if settings.min_caption_words is not None:
+        chosen.append(CaptionWords(settings.min_caption_words))
+    if settings.min_image_side is not None:
+        chosen.append(ImageSide(settings.min_image_side))
+    if settings.max_aspect_ratio is not None:
+        chosen.append(AspectRatio(settings.max_aspect_ratio))
+    if settings.near_duplicates:
+        chosen.append(NearDuplicates(settings.near_duplicate_bits))
+    return chosen

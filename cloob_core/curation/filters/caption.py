@@ -1,0 +1,58 @@
+"""DataComp's basic filtering, from the score table's facts: the caption's language (and the identifier's
+confidence), its length in words, the image's shorter side and its aspect ratio."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cloob_core.curation.pool import SCORES_VIEW, ScoredPool
+
+
+def _where(condition: str) -> str:
+    return f"SELECT shard, position FROM {SCORES_VIEW} WHERE {condition}"
+
+
+@dataclass(frozen=True)
+class Language:
+    """Removes captions identified as none of ``languages``, or with less than ``min_confidence``."""
+
+    languages: tuple[str, ...]
+    min_confidence: float = 0.0
+    reason: str = "language"
+
+    def removed(self, pool: ScoredPool) -> str:
+        listed = ", ".join(f"'{code}'" for code in self.languages)  # codes are checked: [a-z]{2,3}
+        return _where(f"language NOT IN ({listed}) OR language_confidence < {self.min_confidence!r}")
+
+
+@dataclass(frozen=True)
+class CaptionWords:
+    """Removes captions of fewer than ``minimum`` words."""
+
+    minimum: int
+    reason: str = "min_caption_words"
+
+    def removed(self, pool: ScoredPool) -> str:
+        return _where(f"caption_words < {int(self.minimum)}")
+
+
+@dataclass(frozen=True)
+class ImageSide:
+    """Removes images whose shorter stored side is below ``minimum`` pixels."""
+
+    minimum: int
+    reason: str = "min_image_side"
+
+    def removed(self, pool: ScoredPool) -> str:
+        return _where(f"least(width, height) < {int(self.minimum)}")
+
+
+@dataclass(frozen=True)
+class AspectRatio:
+    """Removes images whose long side is more than ``maximum`` times their short side."""
+
+    maximum: float
+    reason: str = "max_aspect_ratio"
+
+    def removed(self, pool: ScoredPool) -> str:
+        return _where(f"greatest(width, height) > {self.maximum!r} * least(width, height)")
