@@ -122,9 +122,24 @@ def _score(args: argparse.Namespace) -> int:
     return 0
 
 
+def _curate(args: argparse.Namespace) -> int:
+    """Apply the curation section's filters (params.yaml, --set curation.KEY=VALUE) to a pool scored by `cloob data
+    score`: the kept samples resharded into OUTPUT in the usual layout (sizes.json, stats; each sample's json with its
+    scores), OUTPUT/kept.parquet (every sample by key, whether kept, the reasons that removed it) and
+    curation_report.md / .json (what each filter removed, and their overlaps), published as one unit."""
+    from cloob_core.curation.curate import curate
+
+    result = curate(args.shards, args.scores, args.output, config_of(args))
+    for line in result.lines:
+        print(line)
+    print(f"curated shards, kept.parquet and curation_report.md in {result.output}")
+    return 0
+
+
 def add_commands(sub: argparse._SubParsersAction) -> None:
-    data = sub.add_parser("data", help="data stages: acquire, download, validate, shards, eval-set, merge-stats, score",
-                          description="Data stages: manifest -> shards, the validation gate, local folders -> shards.")
+    data = sub.add_parser("data", help="data stages: acquire, download, validate, shards, eval-set, merge-stats, "
+                          "score, curate", description="Data stages: manifest -> shards, the validation gate, local "
+                          "folders -> shards, scoring and curating a pool.")
     stages = data.add_subparsers(dest="data_command", metavar="STAGE", required=True)
     _add_acquire(stages)
     _add_download(stages)
@@ -133,6 +148,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     _add_shards(stages)
     _add_eval_set(stages)
     _add_score(stages)
+    _add_curate(stages)
 
 
 def _add_output_folder(parser: argparse.ArgumentParser) -> None:
@@ -222,3 +238,11 @@ def _add_score(stages: argparse._SubParsersAction) -> None:
     parser.add_argument("--partition", default="0/1", metavar="I/N",
                         help="score only the I-th of N contiguous ranges of the shards (default: 0/1, all)")
     parser.add_argument("--batch-size", type=int, default=256, help="images per batch (default: 256)")
+
+
+def _add_curate(stages: argparse._SubParsersAction) -> None:
+    parser = add_command(stages, "curate", _curate, "filter a scored pool and reshard what is kept")
+    parser.add_argument("--shards", required=True, metavar="DIR", help="the pool `cloob data score` scored")
+    parser.add_argument("--scores", required=True, metavar="DIR", help="its scores (`cloob data score --output`)")
+    _add_output_folder(parser)
+    add_config_options(parser, "curation")

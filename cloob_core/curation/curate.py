@@ -1,0 +1,82 @@
+"""`cloob data curate`: the filters of the ``curation`` section applied to a scored pool; the kept samples
+resharded, the kept table and the report beside them, published as one unit (a killed curate leaves the previous
+output whole)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from cloob_core import lease, publish
+from cloob_core.config import CloobConfig
+from cloob_core.curation.filters import filters_of
+from cloob_core.curation.pool import open_pool
+from cloob_core.curation.reshard import reshard
+from cloob_core.curation.selection import Selection, select, write_kept_table
+from cloob_core.data.engine import connect
+from cloob_core.errors import StageError
+from cloob_core.io import json_bytes
+
+log = logging.getLogger(__name__)
+KEPT_FILE = "kept.parquet"
+REPORT_JSON, REPORT_MD = "curation_report.json", "curation_report.md"
+
+
+class CurationError(StageError):
+    """A curation that cannot give a training set: its filters keep nothing."""
+
+
+@dataclass(frozen=True)
+class CurateResult:
+    output: str
+    selection: Selection
+    shards: int
+
+    @property
+    def lines(self) -> list[str]:
+        chosen = self.selection
+        lines = [f"kept {chosen.kept:,} of {chosen.rows:,} samples ({chosen.kept / chosen.rows:.1%}) in "
+                 f"{self.shards} shard(s)"]
+        lines += [f"  {reason}: removed {count:,}" for reason, count in chosen.removed_by.items()]
+        return lines
+
+
+def _report(selection: Selection, config: CloobConfig, scores: str) -> dict[str, object]:
+    return {"rows": selection.rows, "kept": selection.kept, "removed": selection.removed,
+            "removed_by": selection.removed_by,
+            "overlaps": [{"filters": list(pair), "removed": count} for pair, count in selection.overlaps.items()],
+            "settings": config.curation.model_dump(), "scores": scores}
+
+
+def _report_md(selection: Selection) -> str:
+    rows = [f"| {reason} | {count:,} | {count / selection.rows:.1%} |"
+            for reason, count in selection.removed_by.items()]
+    overlaps = [f"| {a} | {b} | {count:,} |" for (a, b), count in selection.overlaps.items()]
+    return "\n".join([
+        "# Curation", "", f"Kept **{selection.kept:,}** of {selection.rows:,} samples "
+        f"({selection.kept / selection.rows:.1%}).", "", "| filter | removed | of the pool |", "|---|---|---|", *rows,
+        "", "A sample removed by two filters counts in both; removed by both:", "",
+        "| filter | filter | removed by both |", "|---|---|---|", *overlaps, ""])
+
+
+@lease.holding("output")
+def curate(shards: str, scores: str, output: str, config: CloobConfig) -> CurateResult:
+    """Apply ``config.curation``'s filters to the pool ``shards`` scored in ``scores``; write ``output``."""
+    filters = filters_of(config.curation)
+    if not filters:
+        log.warning("no curation filter is set: every sample is kept (set curation.* in params.yaml)")
+    with connect(config.engine, [shards, scores]) as connection:
+        pool = open_pool(shards, scores, connection)
+        selection = select(pool, filters)
+        if selection.kept == 0:
+            worst = selection.most_removing()
+            raise CurationError(f"the curation keeps none of the {selection.rows:,} samples; curation.{worst} "
+                                f"removed the most ({selection.removed_by.get(worst or '', 0):,}): loosen it")
+        with publish.staged(output) as staging:
+            folder = Path(staging)
+            summary = reshard(pool, folder, config.preprocess.shard_size)
+            write_kept_table(pool, folder / KEPT_FILE)
+            (folder / REPORT_JSON).write_bytes(json_bytes(_report(selection, config, scores)))
+            (folder / REPORT_MD).write_text(_report_md(selection))
+    return CurateResult(output, selection, len(summary.sizes))
