@@ -1,0 +1,105 @@
+"""`cloob data curate` on a scored pool: the kept samples resharded as the shard gate and training read them, the
+kept table, the report, the same bytes from the same inputs, and refusals that write nothing."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from cloob_core.config import load_config
+from cloob_core.curation.curate import KEPT_FILE, REPORT_JSON, curate
+from cloob_core.curation.score import ScoreRequest, score
+from cloob_core.model.source import ModelSource
+
+
+@pytest.fixture(scope="module")
+def scored_pool(captioned_train_shards, untrained_export, tmp_path_factory):
+    """Three shards of the captioned set scored by the untrained model; read-only."""
+    root = tmp_path_factory.mktemp("pool")
+    pool = root / "pool"
+    pool.mkdir()
+    sizes = json.loads((captioned_train_shards / "sizes.json").read_text())
+    names = ["00000", "00001", "00002"]
+    for name in names:
+        shutil.copy(captioned_train_shards / f"{name}.tar", pool / f"{name}.tar")
+    (pool / "sizes.json").write_text(json.dumps({f"{n}.tar": sizes[f"{n}.tar"] for n in names}))
+    score(ScoreRequest(str(pool), ModelSource(model=str(untrained_export), device="cpu"), str(root / "scores"),
+                       workers=0, progress=False))
+    return pool, root / "scores"
+
+
+def _config(**curation):
+    return load_config(overrides=[f"curation.{key}={value}" for key, value in curation.items()])
+
+
+def _keys(folder: Path) -> list[str]:
+    keys = []
+    for tar in sorted(folder.glob("*.tar")):
+        with tarfile.open(tar) as archive:
+            keys += sorted({member.name.split(".")[0] for member in archive.getmembers()})
+    return keys
+
+
+def test_the_kept_samples_are_resharded_with_their_scores_and_the_same_inputs_give_the_same_bytes(scored_pool,
+                                                                                                  tmp_path):
+    pool, scores = scored_pool
+    config = _config(top_fraction=0.4, min_caption_words=2)
+    result = curate(str(pool), str(scores), str(tmp_path / "one"), config)
+    again = curate(str(pool), str(scores), str(tmp_path / "two"), config)
+    chosen = result.selection
+    assert chosen.rows == sum(json.loads((pool / "sizes.json").read_text()).values())
+    assert chosen.kept == again.selection.kept > 0
+    kept = pq.read_table(tmp_path / "one" / KEPT_FILE).to_pylist()
+    assert [row["key"] for row in kept] == sorted(row["key"] for row in kept) and len(kept) == chosen.rows
+    kept_keys = [row["key"] for row in kept if row["kept"]]
+    assert all(row["reasons"] for row in kept if not row["kept"]) and not any(r["reasons"] for r in kept if r["kept"])
+    assert _keys(tmp_path / "one") == kept_keys  # pool order is key order for `cloob data` shards
+    sizes = json.loads((tmp_path / "one" / "sizes.json").read_text())
+    assert sum(sizes.values()) == chosen.kept and max(sizes.values()) <= load_config().preprocess.shard_size
+    report = json.loads((tmp_path / "one" / REPORT_JSON).read_text())
+    assert report["kept"] == chosen.kept and set(report["removed_by"]) == {"top_fraction", "min_caption_words"}
+    with tarfile.open(tmp_path / "one" / "00000.tar") as archive:
+        meta = json.loads(archive.extractfile(next(m for m in archive.getmembers() if m.name.endswith(".json")))
+                          .read())
+    assert {"clip_score", "language", "phash", "shard", "position"} <= set(meta["curation"])
+    for name in [*sizes, KEPT_FILE, "stats.json"]:
+        assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes(), name
+    gate = subprocess.run([sys.executable, "-m", "cloob_core.cli", "data", "validate", "--shards",
+                           str(tmp_path / "one")], capture_output=True, text=True, timeout=300)
+    assert gate.returncode == 0, gate.stdout + gate.stderr
+
+
+def test_a_curation_that_keeps_nothing_is_one_line_naming_the_filter_and_writes_nothing(scored_pool, tmp_path):
+    pool, scores = scored_pool
+    output = tmp_path / "curated"
+    done = subprocess.run([sys.executable, "-m", "cloob_core.cli", "data", "curate", "--shards", str(pool),
+                           "--scores", str(scores), "--output", str(output), "--set", "curation.min_clip_score=0.99",
+                           "--set", "curation.min_caption_words=2"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    line = done.stderr.strip().splitlines()[-1]
+    assert "Traceback" not in done.stderr and line.startswith("cloob: ")
+    assert "keeps none of the" in line and "curation.min_clip_score removed the most" in line
+    assert not any(path.suffix in (".tar", ".parquet", ".json") for path in output.glob("*"))
+
+
+def test_a_curate_that_fails_part_way_leaves_the_previous_output_whole(scored_pool, tmp_path, monkeypatch):
+    pool, scores = scored_pool
+    output = tmp_path / "curated"
+    curate(str(pool), str(scores), str(output), _config(top_fraction=0.5))
+    before = {path.name: path.read_bytes() for path in output.iterdir() if path.is_file()}
+
+    def fail(*_args, **_kwargs):
+        raise OSError("the disk went away")
+
+    monkeypatch.setattr("cloob_core.curation.curate.write_kept_table", fail)
+    with pytest.raises(OSError, match="went away"):
+        curate(str(pool), str(scores), str(output), _config(top_fraction=0.2))
+    after = {path.name: path.read_bytes() for path in output.iterdir() if path.is_file()}
+    assert after == before
