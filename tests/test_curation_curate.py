@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from cloob_core.config import load_config
-from cloob_core.curation.curate import KEPT_FILE, REPORT_JSON, curate
+from cloob_core.curation.curate import CONTACT_SHEET, HISTOGRAM, KEPT_FILE, REPORT_JSON, curate
 from cloob_core.curation.score import ScoreRequest, score
 from cloob_core.model.source import ModelSource
 
@@ -69,7 +69,7 @@ def test_the_kept_samples_are_resharded_with_their_scores_and_the_same_inputs_gi
         meta = json.loads(archive.extractfile(next(m for m in archive.getmembers() if m.name.endswith(".json")))
                           .read())
     assert {"clip_score", "language", "phash", "shard", "position"} <= set(meta["curation"])
-    for name in [*sizes, KEPT_FILE, "stats.json"]:
+    for name in [*sizes, KEPT_FILE, "stats.json", HISTOGRAM, CONTACT_SHEET]:
         assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes(), name
     gate = subprocess.run([sys.executable, "-m", "cloob_core.cli", "data", "validate", "--shards",
                            str(tmp_path / "one")], capture_output=True, text=True, timeout=300)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from cloob_core import lease, publish
 from cloob_core.config import CloobConfig
+from cloob_core.curation.figures import contact_sheet_png, score_histogram_png
 from cloob_core.curation.filters import filters_of
 from cloob_core.curation.pool import open_pool
 from cloob_core.curation.reshard import reshard
@@ -21,6 +22,7 @@ from cloob_core.io import json_bytes
 log = logging.getLogger(__name__)
 KEPT_FILE = "kept.parquet"
 REPORT_JSON, REPORT_MD = "curation_report.json", "curation_report.md"
+HISTOGRAM, CONTACT_SHEET = "curation_scores.png", "curation_contact_sheet.png"
 
 
 class CurationError(StageError):
@@ -57,7 +59,10 @@ def _report_md(selection: Selection) -> str:
         "# Curation", "", f"Kept **{selection.kept:,}** of {selection.rows:,} samples "
         f"({selection.kept / selection.rows:.1%}).", "", "| filter | removed | of the pool |", "|---|---|---|", *rows,
         "", "A sample removed by two filters counts in both; removed by both:", "",
-        "| filter | filter | removed by both |", "|---|---|---|", *overlaps, ""])
+        "| filter | filter | removed by both |", "|---|---|---|", *overlaps, "",
+        f"![scores, kept and removed]({HISTOGRAM})", "",
+        "The samples at the cut: the lowest-scored kept (top), the highest-scored removed (bottom).", "",
+        f"![the samples at the cut]({CONTACT_SHEET})", ""])
 
 
 @lease.holding("output")
@@ -79,4 +84,6 @@ def curate(shards: str, scores: str, output: str, config: CloobConfig) -> Curate
             write_kept_table(pool, folder / KEPT_FILE)
             (folder / REPORT_JSON).write_bytes(json_bytes(_report(selection, config, scores)))
             (folder / REPORT_MD).write_text(_report_md(selection))
+            score_histogram_png(pool, folder / HISTOGRAM)
+            contact_sheet_png(pool, folder / CONTACT_SHEET)
     return CurateResult(output, selection, len(summary.sizes))
