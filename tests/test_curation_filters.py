@@ -43,8 +43,9 @@ def _row(key: str, **facts) -> dict:
     return row | facts
 
 
-def _write_pool(folder: Path, parts: dict[str, list[dict]]) -> tuple[str, str]:
-    """Shards (their bytes do not matter here) and their scores: one part per shard, in the rows' order."""
+def _write_pool(folder: Path, parts: dict[str, list[dict]], width: int = 4) -> tuple[str, str]:
+    """Shards (their bytes do not matter here) and their scores: one part per shard, in the rows' order; a row's
+    ``embedding`` (else zeros) is its image embedding."""
     shards, scores = folder / "shards", folder / "scores"
     shards.mkdir(parents=True)
     records = []
@@ -54,16 +55,16 @@ def _write_pool(folder: Path, parts: dict[str, list[dict]]) -> tuple[str, str]:
         columns["shard"] = [name] * len(rows)
         columns["position"] = list(range(len(rows)))
         table = pa.Table.from_pydict(columns, schema=schema())
-        embeddings = np.zeros((len(rows), 4), np.float16)
-        records.append(write_part(str(scores), partial(PartRecord, name, None, None, len(rows), 0, 4, STAMP), table,
-                                  embeddings, embeddings))
+        embeddings = np.array([row.get("embedding", np.zeros(width)) for row in rows], np.float16)
+        records.append(write_part(str(scores), partial(PartRecord, name, None, None, len(rows), 0, width, STAMP),
+                                  table, embeddings, embeddings))
     urls, _ = shard_list(str(shards))
-    write_index(str(scores), ScoreIndex(STAMP, shards_fingerprint(urls), 4, records))
+    write_index(str(scores), ScoreIndex(STAMP, shards_fingerprint(urls), width, records))
     return str(shards), str(scores)
 
 
-def _kept_keys(folder: Path, parts: dict[str, list[dict]], **settings) -> tuple[set[str], object]:
-    shards, scores = _write_pool(folder, parts)
+def _kept_keys(folder: Path, parts: dict[str, list[dict]], width: int = 4, **settings) -> tuple[set[str], object]:
+    shards, scores = _write_pool(folder, parts, width)
     with connect(EngineConfig()) as connection:
         pool = open_pool(shards, scores, connection)
         selection = select(pool, filters_of(CurationConfig(**settings)))
@@ -134,6 +135,43 @@ def test_near_duplicates_keep_the_best_scored_image_of_each_group(tmp_path):
     assert selection.removed_by == {"near_duplicate": 4}
     exact, _ = _kept_keys(tmp_path / "0", parts, near_duplicates=True, near_duplicate_bits=0)
     assert exact == {"2", "3", "4", "5", "6", "7"}  # only 1, the exact copy of the better-scored 6
+
+
+def test_semantic_duplicates_keep_the_best_scored_of_each_group_and_distinct_images_stay(tmp_path):
+    rng = np.random.default_rng(1)
+    centres = rng.normal(size=(12, 32))
+    centres /= np.linalg.norm(centres, axis=1, keepdims=True)
+
+    def near(centre: np.ndarray) -> np.ndarray:  # cosine about 0.995 to its centre
+        jitter = rng.normal(size=32) * 0.015
+        vector = centre + jitter
+        return vector / np.linalg.norm(vector)
+
+    groups = {0: [0.2, 0.5, 0.4], 1: [0.3, 0.3]}  # scores of each group's copies; 1's tie: place decides
+    rows, truth = [], set()
+    for group, scores in groups.items():
+        best = max(range(len(scores)), key=lambda i: (scores[i], -i))
+        for i, score in enumerate(scores):
+            key = str(len(rows))
+            rows.append(_row(key, clip_score=score, embedding=near(centres[group])))
+            truth |= {key} if i == best else set()
+    for centre in centres[2:]:  # ten distinct images
+        key = str(len(rows))
+        rows.append(_row(key, clip_score=0.1, embedding=centre))
+        truth.add(key)
+    parts = {"00000": rows[:7], "00001": rows[7:]}
+    kept, selection = _kept_keys(tmp_path / "a", parts, width=32, semantic_dedup_eps=0.03,
+                                 semantic_dedup_clusters=4)
+    assert kept == truth and selection.removed_by == {"semantic_duplicate": 3}
+    again, _ = _kept_keys(tmp_path / "b", parts, width=32, semantic_dedup_eps=0.03, semantic_dedup_clusters=4)
+    assert again == kept
+
+
+def test_more_clusters_than_samples_is_one_line(tmp_path):
+    from cloob_core.curation.filters.semantic_dedup import TooFewSamples
+
+    with pytest.raises(TooFewSamples, match="semantic_dedup_clusters 5 is more than the pool's 2 samples"):
+        _kept_keys(tmp_path, {"00000": [_row("1"), _row("2")]}, semantic_dedup_eps=0.05, semantic_dedup_clusters=5)
 
 
 def test_the_bands_tile_the_64_bits():

@@ -35,6 +35,14 @@ class CurationConfig(_Section):
                                   "perceptual hash, keep the one with the highest image-text cosine.")
     near_duplicate_bits: int = Field(4, ge=0, le=16, description="The Hamming distance of two 64-bit perceptual "
                                      "hashes at or below which two images are near-duplicates (0: the same hash).")
+    semantic_dedup_eps: float | None = Field(None, gt=0.0, lt=1.0, description="SemDeDup (Abbas et al. 2023): of "
+                                             "images in one k-means cluster whose embeddings' cosine is above 1 - eps, "
+                                             "keep the one with the highest image-text cosine (their LAION-440M "
+                                             "runs: 0.03-0.07); null: off.")
+    semantic_dedup_clusters: int | None = Field(None, ge=1, description="SemDeDup's k-means clusters (null: one per "
+                                                "5,000 samples; they used 50,000 for 440M).")
+    seed: int = Field(0, description="The seed of the k-means fits and their samples: the same pool, settings and "
+                      "seed give the same kept set.")
 
     @field_validator("languages")
     @classmethod

@@ -25,6 +25,7 @@ def filters_of(settings: CurationConfig) -> list[Filter]:
     from cloob_core.curation.filters.caption import AspectRatio, CaptionWords, ImageSide, Language
     from cloob_core.curation.filters.near_duplicates import NearDuplicates
     from cloob_core.curation.filters.score import ClipScoreFloor, TopFraction
+    from cloob_core.curation.filters.semantic_dedup import SemanticDedup
 
     chosen: list[Filter] = []
     if settings.min_clip_score is not None:
@@ -41,4 +42,6 @@ def filters_of(settings: CurationConfig) -> list[Filter]:
         chosen.append(AspectRatio(settings.max_aspect_ratio))
     if settings.near_duplicates:
         chosen.append(NearDuplicates(settings.near_duplicate_bits))
+    if settings.semantic_dedup_eps is not None:
+        chosen.append(SemanticDedup(settings.semantic_dedup_eps, settings.semantic_dedup_clusters, settings.seed))
     return chosen
