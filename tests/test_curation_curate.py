@@ -103,3 +103,58 @@ def test_a_curate_that_fails_part_way_leaves_the_previous_output_whole(scored_po
         curate(str(pool), str(scores), str(output), _config(top_fraction=0.2))
     after = {path.name: path.read_bytes() for path in output.iterdir() if path.is_file()}
     assert after == before
+
+
+@pytest.fixture(scope="module")
+def leaky_pool(captioned_train_shards, untrained_export, tmp_path_factory):
+    """A pool of one captioned shard and one of 24 tuxpaint test images leaked in as training photos (each
+    resized to 80% and re-encoded at JPEG quality 70), scored by the untrained model; read-only."""
+    import io
+
+    from PIL import Image
+
+    from cloob_core.data.packaged import load_packaged
+    from cloob_core.data.writer import ShardWriter
+
+    root = tmp_path_factory.mktemp("leaky")
+    pool = root / "pool"
+    pool.mkdir()
+    shutil.copy(captioned_train_shards / "00000.tar", pool / "00000.tar")
+    tuxpaint = load_packaged("tuxpaint", "test")
+    leaked = []
+    with open(pool / "00001.tar", "wb") as handle, ShardWriter(handle) as writer:
+        for index in range(0, 96, 4):
+            image = Image.open(io.BytesIO(tuxpaint.images[index])).convert("RGB")
+            image = image.resize((image.width * 4 // 5, image.height * 4 // 5))
+            buffer = io.BytesIO()
+            image.save(buffer, format="JPEG", quality=70)
+            key = f"leak{index:04d}"
+            writer.write(key, buffer.getvalue(), tuxpaint.captions[index], {"url": f"http://example.com/{key}"})
+            leaked.append(key)
+    score(ScoreRequest(str(pool), ModelSource(model=str(untrained_export), device="cpu"), str(root / "scores"),
+                       workers=0, progress=False))
+    return pool, root / "scores", leaked
+
+
+def test_a_leaked_evaluation_image_is_never_kept(leaky_pool, untrained_export, tmp_path):
+    pool, scores, leaked = leaky_pool
+    config = _config(decontaminate='["tuxpaint"]', decontaminate_min_cosine=1.0)  # by hash: the model is untrained
+    result = curate(str(pool), str(scores), str(tmp_path / "clean"), config,
+                    ModelSource(model=str(untrained_export), device="cpu"))
+    kept = {row["key"]: row for row in pq.read_table(tmp_path / "clean" / KEPT_FILE).to_pylist()}
+    assert all(not kept[key]["kept"] and kept[key]["reasons"] == ["decontaminated"] for key in leaked)
+    assert result.selection.removed_by["decontaminated"] >= len(leaked)
+    assert not set(leaked) & set(_keys(tmp_path / "clean"))
+
+
+def test_decontamination_refuses_another_model_and_an_unknown_set(leaky_pool, weights, tmp_path):
+    pool, scores, _ = leaky_pool
+    with pytest.raises(Exception, match="not the one that scored the pool"):
+        curate(str(pool), str(scores), str(tmp_path / "a"), _config(decontaminate='["tuxpaint"]'),
+               ModelSource(architecture="cloob-tiny", weights=str(weights), device="cpu"))
+    done = subprocess.run([sys.executable, "-m", "cloob_core.cli", "data", "curate", "--shards", str(pool),
+                           "--scores", str(scores), "--output", str(tmp_path / "b"), "--set",
+                           "curation.decontaminate=[no-such-set]"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    line = done.stderr.strip().splitlines()[-1]
+    assert "curation.decontaminate: no-such-set is neither a data set of eval.datasets" in line

@@ -8,6 +8,7 @@ import argparse
 from cloob_core.cli.options import (
     add_command,
     add_config_options,
+    add_device,
     add_model_source,
     add_output_and_device,
     config_of,
@@ -129,7 +130,9 @@ def _curate(args: argparse.Namespace) -> int:
     curation_report.md / .json (what each filter removed, and their overlaps), published as one unit."""
     from cloob_core.curation.curate import curate
 
-    result = curate(args.shards, args.scores, args.output, config_of(args))
+    config = config_of(args)
+    model = model_source_of(args) if any((args.model, args.checkpoint, args.weights)) else None
+    result = curate(args.shards, args.scores, args.output, config, model, workers=args.workers or 0)
     for line in result.lines:
         print(line)
     print(f"curated shards, kept.parquet and curation_report.md in {result.output}")
@@ -245,4 +248,6 @@ def _add_curate(stages: argparse._SubParsersAction) -> None:
     parser.add_argument("--shards", required=True, metavar="DIR", help="the pool `cloob data score` scored")
     parser.add_argument("--scores", required=True, metavar="DIR", help="its scores (`cloob data score --output`)")
     _add_output_folder(parser)
+    add_model_source(parser)  # the scoring model, for curation.decontaminate
+    add_device(parser)
     add_config_options(parser, "curation")

@@ -77,6 +77,12 @@ def model_source_of(args: argparse.Namespace) -> Any:
 
 def add_output_and_device(parser: argparse.ArgumentParser, output: str) -> None:
     parser.add_argument("--output", default=output, help=f"results folder (default: {output})")
+    add_device(parser)
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def add_device(parser: argparse.ArgumentParser) -> None:
+    """Where and how a model embeds: --device, --precision, and the image loader's --workers."""
     parser.add_argument("--device", default="auto",
                         help="auto (a usable GPU, else the CPU), cpu, cuda or cuda:N (default: auto)")
     parser.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16", "fp16"),
@@ -84,4 +90,3 @@ def add_output_and_device(parser: argparse.ArgumentParser, output: str) -> None:
                              "CPU (default: auto)")
     parser.add_argument("--workers", type=_workers, default=None, metavar="N",
                         help="data-loader workers decoding images (default: from the cores; 0: none)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")

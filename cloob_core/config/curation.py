@@ -41,6 +41,15 @@ class CurationConfig(_Section):
                                              "runs: 0.03-0.07); null: off.")
     semantic_dedup_clusters: int | None = Field(None, ge=1, description="SemDeDup's k-means clusters (null: one per "
                                                 "5,000 samples; they used 50,000 for 440M).")
+    decontaminate: list[str] = Field([], description="Evaluation sets whose images are removed from the pool where "
+                                     "an image matches one (by perceptual hash or by embedding): names of "
+                                     "eval.datasets (their test split) or sets `cloob eval` reads. Needs the "
+                                     "scoring model (`cloob data curate --model`).")
+    decontaminate_bits: int = Field(6, ge=0, le=16, description="With decontaminate: a pool image within this "
+                                    "many bits of an evaluation image's perceptual hash is removed.")
+    decontaminate_min_cosine: float = Field(0.95, ge=0.0, le=1.0, description="With decontaminate: a pool image "
+                                            "whose embedding's cosine with an evaluation image's is at least this "
+                                            "is removed.")
     seed: int = Field(0, description="The seed of the k-means fits and their samples: the same pool, settings and "
                       "seed give the same kept set.")
 

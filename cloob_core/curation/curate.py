@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cloob_core import lease, publish
-from cloob_core.config import CloobConfig
+from cloob_core.config import CloobConfig, ConfigError
 from cloob_core.curation.figures import contact_sheet_png, score_histogram_png
 from cloob_core.curation.filters import filters_of
 from cloob_core.curation.pool import open_pool
@@ -17,7 +17,9 @@ from cloob_core.curation.reshard import reshard
 from cloob_core.curation.selection import Selection, select, write_kept_table
 from cloob_core.data.engine import connect
 from cloob_core.errors import StageError
+from cloob_core.evaluation.inputs import ImageSet, load_images
 from cloob_core.io import json_bytes
+from cloob_core.model.source import ModelSource, load_model
 
 log = logging.getLogger(__name__)
 KEPT_FILE = "kept.parquet"
@@ -65,10 +67,32 @@ def _report_md(selection: Selection) -> str:
         f"![the samples at the cut]({CONTACT_SHEET})", ""])
 
 
+def evaluation_sets(config: CloobConfig) -> tuple[ImageSet, ...]:
+    """``curation.decontaminate``'s sets: a data set of ``eval.datasets`` (its test split), or a set `cloob eval`
+    reads; refused in one line before anything runs when it is neither."""
+    found = []
+    for name in config.curation.decontaminate:
+        entry = config.eval.datasets.get(name)
+        try:
+            found.append(load_images(entry.source, entry.splits.test, entry.label_key) if entry is not None
+                         else load_images(name, "test"))
+        except (FileNotFoundError, ConfigError) as err:
+            raise ConfigError(f"curation.decontaminate: {name} is neither a data set of eval.datasets "
+                              f"({', '.join(config.eval.datasets)}) nor a set `cloob eval` reads ({err})") from None
+    return tuple(found)
+
+
 @lease.holding("output")
-def curate(shards: str, scores: str, output: str, config: CloobConfig) -> CurateResult:
-    """Apply ``config.curation``'s filters to the pool ``shards`` scored in ``scores``; write ``output``."""
-    filters = filters_of(config.curation)
+def curate(shards: str, scores: str, output: str, config: CloobConfig, model: ModelSource | None = None,
+           workers: int = 0) -> CurateResult:
+    """Apply ``config.curation``'s filters to the pool ``shards`` scored in ``scores``; write ``output``.
+    Decontamination embeds the evaluation sets with ``model``, the scoring model."""
+    sets = evaluation_sets(config)
+    if sets and model is None:
+        raise ConfigError("curation.decontaminate embeds the evaluation images with the model that scored the pool: "
+                          "give it (--model, --checkpoint, or --architecture with --weights)")
+    loaded = load_model(model) if sets and model is not None else None
+    filters = filters_of(config.curation, loaded, sets, workers)
     if not filters:
         log.warning("no curation filter is set: every sample is kept (set curation.* in params.yaml)")
     with connect(config.engine, [shards, scores]) as connection:

@@ -6,10 +6,14 @@ Curator's stages (one job each, chained by the caller)."""
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from cloob_core.config import CurationConfig
 from cloob_core.curation.pool import ScoredPool
+
+if TYPE_CHECKING:
+    from cloob_core.evaluation.inputs import ImageSet
+    from cloob_core.model.source import EvalModel
 
 
 class Filter(Protocol):
@@ -20,8 +24,10 @@ class Filter(Protocol):
         ...
 
 
-def filters_of(settings: CurationConfig) -> list[Filter]:
-    """The filters ``settings`` sets, in the order their reasons are listed."""
+def filters_of(settings: CurationConfig, model: EvalModel | None = None,
+               evaluation_sets: tuple[ImageSet, ...] = (), workers: int = 0) -> list[Filter]:
+    """The filters ``settings`` sets, in the order their reasons are listed; decontamination embeds
+    ``evaluation_sets`` (``settings.decontaminate``, resolved) with ``model``, the scoring model."""
     from cloob_core.curation.filters.caption import AspectRatio, CaptionWords, ImageSide, Language
     from cloob_core.curation.filters.near_duplicates import NearDuplicates
     from cloob_core.curation.filters.score import ClipScoreFloor, TopFraction
@@ -44,4 +50,9 @@ def filters_of(settings: CurationConfig) -> list[Filter]:
         chosen.append(NearDuplicates(settings.near_duplicate_bits))
     if settings.semantic_dedup_eps is not None:
         chosen.append(SemanticDedup(settings.semantic_dedup_eps, settings.semantic_dedup_clusters, settings.seed))
+    if evaluation_sets and model is not None:
+        from cloob_core.curation.filters.decontaminate import Decontaminate
+
+        chosen.append(Decontaminate(evaluation_sets, model, settings.decontaminate_bits,
+                                    settings.decontaminate_min_cosine, workers))
     return chosen

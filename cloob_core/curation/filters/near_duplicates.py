@@ -25,6 +25,22 @@ def bands(bits: int) -> list[tuple[int, int]]:
     return [(start, end - start) for start, end in itertools.pairwise(edges)]
 
 
+def within_bits(left: str, right: str, bits: int, also: str = "TRUE") -> str:
+    """A query of ``b.shard, b.position`` for each pair of a row ``a`` of ``left`` and ``b`` of ``right`` (tables
+    or subqueries with a ``phash`` column) whose hashes differ in at most ``bits`` bits and which meet ``also``:
+    one equality join per band, their union (a pair within ``bits`` shares a band)."""
+    joins = []
+    for shift, width in bands(bits):
+        mask = (1 << width) - 1
+
+        def band(side: str, shift: int = shift, mask: int = mask) -> str:
+            return f"(({side}.phash >> {shift}) & {mask}::UBIGINT)"
+
+        joins.append(f"""SELECT b.shard, b.position FROM {left} a JOIN {right} b ON {band('a')} = {band('b')}
+                         AND {also} WHERE bit_count(xor(a.phash, b.phash)) <= {bits}""")
+    return " UNION ".join(joins)
+
+
 @dataclass(frozen=True)
 class NearDuplicates:
     """Removes each image that has a better-ranked image within ``bits`` bits of its perceptual hash."""
@@ -43,14 +59,4 @@ class NearDuplicates:
         if not self.bits:
             return copies
         heads = "(SELECT phash, score_rank, shard, position FROM near_grouped WHERE place = 1)"
-        joins = []
-        for shift, width in bands(self.bits):
-            mask = (1 << width) - 1
-
-            def band(side: str, shift: int = shift, mask: int = mask) -> str:
-                return f"(({side}.phash >> {shift}) & {mask}::UBIGINT)"
-
-            joins.append(f"""SELECT b.shard, b.position FROM {heads} a JOIN {heads} b
-                             ON {band('a')} = {band('b')} AND a.score_rank < b.score_rank
-                             WHERE bit_count(xor(a.phash, b.phash)) <= {self.bits}""")
-        return f"{copies} UNION {' UNION '.join(joins)}"
+        return f"{copies} UNION {within_bits(heads, heads, self.bits, 'a.score_rank < b.score_rank')}"
