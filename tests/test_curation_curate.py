@@ -158,3 +158,13 @@ def test_decontamination_refuses_another_model_and_an_unknown_set(leaky_pool, we
     assert done.returncode == 2 and "Traceback" not in done.stderr
     line = done.stderr.strip().splitlines()[-1]
     assert "curation.decontaminate: no-such-set is neither a data set of eval.datasets" in line
+
+
+def test_the_gate_refuses_curated_shards_that_keep_too_little_naming_the_filter(scored_pool, tmp_path):
+    pool, scores = scored_pool
+    curate(str(pool), str(scores), str(tmp_path / "thin"), _config(top_fraction=0.005, min_caption_words=2))
+    gate = subprocess.run([sys.executable, "-m", "cloob_core.cli", "data", "validate", "--shards",
+                           str(tmp_path / "thin")], capture_output=True, text=True, timeout=300)
+    assert gate.returncode == 1, gate.stdout + gate.stderr
+    failing = [line for line in (gate.stdout + gate.stderr).splitlines() if "curated_fraction" in line]
+    assert failing and "FAIL" in failing[0] and "curation.top_fraction removed the most" in failing[0], failing

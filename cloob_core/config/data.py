@@ -153,6 +153,9 @@ class ValidationConfig(_Section):
         0.5, ge=0.0, le=1.0, description="Fewest successes per manifest row attempted, over the whole output."
     )
     min_image_side: int = Field(8, ge=1, description="Smallest stored image side accepted in the shards.")
+    min_curated_fraction: float = Field(0.01, ge=0.0, le=1.0, description="Curated shards (`cloob data curate`, "
+                                        "with its curation_report.json): fewest kept per sample of the pool; the "
+                                        "failing line names the filter that removed the most.")
     max_image_side: int = Field(8192, ge=1, description="Largest stored image side accepted in the shards.")
     manifest_sample: int = Field(10_000, ge=0, description="Manifest rows the row-level expectations check, "
                                  "picked by a hash of the row (plus up to 20 rows breaking each exact check, as "

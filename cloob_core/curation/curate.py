@@ -16,6 +16,7 @@ from cloob_core.curation.pool import open_pool
 from cloob_core.curation.reshard import reshard
 from cloob_core.curation.selection import Selection, select, write_kept_table
 from cloob_core.data.engine import connect
+from cloob_core.data.shard_files import CURATION_REPORT
 from cloob_core.errors import StageError
 from cloob_core.evaluation.inputs import ImageSet, load_images
 from cloob_core.io import json_bytes
@@ -23,7 +24,7 @@ from cloob_core.model.source import ModelSource, load_model
 
 log = logging.getLogger(__name__)
 KEPT_FILE = "kept.parquet"
-REPORT_JSON, REPORT_MD = "curation_report.json", "curation_report.md"
+REPORT_JSON, REPORT_MD = CURATION_REPORT, "curation_report.md"
 HISTOGRAM, CONTACT_SHEET = "curation_scores.png", "curation_contact_sheet.png"
 
 

@@ -19,6 +19,7 @@ from cloob_core.io import UnreadableFile, parse_json
 
 log = logging.getLogger(__name__)
 _BRACES = re.compile(r"\{\d+\.\.\d+\}")
+CURATION_REPORT = "curation_report.json"  # beside curated shards (`cloob data curate`): what the gate judges
 
 
 def _gopen_s3(url: str, mode: str = "rb", bufsize: int = 8192, **_: Any) -> Any:

@@ -38,7 +38,7 @@ from cloob_core.data import caption_fit, engine
 from cloob_core.data.acquire import opened
 from cloob_core.data.packaged import URL_PATTERN as PACKAGED_URL
 from cloob_core.data.run_manifest import RunManifest
-from cloob_core.data.shard_files import summary_file
+from cloob_core.data.shard_files import CURATION_REPORT, summary_file
 from cloob_core.data.summary import summarize
 from cloob_core.data.writer import read_records, tar_samples
 from cloob_core.errors import StageError
@@ -328,6 +328,33 @@ def shard_expectations(gxe: Any, config: CloobConfig) -> tuple[list[Any], list[A
     return per_shard, totals
 
 
+def _check_curation(context: Any, gx: Any, gxe: Any, shards: str, config: CloobConfig, redactor: Redactor,
+                    report: GateReport) -> None:
+    """Curated shards keep at least ``validation.min_curated_fraction`` of their pool; the failing line names the
+    filter that removed the most. Shards without a curation report are not curated: nothing to judge."""
+    location = storage.join(shards, CURATION_REPORT)
+    try:
+        curation = parse_json(storage.read_bytes(location), location)
+        rows, kept, removed_by = int(curation["rows"]), int(curation["kept"]), dict(curation["removed_by"])
+    except FileNotFoundError:
+        return
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise ConfigError(f"{location} is not a report of `cloob data curate` ({err})") from None
+    fraction = kept / rows if rows else 0.0
+    worst = max(sorted(removed_by), key=lambda name: removed_by[name], default="(none)")
+    frame = pd.DataFrame([{"curated_fraction": fraction}])
+    expectation = gxe.ExpectColumnValuesToBeBetween(column="curated_fraction",
+                                                    min_value=config.validation.min_curated_fraction)
+    checks, raw = _validate(context, gx, "shard_curation", frame, [expectation], redactor)
+    for check in checks:
+        check.unexpected, check.examples = None, []
+        check.observed = f"{kept:,} of {rows:,} kept ({fraction:.1%})"
+        check.advice = (f"curation.{worst} removed the most ({removed_by.get(worst, 0):,}); loosen it, or lower "
+                        "validation.min_curated_fraction")
+    report.checks += checks
+    report.raw["shard_curation"] = raw
+
+
 def _check_captions(context: Any, gx: Any, gxe: Any, suite: str, captions: list[str], config: CloobConfig,
                     redactor: Redactor, report: GateReport) -> None:
     """The captions' fit to the model's text context as a suite of one row; its failing line says what to change."""
@@ -415,6 +442,7 @@ def run_gate(config: CloobConfig, *, manifest: str | None = None, shards: str | 
         report.checks += checks
         report.raw["shard_totals"] = raw
         _check_captions(context, gx, gxe, "shard_captions", captions, config, redactor, report)
+        _check_curation(context, gx, gxe, shards, config, redactor, report)
     if report_dir:
         storage.write_bytes(storage.join(report_dir, "gx_results.json"),
                             json_bytes(report.raw, default=str))
