@@ -168,3 +168,28 @@ def test_the_gate_refuses_curated_shards_that_keep_too_little_naming_the_filter(
     assert gate.returncode == 1, gate.stdout + gate.stderr
     failing = [line for line in (gate.stdout + gate.stderr).splitlines() if "curated_fraction" in line]
     assert failing and "FAIL" in failing[0] and "curation.top_fraction removed the most" in failing[0], failing
+
+
+def test_the_target_distribution_keeps_the_clusters_of_the_reference_images(leaky_pool, untrained_export, tmp_path):
+    """A reference of three images keeps the pool's samples in at most three of its clusters; the pool itself as
+    the reference keeps every sample (each cluster holds one of its images)."""
+    import io
+
+    from PIL import Image
+
+    from cloob_core.data.packaged import load_packaged
+
+    pool, scores, _ = leaky_pool
+    model = ModelSource(model=str(untrained_export), device="cpu")
+    reference = tmp_path / "reference" / "train" / "things"
+    reference.mkdir(parents=True)
+    tuxpaint = load_packaged("tuxpaint", "train")
+    for index in range(3):
+        Image.open(io.BytesIO(tuxpaint.images[index])).convert("RGB").save(reference / f"{index}.png")
+    narrow = curate(str(pool), str(scores), str(tmp_path / "narrow"), model=model,
+                    config=_config(target_images=str(tmp_path / "reference"), target_clusters=20))
+    assert 0 < narrow.selection.kept < narrow.selection.rows
+    assert set(narrow.selection.removed_by) == {"target_distribution"}
+    whole = curate(str(pool), str(scores), str(tmp_path / "whole"), model=model,
+                   config=_config(target_images=f"{pool}/{{00000..00001}}.tar", target_clusters=20))
+    assert whole.selection.kept == whole.selection.rows

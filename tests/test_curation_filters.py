@@ -168,7 +168,7 @@ def test_semantic_duplicates_keep_the_best_scored_of_each_group_and_distinct_ima
 
 
 def test_more_clusters_than_samples_is_one_line(tmp_path):
-    from cloob_core.curation.filters.semantic_dedup import TooFewSamples
+    from cloob_core.curation.clusters import TooFewSamples
 
     with pytest.raises(TooFewSamples, match="semantic_dedup_clusters 5 is more than the pool's 2 samples"):
         _kept_keys(tmp_path, {"00000": [_row("1"), _row("2")]}, semantic_dedup_eps=0.05, semantic_dedup_clusters=5)

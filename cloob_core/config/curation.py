@@ -50,6 +50,13 @@ class CurationConfig(_Section):
     decontaminate_min_cosine: float = Field(0.95, ge=0.0, le=1.0, description="With decontaminate: a pool image "
                                             "whose embedding's cosine with an evaluation image's is at least this "
                                             "is removed.")
+    target_images: str | None = Field(None, description="DataComp's image-based filter: keep samples whose nearest "
+                                      "k-means centroid of the pool's image embeddings is the nearest centroid of "
+                                      "some image of this set (any set `cloob eval` reads: an ImageFolder, shards, "
+                                      "a wds set); needs the scoring model. null: off.")
+    target_split: str = Field("train", description="The split of target_images read (DataComp: ImageNet's train).")
+    target_clusters: int | None = Field(None, ge=1, description="The target filter's k-means clusters (null: one "
+                                        "per 1,000 samples; DataComp: 100,000 for 12.8M).")
     seed: int = Field(0, description="The seed of the k-means fits and their samples: the same pool, settings and "
                       "seed give the same kept set.")
 

@@ -83,17 +83,30 @@ def evaluation_sets(config: CloobConfig) -> tuple[ImageSet, ...]:
     return tuple(found)
 
 
+def target_set(config: CloobConfig) -> ImageSet | None:
+    """``curation.target_images`` (its ``target_split``), refused in one line before anything runs when unreadable."""
+    curation = config.curation
+    if curation.target_images is None:
+        return None
+    try:
+        return load_images(curation.target_images, curation.target_split)
+    except (FileNotFoundError, ConfigError) as err:
+        raise ConfigError(f"curation.target_images {curation.target_images}: not a set `cloob eval` reads "
+                          f"({err})") from None
+
+
 @lease.holding("output")
 def curate(shards: str, scores: str, output: str, config: CloobConfig, model: ModelSource | None = None,
            workers: int = 0) -> CurateResult:
     """Apply ``config.curation``'s filters to the pool ``shards`` scored in ``scores``; write ``output``.
     Decontamination embeds the evaluation sets with ``model``, the scoring model."""
-    sets = evaluation_sets(config)
-    if sets and model is None:
-        raise ConfigError("curation.decontaminate embeds the evaluation images with the model that scored the pool: "
-                          "give it (--model, --checkpoint, or --architecture with --weights)")
-    loaded = load_model(model) if sets and model is not None else None
-    filters = filters_of(config.curation, loaded, sets, workers)
+    sets, reference = evaluation_sets(config), target_set(config)
+    embeds = "curation.decontaminate" if sets else "curation.target_images" if reference is not None else None
+    if embeds and model is None:
+        raise ConfigError(f"{embeds} embeds images with the model that scored the pool: give it (--model, "
+                          "--checkpoint, or --architecture with --weights)")
+    loaded = load_model(model) if embeds and model is not None else None
+    filters = filters_of(config.curation, loaded, sets, reference, workers)
     if not filters:
         log.warning("no curation filter is set: every sample is kept (set curation.* in params.yaml)")
     with connect(config.engine, [shards, scores]) as connection:

@@ -12,6 +12,8 @@ from cloob_core.data.shard_files import shard_list, shards_fingerprint
 if TYPE_CHECKING:
     import duckdb
 
+    from cloob_core.model.source import EvalModel
+
 SCORES_VIEW = "scores"
 
 
@@ -46,3 +48,17 @@ def open_pool(shards: str, scores: str, connection: duckdb.DuckDBPyConnection) -
     listed = ", ".join("'" + file.replace("'", "''") + "'" for file in files)
     connection.execute(f"CREATE VIEW {SCORES_VIEW} AS SELECT * FROM read_parquet([{listed}])")
     return ScoredPool(shards, scores, index, connection)
+
+
+def check_scoring_model(model: EvalModel, pool: ScoredPool, use: str) -> None:
+    """``model`` is the one that scored ``pool``: a filter that embeds images of its own (``use``) compares them with
+    the stored embeddings, which only that model's live in the same space."""
+    width = int(model.model.visual.output_dim)
+    scored = pool.index.model
+    if width != pool.index.embedding_width:
+        raise ScoresError(f"the model given embeds images in {width} dimensions, the scores' embeddings have "
+                          f"{pool.index.embedding_width} ({scored.architecture}): {use} compares them, so give the "
+                          "model that scored the pool")
+    if model.fingerprint != scored.fingerprint:
+        raise ScoresError(f"the model given (weights {model.fingerprint}) is not the one that scored the pool (weights "
+                          f"{scored.fingerprint}): {use} compares their embeddings, so give the scoring model")

@@ -24,10 +24,11 @@ class Filter(Protocol):
         ...
 
 
-def filters_of(settings: CurationConfig, model: EvalModel | None = None,
-               evaluation_sets: tuple[ImageSet, ...] = (), workers: int = 0) -> list[Filter]:
-    """The filters ``settings`` sets, in the order their reasons are listed; decontamination embeds
-    ``evaluation_sets`` (``settings.decontaminate``, resolved) with ``model``, the scoring model."""
+def filters_of(settings: CurationConfig, model: EvalModel | None = None, evaluation_sets: tuple[ImageSet, ...] = (),
+               reference: ImageSet | None = None, workers: int = 0) -> list[Filter]:
+    """The filters ``settings`` sets, in the order their reasons are listed. Decontamination embeds
+    ``evaluation_sets`` (``settings.decontaminate``, resolved) and the target filter ``reference``
+    (``settings.target_images``) with ``model``, the scoring model."""
     from cloob_core.curation.filters.caption import AspectRatio, CaptionWords, ImageSide, Language
     from cloob_core.curation.filters.near_duplicates import NearDuplicates
     from cloob_core.curation.filters.score import ClipScoreFloor, TopFraction
@@ -55,4 +56,8 @@ def filters_of(settings: CurationConfig, model: EvalModel | None = None,
 
         chosen.append(Decontaminate(evaluation_sets, model, settings.decontaminate_bits,
                                     settings.decontaminate_min_cosine, workers))
+    if reference is not None and model is not None:
+        from cloob_core.curation.filters.target import TargetDistribution
+
+        chosen.append(TargetDistribution(reference, model, settings.target_clusters, settings.seed, workers))
     return chosen

@@ -15,8 +15,8 @@ from PIL import Image
 
 from cloob_core.curation.facts import perceptual_hash
 from cloob_core.curation.filters.near_duplicates import within_bits
-from cloob_core.curation.pool import SCORES_VIEW, ScoredPool
-from cloob_core.curation.score_table import ScoresError, read_part_embeddings
+from cloob_core.curation.pool import SCORES_VIEW, ScoredPool, check_scoring_model
+from cloob_core.curation.score_table import read_part_embeddings
 from cloob_core.evaluation.features import Encoding, image_features
 from cloob_core.evaluation.image_loader import image_batches
 from cloob_core.evaluation.inputs import ImageSet
@@ -51,20 +51,8 @@ class Decontaminate:
     workers: int = 0
     reason: str = "decontaminated"
 
-    def _check_model(self, pool: ScoredPool) -> None:
-        width = int(self.model.model.visual.output_dim)
-        scored = pool.index.model
-        if width != pool.index.embedding_width:
-            raise ScoresError(f"the model given embeds images in {width} dimensions, the scores' embeddings have "
-                              f"{pool.index.embedding_width} ({scored.architecture}): decontamination compares them, "
-                              "so give the model that scored the pool")
-        if self.model.fingerprint != scored.fingerprint:
-            raise ScoresError(f"the model given (weights {self.model.fingerprint}) is not the one that scored the "
-                              f"pool (weights {scored.fingerprint}): decontamination compares their embeddings, so "
-                              "give the scoring model")
-
     def removed(self, pool: ScoredPool) -> str:
-        self._check_model(pool)
+        check_scoring_model(self.model, pool, "decontamination")
         connection = pool.connection
         hashes = np.concatenate([evaluation_hashes(images, self.workers) for images in self.sets])
         features = torch.cat([image_features(self.model, images, Encoding(progress=False, workers=self.workers))

@@ -3,8 +3,8 @@ cosine is above ``1 - eps``, the one with the highest image-text cosine is kept 
 others removed. Duplicates in meaning, not in pixels: the same photo cropped, the same product on another
 background.
 
-Memory stays flat in the pool: k-means (scikit-learn) is fitted on a seeded sample of at most
-:data:`FIT_SAMPLE` embeddings; then each part's embeddings are assigned to their nearest centroid and written to
+Memory stays flat in the pool: k-means is fitted on a sample (:func:`~cloob_core.curation.clusters.fit_centroids`);
+then each part's embeddings are assigned to their nearest centroid and written to
 one of :data:`BUCKETS` spill files by cluster; each bucket is read alone and its clusters compared, a block of rows
 at a time. What grows with the pool is the spill folder (the embeddings once more, float16).
 """
@@ -20,20 +20,15 @@ from pathlib import Path
 import numpy as np
 
 from cloob_core import scratch
+from cloob_core.curation.clusters import TooFewSamples, fit_centroids, nearest
 from cloob_core.curation.pool import ScoredPool
 from cloob_core.curation.score_table import read_part_embeddings, read_part_table
-from cloob_core.errors import StageError
 
-FIT_SAMPLE = 200_000  # embeddings k-means is fitted on, at most (faiss's default: 256 per centroid)
 ROWS_PER_CLUSTER = 5_000  # the default number of clusters: one per this many samples
 BUCKETS = 64
 BLOCK = 4_096  # rows compared at a time within a cluster
 _REMOVED = "semantic_removed"
 _ROW = np.dtype([("shard", np.int64), ("position", np.int64), ("cluster", np.int64), ("score", np.float32)])
-
-
-class TooFewSamples(StageError):
-    """Fewer samples than k-means clusters."""
 
 
 @dataclass(frozen=True)
@@ -57,7 +52,7 @@ class SemanticDedup:
         connection = pool.connection
         connection.execute(f"CREATE OR REPLACE TEMP TABLE {_REMOVED} (shard VARCHAR, position INTEGER)")
         with scratch.folder("cloob-semdedup") as spill:
-            centroids = _fit(pool, clusters, self.seed)
+            centroids = fit_centroids(pool, clusters, self.seed)
             _assign(pool, centroids, Path(spill))
             for removed in _compare(pool, Path(spill), 1.0 - self.eps):  # a bucket's at a time
                 connection.register("semantic_batch", pa.table({"shard": names[removed["shard"]].tolist(),
@@ -65,26 +60,6 @@ class SemanticDedup:
                 connection.execute(f"INSERT INTO {_REMOVED} SELECT shard, position FROM semantic_batch")
                 connection.unregister("semantic_batch")
         return f"SELECT shard, position FROM {_REMOVED}"
-
-
-def _fit(pool: ScoredPool, clusters: int, seed: int) -> np.ndarray:
-    """Unit-norm centroids of k-means fitted on a seeded sample of the pool's image embeddings."""
-    from sklearn.cluster import KMeans
-
-    rng = np.random.default_rng(seed)
-    share = min(1.0, FIT_SAMPLE / pool.rows)
-    sample = []
-    for part in pool.index.parts:
-        image, _ = read_part_embeddings(pool.scores, part)
-        chosen = rng.random(len(image)) < share
-        sample.append(image[chosen].astype(np.float32))
-    points = np.concatenate(sample) if sample else np.zeros((0, pool.index.embedding_width), np.float32)
-    if len(points) < clusters:  # a small pool's sample: take it whole
-        points = np.concatenate([read_part_embeddings(pool.scores, part)[0].astype(np.float32)
-                                 for part in pool.index.parts])
-    fitted = KMeans(n_clusters=clusters, n_init=1, random_state=seed).fit(points)
-    centroids = fitted.cluster_centers_.astype(np.float32)
-    return centroids / np.maximum(np.linalg.norm(centroids, axis=1, keepdims=True), 1e-12)
 
 
 def _assign(pool: ScoredPool, centroids: np.ndarray, spill: Path) -> None:
@@ -96,12 +71,12 @@ def _assign(pool: ScoredPool, centroids: np.ndarray, spill: Path) -> None:
         for number, part in enumerate(pool.index.parts):
             image, _ = read_part_embeddings(pool.scores, part)
             scores = read_part_table(pool.scores, part).column("clip_score").to_numpy(zero_copy_only=False)
-            nearest = np.argmax(image.astype(np.float32) @ centroids.T, axis=1) if len(image) else np.zeros(0, int)
+            closest = nearest(image, centroids)
             record = np.zeros(len(image), _ROW)
             record["shard"], record["position"], record["cluster"], record["score"] = \
-                number, np.arange(len(image)), nearest, scores
-            for bucket in np.unique(nearest % BUCKETS):
-                mine = nearest % BUCKETS == bucket
+                number, np.arange(len(image)), closest, scores
+            for bucket in np.unique(closest % BUCKETS):
+                mine = closest % BUCKETS == bucket
                 rows[bucket].write(record[mine].tobytes())
                 vectors[bucket].write(np.ascontiguousarray(image[mine]).tobytes())
 
