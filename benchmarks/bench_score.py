@@ -1,0 +1,91 @@
+"""`cloob data score` against `cloob eval`'s image embedding on the same shards, with the same model, workers and
+batch: both decode every image once in the data-loader workers, so scoring should run at the embedding's rate
+(goal: at least 0.9x) although it also embeds the captions, hashes each image (SHA-256, the perceptual hash),
+identifies each caption's language and writes a part per shard. clip-retrieval's ``inference`` is the outside
+anchor where it installs; 2.45.0 does not beside this project (it pins numpy<2, pyarrow<16, webdataset<0.3 and
+open-clip-torch<3), so it would need an environment of its own.
+
+    python benchmarks/bench_score.py [--shards DIR] [--architecture cloob-tiny|ViT-B-32] [--workers 2]
+                                     [--batch-size 256] [--repeat 3]
+
+Without ``--shards`` it scores the packaged captioned training split (2,046 photos and drawings, 8 shards), built
+into a temporary folder; other shards show other decode costs (``--shards`` any `cloob data` output).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from cloob_core.config import load_config
+from cloob_core.curation.score import ScoreRequest, score
+from cloob_core.data.local import build_shards
+from cloob_core.evaluation.features import Encoding, image_features
+from cloob_core.evaluation.inputs import shard_set
+from cloob_core.model.dual_encoder import build_model
+from cloob_core.model.export import export_model
+from cloob_core.model.source import ModelSource, load_model
+
+
+def _model(folder: Path, architecture: str) -> Path:
+    config = load_config(overrides=[f"model.architecture={architecture}"])
+    torch.manual_seed(0)
+    export_model(build_model(config.model), folder, {"objective": "none", "steps": 0})
+    return folder
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shards")
+    parser.add_argument("--architecture", default="cloob-tiny")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as scratch:
+        root = Path(scratch)
+        shards = args.shards
+        if shards is None:
+            shards = str(root / "shards")
+            build_shards("captioned", shards, load_config(), split="train", progress=False)
+        model = _model(root / "model", args.architecture)
+        source = ModelSource(model=str(model), device="cpu")
+        images = shard_set(shards, "label")
+        loaded = load_model(source)
+        embed, scoring, rows = [], [], 0
+        for attempt in range(args.repeat):
+            started = time.perf_counter()
+            embedded = image_features(loaded, images, Encoding(batch_size=args.batch_size, progress=False,
+                                                               workers=args.workers))
+            embed.append(time.perf_counter() - started)
+            output = root / f"scores-{attempt}"
+            started = time.perf_counter()
+            result = score(ScoreRequest(shards, source, str(output), batch_size=args.batch_size,
+                                        workers=args.workers, progress=False))
+            scoring.append(time.perf_counter() - started)
+            rows = result.rows
+            shutil.rmtree(output)
+        samples = len(embedded.features)
+        embed_rate = samples / statistics.median(embed)
+        score_rate = rows / statistics.median(scoring)
+        print(f"{args.architecture}, {samples:,} images, {args.workers} workers, batch {args.batch_size}, "
+              f"median of {args.repeat} (spread: embed {min(embed):.1f}-{max(embed):.1f} s, score "
+              f"{min(scoring):.1f}-{max(scoring):.1f} s)")
+        print(f"cloob eval's embedding: {embed_rate:,.0f} images/s")
+        print(f"cloob data score:       {score_rate:,.0f} images/s (model load and index included)")
+        print(f"ratio score / embed:    {score_rate / embed_rate:.2f}x (goal >= 0.9x)")
+        try:
+            import clip_retrieval  # noqa: F401
+        except ImportError:
+            print("clip-retrieval's inference: not installed (2.45.0 pins numpy<2, pyarrow<16, webdataset<0.3, "
+                  "open-clip-torch<3)")
+
+
+if __name__ == "__main__":
+    main()
