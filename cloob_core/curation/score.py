@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 
 from cloob_core import lease, storage
 from cloob_core.config import ConfigError
-from cloob_core.curation.facts import Describer, SampleFacts
+from cloob_core.curation.facts import Describer, SampleFacts, warm_up
 from cloob_core.curation.score_table import (
     ModelStamp,
     PartRecord,
@@ -221,6 +221,7 @@ class _Scoring:
                              else tuple(int(shard.samples or 0) for shard in self.todo))
         images = ImageSet(name=Path(request.shards.rstrip("/")).name or request.shards, identity="", reader=stream)
         readers = readers_per_shard(len(self.todo), budget.workers)
+        warm_up()  # the hash's and the identifier's imports and model, once here: forked workers inherit them
         total = sum(shard.samples or 0 for shard in self.todo) or None
         bar = tqdm(total=total, desc="score", unit="img", disable=not request.progress)
         batches = image_batches(images, model.transform, batch_size=request.batch_size, workers=budget.workers,
