@@ -66,6 +66,39 @@ def merge_shards(shards: str, parts: list, summary: Output[Metrics]) -> str:
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
+def plan_scoring(params: str, shards: str, most: int, pool: Output[Dataset]) -> list:
+    """The scoring loop's items: at most ``most`` partitions I/N of the pool's shards. The pool's location goes in
+    the artifact's metadata, which the scoring steps read (as the download's partitions read the manifest's)."""
+    from cloob_core.ops import kubeflow
+
+    pool.metadata["shards"] = shards
+    return kubeflow.plan_scoring(params, shards, most)
+
+
+@dsl.component(base_image=CUDA_IMAGE, install_kfp_package=False)  # CUDA torch: a GPU pod where it has one
+def score_partition(params: str, pool: Input[Dataset], partition: str) -> dict:
+    """Part I/N of the pool scored by curation.scorer, beside the pool; resumable. Returns its counts and the
+    scores folder."""
+    from cloob_core.ops import kubeflow
+
+    return kubeflow.score(params, pool.metadata["shards"], partition)
+
+
+@dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
+def curate(params: str, shards: str, parts: list, report: Output[Markdown], summary: Output[Metrics]) -> str:
+    """The scored pool curated by the run's curation section beside it (kept.parquet, the report and the curated
+    shards, one unit); returns the curated shards' location for the gate and training."""
+    from cloob_core.ops import kubeflow
+
+    facts = kubeflow.curate(params, shards, parts, report.path)
+    for key, value in facts.items():
+        if key != "curated":
+            summary.log_metric(key, value)
+    summary.metadata["curated"] = facts["curated"]
+    return facts["curated"]
+
+
+@dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
 def validate_shards(params: str, shards: str, report: Output[Dataset]):
     """The data gate on the built shards, read where they lie: the last check before GPU hours."""
     from cloob_core.ops import kubeflow

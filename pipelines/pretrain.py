@@ -75,6 +75,8 @@ def build(settings: ClusterSettings | None = None):
         settings = settings.model_copy(update={"image": CUDA_IMAGE})
 
     def train_and_promote(params: str, shards: Any) -> None:
+        if settings.curation:
+            shards = curated(params, shards, settings)
         shard_gate = data_step(steps.validate_shards(params=params, shards=shards), settings)
         # the shards' folder keeps its name as a crawl grows: a cache hit would skip the last check before GPU hours
         shard_gate.set_caching_options(False)
@@ -133,6 +135,26 @@ def build(settings: ClusterSettings | None = None):
         train_and_promote(params, merged.outputs["Output"])
 
     return pretrain_evaluate
+
+
+def curated(params: str, shards: Any, settings: ClusterSettings) -> Any:
+    """The pool scored (a fan-out over ranges of its shards, one GPU pod each where training has GPUs, as the
+    evaluation's features step), then curated beside it: the curated shards' location."""
+    planned = on_cluster(small(steps.plan_scoring(params=params, shards=shards,
+                                                  most=min(settings.partitions, MAX_DOWNLOAD_GROUPS))), settings)
+    planned.set_caching_options(False)  # the pool grows under the same name
+    with dsl.ParallelFor(items=planned.outputs["Output"], parallelism=settings.scoring_parallelism) as part:
+        scored = steps.score_partition(params=params, pool=planned.outputs["pool"], partition=part)
+        scored.set_display_name("score")
+        scored.set_retry(num_retries=2, backoff_duration="60s")  # it resumes: scored shards keep their parts
+        scored.set_caching_options(False)
+        with_shared_memory(sized(scored, settings.features_cpus(), settings.eval_memory), settings)
+        if settings.features_gpus() > 0:  # else a CPU pod, off the GPU nodes
+            on_training_nodes(scored, settings, settings.features_gpus(), settings.eval_node_selector)
+        on_cluster(scored, settings, cpu=settings.features_gpus() == 0)
+    curation = data_step(steps.curate(params=params, shards=shards, parts=dsl.Collected(scored.output)), settings)
+    curation.set_caching_options(False)  # the filters are run parameters; the scores grow with the pool
+    return curation.outputs["Output"]
 
 
 def train_task(params: str, shards: Any, settings: ClusterSettings) -> dsl.PipelineTask:

@@ -147,17 +147,44 @@ def test_a_leaked_evaluation_image_is_never_kept(leaky_pool, untrained_export, t
     assert not set(leaked) & set(_keys(tmp_path / "clean"))
 
 
+def _curate_cli(pool: Path, scores: Path, output: Path, *options: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cloob_core.cli", "data", "curate", "--shards", str(pool),
+                           "--scores", str(scores), "--output", str(output), "--device", "cpu", *options],
+                          capture_output=True, text=True, timeout=300)
+
+
+def _refused(done: subprocess.CompletedProcess, output: Path) -> str:
+    """The one line a refused curate printed; it wrote nothing."""
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert not output.exists() or not any(output.iterdir()), sorted(output.iterdir())
+    return done.stderr.strip().splitlines()[-1]
+
+
 def test_decontamination_refuses_another_model_and_an_unknown_set(leaky_pool, weights, tmp_path):
     pool, scores, _ = leaky_pool
-    with pytest.raises(Exception, match="not the one that scored the pool"):
-        curate(str(pool), str(scores), str(tmp_path / "a"), _config(decontaminate='["tuxpaint"]'),
-               ModelSource(architecture="cloob-tiny", weights=str(weights), device="cpu"))
-    done = subprocess.run([sys.executable, "-m", "cloob_core.cli", "data", "curate", "--shards", str(pool),
-                           "--scores", str(scores), "--output", str(tmp_path / "b"), "--set",
-                           "curation.decontaminate=[no-such-set]"], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 2 and "Traceback" not in done.stderr
-    line = done.stderr.strip().splitlines()[-1]
+    line = _refused(_curate_cli(pool, scores, tmp_path / "a", "--set", "curation.decontaminate=[tuxpaint]",
+                                "--architecture", "cloob-tiny", "--weights", str(weights)), tmp_path / "a")
+    assert "is not the one that scored the pool" in line
+    line = _refused(_curate_cli(pool, scores, tmp_path / "b", "--set", "curation.decontaminate=[no-such-set]"),
+                    tmp_path / "b")
     assert "curation.decontaminate: no-such-set is neither a data set of eval.datasets" in line
+
+
+def test_a_scoring_model_of_another_width_is_refused_in_one_line(leaky_pool, untrained_export, tmp_path):
+    """An open_clip folder (local-dir:) whose embeddings are 32 wide against the scores' 64."""
+    import open_clip
+    from safetensors.torch import save_file
+
+    pool, scores, _ = leaky_pool
+    narrow = tmp_path / "narrow"
+    narrow.mkdir()
+    config = json.loads((untrained_export / "open_clip_config.json").read_text())
+    config["model_cfg"]["embed_dim"] = 32
+    (narrow / "open_clip_config.json").write_text(json.dumps(config))
+    save_file(open_clip.CLIP(**config["model_cfg"]).state_dict(), narrow / "open_clip_model.safetensors")
+    line = _refused(_curate_cli(pool, scores, tmp_path / "c", "--set", "curation.decontaminate=[tuxpaint]",
+                                "--model", f"local-dir:{narrow}"), tmp_path / "c")
+    assert "embeds images in 32 dimensions, the scores' embeddings have 64" in line
 
 
 def test_the_gate_refuses_curated_shards_that_keep_too_little_naming_the_filter(scored_pool, tmp_path):
@@ -193,3 +220,39 @@ def test_the_target_distribution_keeps_the_clusters_of_the_reference_images(leak
     whole = curate(str(pool), str(scores), str(tmp_path / "whole"), model=model,
                    config=_config(target_images=f"{pool}/{{00000..00001}}.tar", target_clusters=20))
     assert whole.selection.kept == whole.selection.rows
+
+
+def test_while_curation_is_off_the_pipeline_scores_nothing_and_trains_on_the_pool_as_it_is(scored_pool, tmp_path):
+    """The DVC pipeline's switch (`--if-enabled`): no scoring model is needed, the scores folder says curation is
+    off, and the curated folder holds the pool's files byte for byte."""
+    pool, _ = scored_pool
+    cli = [sys.executable, "-m", "cloob_core.cli", "data"]
+    run = subprocess.run([*cli, "score", "--shards", str(pool), "--output", str(tmp_path / "scores"), "--if-enabled"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and "curation is off" in run.stdout, run.stderr
+    assert [p.name for p in (tmp_path / "scores").iterdir() if not p.name.startswith(".")] == ["curation_off.json"]
+    run = subprocess.run([*cli, "curate", "--shards", str(pool), "--scores", str(tmp_path / "scores"), "--output",
+                          str(tmp_path / "curated"), "--if-enabled"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and "curation is off" in run.stdout, run.stderr
+    for name in ("00000.tar", "00002.tar", "sizes.json"):
+        assert (tmp_path / "curated" / name).read_bytes() == (pool / name).read_bytes()
+    enabled = subprocess.run([*cli, "scorer", "--output", str(tmp_path / "scorer.json"), "--set",
+                              "curation.enabled=true"], capture_output=True, text=True, timeout=300)
+    assert enabled.returncode == 2 and "Traceback" not in enabled.stderr
+    assert "curation.scorer, which is not set" in enabled.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "scorer.json").exists()
+
+
+def test_the_kubeflow_scoring_plan_refuses_params_without_curation_and_cuts_the_pool_into_ranges(scored_pool,
+                                                                                                untrained_export):
+    from cloob_core.config import ConfigError
+    from cloob_core.ops import kubeflow
+
+    pool, _ = scored_pool
+    with pytest.raises(ConfigError, match=r"set curation\.enabled and curation\.scorer in the run's params"):
+        kubeflow.plan_scoring(_config().model_dump(), str(pool), 8)
+    with pytest.raises(ConfigError, match="no scoring model"):
+        kubeflow.plan_scoring(_config(enabled="true").model_dump(), str(pool), 8)
+    params = _config(enabled="true", scorer=str(untrained_export)).model_dump()
+    assert kubeflow.plan_scoring(params, str(pool), 8) == ["0/3", "1/3", "2/3"]  # no more ranges than shards
+    assert kubeflow.plan_scoring(params, str(pool), 2) == ["0/2", "1/2"]

@@ -215,3 +215,25 @@ def test_a_part_changed_after_it_was_scored_is_named_when_read(scored, tmp_path)
     Path(part_file(str(copy), "00000", ".npz")).unlink()
     with pytest.raises(ScoresError, match=r"00000\.npz is missing"):
         read_part_embeddings(str(copy), index.parts[0])
+
+
+def test_an_open_clip_hub_model_scores_as_the_same_weights_in_our_export(scored, untrained_export, tmp_path):
+    """`--model hf-hub:ORG/NAME` (a DFN or OpenAI CLIP where the network allows; here the Hub's cache, offline)
+    is the same model as the export it was pushed from: the same fingerprint, the same scores."""
+    import os
+
+    pool, scores, _ = scored
+    snapshot = tmp_path / "hub" / "models--cloob--tiny" / "snapshots" / ("0" * 40)
+    shutil.copytree(untrained_export, snapshot)
+    (tmp_path / "hub" / "models--cloob--tiny" / "refs").mkdir()
+    (tmp_path / "hub" / "models--cloob--tiny" / "refs" / "main").write_text("0" * 40)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub")}
+    done = subprocess.run([sys.executable, "-m", "cloob_core.cli", "data", "score", "--shards", str(pool),
+                           "--model", "hf-hub:cloob/tiny", "--output", str(tmp_path / "hub-scores"), "--device", "cpu",
+                           "--workers", "0", "--no-progress"], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr
+    ours, theirs = read_index(str(scores)), read_index(str(tmp_path / "hub-scores"))
+    assert theirs.model.fingerprint == ours.model.fingerprint and theirs.model.architecture == "hf-hub:cloob/tiny"
+    for mine, hub in zip(ours.parts, theirs.parts, strict=True):
+        np.testing.assert_allclose(read_part_table(str(tmp_path / "hub-scores"), hub).column("clip_score").to_numpy(),
+                                   read_part_table(str(scores), mine).column("clip_score").to_numpy(), atol=1e-6)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import yaml
 from test_dvc_pipeline import REPO, copy_repository, environment, run, stages_run
 
-BEFORE_TRAINING = ["acquire", "validate", "download", "validate_shards"]
+BEFORE_TRAINING = ["acquire", "validate", "download", "score", "curate", "validate_shards"]
 
 
 def stage_entries(lock_file) -> dict:

@@ -6,6 +6,7 @@ compared in one table, and
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -19,9 +20,10 @@ import yaml
 pytestmark = pytest.mark.slow  # ~8 minutes: CI runs it (.ci/run), the default suite does not
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-STAGES = ["acquire", "validate", "download", "validate_shards", "train", "eval@captioned", "eval@tuxpaint",
-          "eval@emoji", "eval@mnist", "report", "promote"]
-READ_EACH_TIME = "starting_weights"  # always_changed: it re-reads the starting weights on every `dvc repro`
+STAGES = ["acquire", "validate", "download", "score", "curate", "validate_shards", "train", "eval@captioned",
+          "eval@tuxpaint", "eval@emoji", "eval@mnist", "report", "promote"]
+# always_changed: they re-read the starting weights and the scoring model on every `dvc repro`
+READ_EACH_TIME = ("starting_weights", "scorer")
 
 
 def run(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> str:
@@ -35,13 +37,15 @@ def stages_run(output: str) -> list[str]:
     """The stages a `dvc repro` ran, in order, but ``READ_EACH_TIME``, which must have run before any train."""
     ran = re.findall(r"Running stage '([\w@-]+)'", output)
     if "train" in ran:
-        assert READ_EACH_TIME in ran[: ran.index("train")], output
-    return [stage for stage in ran if stage != READ_EACH_TIME]
+        assert "starting_weights" in ran[: ran.index("train")], output
+    if "score" in ran:
+        assert "scorer" in ran[: ran.index("score")], output
+    return [stage for stage in ran if stage not in READ_EACH_TIME]
 
 
 def up_to_date(status: str) -> bool:
-    """`dvc status` says nothing changed but the stage that is always re-read."""
-    return status.split() == [f"{READ_EACH_TIME}:", "always", "changed"]
+    """`dvc status` says nothing changed but the stages that are always re-read."""
+    return sorted(status.split()) == sorted([*(f"{name}:" for name in READ_EACH_TIME), *["always", "changed"] * 2])
 
 
 def environment() -> dict[str, str]:
@@ -94,7 +98,9 @@ def reproduced(repo: Path) -> tuple[Path, str]:
 def test_dvc_repro_runs_every_stage_and_reports(reproduced):
     repo, output = reproduced
     ran = stages_run(output)
-    assert sorted(ran) == sorted(STAGES) and ran[:5] == STAGES[:5] and ran[-2:] == ["report", "promote"], output
+    assert sorted(ran) == sorted(STAGES) and ran[:7] == STAGES[:7] and ran[-2:] == ["report", "promote"], output
+    assert "curation is off" in output and (repo / "data" / "curated" / "00000.tar").read_bytes() == \
+        (repo / "data" / "shards" / "00000.tar").read_bytes()  # curation.enabled is false: the pool as it is
     assert "evaluation summary" in output
     metrics = json.loads((repo / "reports" / "metrics.json").read_text())
     retrieval = metrics["captioned_zeroshot_retrieval"]  # 504 held-out images: R@5 is 1% by chance
@@ -184,9 +190,10 @@ def test_dvc_push_and_pull_through_s3(reproduced, s3_server, tmp_path):
     assert model_file.read_bytes() == before
     assert (repo / "data" / "shards" / "sizes.json").exists()
     # Everything cached came back; only what is not cached (cache: false, not worth a remote) is absent: the
-    # training checkpoints and the starting weights' record (an output of one stage, a dependency of train).
+    # training checkpoints and the records of the starting weights and of the scoring model (each an output of one
+    # stage, a dependency of another).
     changed = {line.split()[-1] for line in run(["dvc", "status"], repo, env).splitlines() if "deleted:" in line}
-    assert changed == {"models/train/checkpoints", "models/starting_weights.json"}, changed
+    assert changed == {"models/train/checkpoints", "models/starting_weights.json", "data/scorer.json"}, changed
 
 
 def test_new_starting_weights_behind_the_same_init_from_rerun_training(reproduced, tmp_path):
@@ -210,3 +217,26 @@ def test_new_starting_weights_behind_the_same_init_from_rerun_training(reproduce
     run(["dvc", "repro", "starting_weights"], repo, env)
     status = run(["dvc", "status", "train"], repo, env)
     assert "models/starting_weights.json" in status and "params.yaml" not in status, status
+
+
+def test_with_curation_enabled_dvc_repro_scores_curates_and_trains_on_the_kept_samples(reproduced):
+    """The scheduled retraining with curation: the production model (promoted by the run above) scores the pool,
+    the top 70% are kept, and training reads them."""
+    repo, _ = reproduced
+    env = environment()
+    run(["git", "checkout", "params.yaml"], repo, env)
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["curation"].update(enabled=True, scorer="production", top_fraction=0.7)
+    params["train"]["epochs"] = 1.0  # (CI time: what is tested is what training reads)
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    output = run(["dvc", "repro", "train"], repo, env)
+    assert stages_run(output) == ["score", "curate", "validate_shards", "train"], output
+    scorer = json.loads((repo / "data" / "scorer.json").read_text())
+    assert scorer["scorer"] == "production" and len(scorer["sha256"]) == 64
+    pool = sum(json.loads((repo / "data" / "shards" / "sizes.json").read_text()).values())
+    kept = sum(json.loads((repo / "data" / "curated" / "sizes.json").read_text()).values())
+    assert kept == math.ceil(0.7 * pool), (kept, pool)
+    report = json.loads((repo / "data" / "curated" / "curation_report.json").read_text())
+    assert report["kept"] == kept and report["removed_by"] == {"top_fraction": pool - kept}
+    trained = json.loads((repo / "models" / "train" / "metrics.json").read_text())
+    assert trained["samples_seen"] <= kept + trained["batch_size"]  # one pass over the kept samples, not the pool

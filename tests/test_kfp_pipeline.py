@@ -148,8 +148,9 @@ def test_no_step_copies_the_shards_into_its_pod(tmp_path):
     from pipelines.copied_inputs import step_inputs
 
     small = {"manifest (system.Dataset)", "model (system.Model)", "features (system.Dataset)",
-             "parts (system.Dataset)", "datasets (system.Dataset)", "report (system.Dataset)"}
-    for options in ((), ("--data", "import"), ("--nodes", "2")):
+             "parts (system.Dataset)", "datasets (system.Dataset)", "report (system.Dataset)",
+             "pool (system.Dataset)"}  # (the scoring steps': the pool's location, in its metadata)
+    for options in ((), ("--data", "import"), ("--nodes", "2"), ("--curation",)):
         steps = {s.step: s for s in step_inputs(compile_with(tmp_path, *options)["spec"])}
         for name in ("validate-shards", "train" if "--nodes" not in options else "train-multinode"):
             assert steps[name].copied == () and "shards" in steps[name].by_value, (options, steps[name])
@@ -157,6 +158,8 @@ def test_no_step_copies_the_shards_into_its_pod(tmp_path):
         if not options:
             assert steps["download-partition"].copied == ("manifest (system.Dataset)",)
             assert steps["merge-shards"].copied == ()
+        if "--curation" in options:
+            assert steps["curate"].copied == () and "shards" in steps["curate"].by_value
 
 
 @pytest.mark.slow  # ~2.5 minutes: CI runs it (.ci/run), the default suite does not
@@ -690,7 +693,8 @@ def test_every_evaluation_step_requests_resources_and_the_features_step_a_gpu(tm
 
 
 @pytest.mark.parametrize("options", [[], ["--data", "import"], ["--nodes", "2", "--gpus", "8"],
-                                     ["--pipeline", "evaluate"]], ids=["acquire", "import", "multinode", "evaluate"])
+                                     ["--pipeline", "evaluate"], ["--curation"]],
+                         ids=["acquire", "import", "multinode", "evaluate", "curation"])
 def test_every_step_requests_cpu_and_memory(tmp_path, options):
     """A step without requests runs BestEffort: evicted first, and refused where a quota demands requests (before:
     acquire, plan-download, download-partition, merge-shards and both gates had none). The download pods' memory
@@ -829,3 +833,76 @@ def test_images_are_tagged_by_commit_and_pulled_if_not_present(tmp_path):
     job = json.loads(tasks_of(compiled["spec"])["train-multinode"]["inputs"]["parameters"]["job"]["runtimeValue"]
                      ["constant"])
     assert job["image_pull_policy"] == "IfNotPresent" and job["image"].endswith("-cuda")
+
+
+def test_curation_scores_on_gpu_pods_curates_then_gates_and_trains_on_the_curated_shards(tmp_path):
+    """With --curation: after the download, a loop over ranges of the shards scores them, one GPU pod each as the
+    evaluation's features step gets; the curate step collects the loop; the shard gate and training read the
+    curated shards. Without GPUs the scoring pods are CPU pods."""
+    compiled = compile_with(tmp_path, "--curation", "--gpus", "4", "--node-selector", "pool=a100", "--partitions", "3",
+                            "--scoring-parallelism", "5")
+    spec, platform = compiled["spec"], compiled["platform"]
+    tasks = tasks_of(spec)
+    merged = {"taskOutputParameter": {"outputParameterKey": "Output", "producerTask": "merge-shards"}}
+    assert tasks["plan-scoring"]["inputs"]["parameters"]["shards"] == merged
+    assert tasks["plan-scoring"]["inputs"]["parameters"]["most"]["runtimeValue"]["constant"] == 3
+    loop = next(task for task in spec["root"]["dag"]["tasks"].values()
+                if "plan-scoring" in task.get("parameterIterator", {}).get("items", {}).get("inputParameter", ""))
+    assert loop["iteratorPolicy"]["parallelismLimit"] == 5
+    assert tasks["score-partition"]["retryPolicy"]["maxRetryCount"] == 2
+    scoring = spec["deploymentSpec"]["executors"]["exec-score-partition"]["container"]
+    assert scoring["resources"]["accelerator"]["resourceCount"] == "1"
+    assert scoring["resources"]["accelerator"]["resourceType"] == "nvidia.com/gpu"
+    assert scoring["resources"]["resourceCpuRequest"] == "11" and scoring["image"].endswith("-cuda")
+    assert platform["exec-score-partition"]["tolerations"] == platform["exec-train"]["tolerations"]
+    assert platform["exec-score-partition"]["nodeSelector"] == {"labels": {"pool": "a100"}}
+    assert tasks["curate"]["inputs"]["parameters"]["parts"]["taskOutputParameter"]["producerTask"] == \
+        loop["taskInfo"]["name"]
+    curated = {"taskOutputParameter": {"outputParameterKey": "Output", "producerTask": "curate"}}
+    for step in ("validate-shards", "train"):
+        assert tasks[step]["inputs"]["parameters"]["shards"] == curated
+    assert "validate-shards" in tasks["train"]["dependentTasks"]
+    (tmp_path / "cpu").mkdir()
+    cpu = compile_with(tmp_path / "cpu", "--curation", "--gpus", "0")
+    resources = cpu["spec"]["deploymentSpec"]["executors"]["exec-score-partition"]["container"]["resources"]
+    assert "accelerator" not in resources and resources["resourceCpuRequest"] == "4"
+    assert "tolerations" not in cpu["platform"].get("exec-score-partition", {})
+    (tmp_path / "plain").mkdir()
+    assert "plan-scoring" not in tasks_of(compile_with(tmp_path / "plain")["spec"])  # off by default
+
+
+@pytest.mark.slow  # ~2 minutes: CI runs it (.ci/run), the default suite does not
+def test_kfp_local_curates_shards_on_s3_and_trains_on_what_is_kept(tmp_path, s3_bucket, captioned_train_shards,
+                                                                   untrained_export):
+    """The import variant with curation, in kfp.local: two partitions score the shards on S3 beside them, curate
+    keeps the top 70%, and training reads the curated shards."""
+    import short_suite
+    from kfp import local
+
+    from cloob_core import storage
+    from cloob_core.config import load_config
+    from cloob_core.config.cluster import ClusterSettings
+    from pipelines.local_run import print_kept
+    from pipelines.pretrain import build
+
+    shards = f"s3://{s3_bucket}/pool"
+    storage.upload_tree(captioned_train_shards, shards)
+    config = load_config(overrides=["train.epochs=1", f"promote.store={tmp_path / 'store'}", "promote.min_first={}",
+                                    "curation.enabled=true", f"curation.scorer={untrained_export}",
+                                    "curation.top_fraction=0.7", short_suite.DATASETS])
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "root"))
+    with print_kept():
+        build(ClusterSettings(data="import", curation=True, partitions=2, gpus=0, shards_store=f"s3://{s3_bucket}/s",
+                              job_workdir=f"s3://{s3_bucket}/jobs"))(shards_uri=shards,
+                                                                     params=json.dumps(config.model_dump()))
+    pool = sum(storage.read_json(f"{shards}/sizes.json").values())
+    kept = sum(storage.read_json(f"{shards}.curated/sizes.json").values())
+    assert kept == -(-7 * pool // 10), (kept, pool)  # the top 70%, rounded up
+    records = [path for path, _, _ in storage.tree_entries(f"{shards}.scores") if path.endswith(".json")
+               and "/parts/" in path]  # MODEL/parts/NNNNN.json: a part per shard, in one model's folder
+    assert len(records) == 8 and len({path.split("/")[0] for path in records}) == 1, records
+    (trained,) = (tmp_path / "root").glob("*/train/executor_output.json")
+    model = json.loads(trained.read_text())["artifacts"]["model"]["artifacts"][0]["metadata"]
+    assert model["shards"] == f"{shards}.curated"  # the model's data lineage: the curated shards
+    (page,) = (tmp_path / "root").glob("*/curate/report")
+    assert "top_fraction" in page.read_text()

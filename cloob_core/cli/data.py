@@ -107,19 +107,43 @@ def _acquire(args: argparse.Namespace) -> int:
 
 
 def _score(args: argparse.Namespace) -> int:
-    """Score every sample of a pool of shards with a model (anything `cloob eval` loads): per shard NAME, OUTPUT/parts/
-    NAME.parquet (key, url, caption, the image's sha256, the image-text cosine, caption words and characters, the
-    caption's language and its confidence, a 64-bit perceptual hash, the stored width and height) and NAME.npz (the
-    image and text embeddings, float16, in the same row order); OUTPUT/scores.json, the index, once every shard is
-    scored. Re-running the same command scores only the shards it lacks (after a kill, or a pool grown since);
-    --partition i/n shares the shards between pods, and the one that scores the last of them writes the index."""
+    """Score every sample of a pool of shards with a model (anything `cloob eval` loads; without a model option,
+    curation.scorer from --params): per shard NAME, OUTPUT/parts/NAME.parquet (key, url, caption, the image's
+    sha256, the image-text cosine, caption words and characters, the caption's language and its confidence, a 64-bit
+    perceptual hash, the stored width and height) and NAME.npz (the image and text embeddings, float16, in the same
+    row order); OUTPUT/scores.json, the index, once every shard is scored. Re-running the same command scores only
+    the shards it lacks (after a kill, or a pool grown since); --partition i/n shares the shards between pods, and
+    the one that scores the last of them writes the index."""
     from cloob_core.curation.score import ScoreRequest, score
+    from cloob_core.curation.switch import record_off, scorer_source
     from cloob_core.data.manifest import Partition
 
-    result = score(ScoreRequest(args.shards, model_source_of(args), args.output, Partition.parse(args.partition),
+    config = config_of(args)
+    if args.if_enabled and not config.curation.enabled:
+        print(f"curation is off (curation.enabled: false): nothing scored; {record_off(args.output)} records it")
+        return 0
+    model = model_source_of(args) if _names_a_model(args) else scorer_source(config, args.device, args.precision)
+    result = score(ScoreRequest(args.shards, model, args.output, Partition.parse(args.partition),
                                 batch_size=args.batch_size, workers=args.workers, progress=not args.no_progress))
     for line in result.lines:
         print(line)
+    return 0
+
+
+def _names_a_model(args: argparse.Namespace) -> bool:
+    return any((args.model, args.checkpoint, args.weights))
+
+
+def _scorer(args: argparse.Namespace) -> int:
+    """Write which weights curation.scorer names now (the value, the weights file, its SHA-256; empty while
+    curation.enabled is false) to OUTPUT: the DVC score stage depends on this file, so a new production model or
+    overwritten weights re-score the pool even when curation.scorer keeps its value."""
+    from cloob_core.curation.switch import record_scorer
+
+    record = record_scorer(config_of(args), args.output)
+    print(f"scorer: {record.scorer} ({record.weights}, sha256 {(record.sha256 or '')[:16]})" if record.scorer
+          else "scorer: none (curation.enabled is false)")
+    print(f"wrote {args.output}")
     return 0
 
 
@@ -129,9 +153,16 @@ def _curate(args: argparse.Namespace) -> int:
     scores), OUTPUT/kept.parquet (every sample by key, whether kept, the reasons that removed it) and
     curation_report.md / .json (what each filter removed, and their overlaps), published as one unit."""
     from cloob_core.curation.curate import curate
+    from cloob_core.curation.switch import pass_through, scorer_source
 
     config = config_of(args)
-    model = model_source_of(args) if any((args.model, args.checkpoint, args.weights)) else None
+    if args.if_enabled and not config.curation.enabled:
+        files = pass_through(args.shards, args.output)
+        print(f"curation is off (curation.enabled: false): {args.output} is the pool {args.shards} as it is "
+              f"({files} files linked)")
+        return 0
+    model = model_source_of(args) if _names_a_model(args) else \
+        scorer_source(config, args.device, args.precision) if config.curation.scorer else None
     result = curate(args.shards, args.scores, args.output, config, model, workers=args.workers or 0)
     for line in result.lines:
         print(line)
@@ -141,8 +172,8 @@ def _curate(args: argparse.Namespace) -> int:
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
     data = sub.add_parser("data", help="data stages: acquire, download, validate, shards, eval-set, merge-stats, "
-                          "score, curate", description="Data stages: manifest -> shards, the validation gate, local "
-                          "folders -> shards, scoring and curating a pool.")
+                          "scorer, score, curate", description="Data stages: manifest -> shards, the validation gate, "
+                          "local folders -> shards, scoring and curating a pool.")
     stages = data.add_subparsers(dest="data_command", metavar="STAGE", required=True)
     _add_acquire(stages)
     _add_download(stages)
@@ -150,6 +181,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     _add_validate(stages)
     _add_shards(stages)
     _add_eval_set(stages)
+    _add_scorer(stages)
     _add_score(stages)
     _add_curate(stages)
 
@@ -241,6 +273,19 @@ def _add_score(stages: argparse._SubParsersAction) -> None:
     parser.add_argument("--partition", default="0/1", metavar="I/N",
                         help="score only the I-th of N contiguous ranges of the shards (default: 0/1, all)")
     parser.add_argument("--batch-size", type=int, default=256, help="images per batch (default: 256)")
+    _add_switch(parser, "record that curation is off in OUTPUT and score nothing")
+    add_config_options(parser)  # curation.scorer, curation.enabled
+
+
+def _add_switch(parser: argparse.ArgumentParser, off: str) -> None:
+    parser.add_argument("--if-enabled", action="store_true",
+                        help=f"the pipeline's switch: while curation.enabled is false, {off}")
+
+
+def _add_scorer(stages: argparse._SubParsersAction) -> None:
+    parser = add_command(stages, "scorer", _scorer, "record which weights curation.scorer names now")
+    parser.add_argument("--output", required=True, metavar="FILE", help="the record (JSON)")
+    add_config_options(parser)
 
 
 def _add_curate(stages: argparse._SubParsersAction) -> None:
@@ -248,6 +293,7 @@ def _add_curate(stages: argparse._SubParsersAction) -> None:
     parser.add_argument("--shards", required=True, metavar="DIR", help="the pool `cloob data score` scored")
     parser.add_argument("--scores", required=True, metavar="DIR", help="its scores (`cloob data score --output`)")
     _add_output_folder(parser)
-    add_model_source(parser)  # the scoring model, for curation.decontaminate
+    add_model_source(parser)  # the scoring model, for curation.decontaminate (default: curation.scorer)
     add_device(parser)
+    _add_switch(parser, "make OUTPUT the pool as it is (its files linked) and filter nothing")
     add_config_options(parser, "curation")

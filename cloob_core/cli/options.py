@@ -61,7 +61,8 @@ def _workers(text: str) -> int:
 
 def add_model_source(parser: argparse.ArgumentParser) -> None:
     """The options that name a model to embed with (:class:`cloob_core.model.source.ModelSource`)."""
-    parser.add_argument("--model", metavar="DIR", help="`cloob train` model folder (OUTPUT/model), local or s3://")
+    parser.add_argument("--model", metavar="DIR|NAME", help="`cloob train` model folder (OUTPUT/model), local or "
+                        "s3://; or an open_clip hf-hub:ORG/NAME or local-dir:PATH")
     parser.add_argument("--architecture", help="open_clip config name (with --weights instead of --model)")
     parser.add_argument("--weights", metavar="FILE", help="state-dict file for --architecture")
     parser.add_argument("--checkpoint", metavar="FILE", help="a `cloob train` checkpoint (OUTPUT/checkpoints/"

@@ -110,6 +110,13 @@ class ClusterSettings(BaseModel):
     shards_store: str = Field(
         "s3://cloob/shards", min_length=1, description="Where the run builds its shards and its steps read them "
         "in place (never copied into a pod): an s3:// prefix on a cluster; one folder per manifest and settings.")
+    curation: bool = Field(False, description="Curate before training: the shards scored by curation.scorer (a "
+                           "fan-out over contiguous ranges of shards, min(partitions, shards) of them, one GPU pod "
+                           "each where gpus > 0), curated by the run's curation section, and the shard gate and "
+                           "training on the curated shards; the run's params need curation.enabled "
+                           "(docs/curation.md).")
+    scoring_parallelism: int = Field(8, ge=1, description="Scoring pods running at once (with curation): each holds "
+                                     "one GPU where gpus > 0, so size it to the GPUs the scoring may take.")
     nodes: int = Field(1, ge=1, description="Training nodes; >1 creates a Training Operator job with `gpus` per node.")
     gpus: int = Field(1, ge=0, description="GPUs per training node; >1 runs torchrun, one process per GPU.")
     accelerator: str = Field("nvidia.com/gpu", description="Accelerator resource name.")

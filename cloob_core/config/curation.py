@@ -15,6 +15,11 @@ class CurationConfig(_Section):
 
     enabled: bool = Field(False, description="Run the DVC pipeline's score and curate stages and train on the "
                           "curated shards (false: train on the downloaded shards, as before).")
+    scorer: str | None = Field(None, description="The model that scores the pool where no model is given on the "
+                               "command line (the DVC pipeline's score stage, the Kubeflow run): a `cloob train` "
+                               "model folder (local or s3://), production (promote.store's current model), or an "
+                               "open_clip hf-hub:ORG/NAME or local-dir:PATH (a DFN or OpenAI CLIP; from the Hugging "
+                               "Face cache where the network is closed).")
     min_clip_score: float | None = Field(None, ge=-1.0, le=1.0, description="Keep samples whose image-text cosine "
                                          "is at least this (LAION-5B: 0.28 with ViT-B/32); null: no floor.")
     top_fraction: float | None = Field(None, gt=0.0, le=1.0, description="Keep this fraction of the pool with the "

@@ -117,8 +117,10 @@ class TrainConfig(_Section):
                              "objectives; 1 otherwise).")
     text_views: int = Field(1, ge=1, le=16, description="Captions drawn per sample (poly-view objectives; 1 "
                             "otherwise): distinct ones while the sample has enough, then repeats.")
-    shards: str = Field("data/shards", description="Training shards: a folder with sizes.json (local or "
-                        "s3://), a brace pattern or a .tar; from `cloob data download|shards`.")
+    shards: str = Field("data/curated", description="Training shards: a folder with sizes.json (local or "
+                        "s3://), a brace pattern or a .tar; from `cloob data download|shards|curate`. The default is "
+                        "the DVC pipeline's curate stage's output, the downloaded shards as they are while "
+                        "curation.enabled is false.")
     sources: list[ShardSource] = Field(default_factory=list, description="Several shard locations mixed by weight "
                                        "(in place of train.shards when given): each batch takes from each source "
                                        "its weight's share of the samples, as whole data streams (data_streams "

@@ -149,11 +149,12 @@ def _done(output: str, shard: _Shard, stamp: ModelStamp) -> PartRecord | None:
     return record
 
 
-def score(request: ScoreRequest) -> ScoreResult:
-    """Score the partition's shards that lack a part; write the index when the whole pool has its parts."""
+def score(request: ScoreRequest, model: EvalModel | None = None) -> ScoreResult:
+    """Score the partition's shards that lack a part; write the index when the whole pool has its parts. ``model``:
+    ``request.model`` already loaded (a pipeline's step names the output by its fingerprint)."""
     started = time.monotonic()
     shards = _pool(request.shards)
-    model = load_model(request.model)
+    model = model or load_model(request.model)
     stamp = ModelStamp(model.fingerprint, model.architecture, model.precision)
     partition = request.partition
     with lease.writing(request.output, _owner(partition),

@@ -21,8 +21,11 @@ from cloob_core.devices import autocast, choose_device, resolve_precision
 from cloob_core.io import UnreadableFile, file_digest
 from cloob_core.model.dual_encoder import register_project_configs, without_random_init_warning
 from cloob_core.model.export import load_exported, load_weights, read_state_dict
-from cloob_core.model.files import INFO_FILE
+from cloob_core.model.files import INFO_FILE, LOCAL_DIR
+from cloob_core.model.starting_weights import HF_HUB, named_weights
 from cloob_core.threads import plan_threads
+
+OPEN_CLIP_SCHEMAS = (HF_HUB, LOCAL_DIR)  # a --model that open_clip itself loads
 
 
 @dataclass
@@ -53,9 +56,10 @@ class EvalModel:
 
 @dataclass(frozen=True)
 class ModelSource:
-    """A `cloob train` export (``model``, local or s3://), a `cloob train` checkpoint (``checkpoint``: the model as
-    it was at that step), or an open_clip ``architecture`` with ``weights``; where it runs (``device``: auto, cpu,
-    cuda, cuda:N) and how (``precision``: auto, fp32, bf16, fp16)."""
+    """A `cloob train` export (``model``, local or s3://; or an open_clip ``hf-hub:ORG/NAME`` or ``local-dir:PATH``
+    name), a `cloob train` checkpoint (``checkpoint``: the model as it was at that step), or an open_clip
+    ``architecture`` with ``weights``; where it runs (``device``: auto, cpu, cuda, cuda:N) and how (``precision``:
+    auto, fp32, bf16, fp16)."""
 
     model: str | None = None
     architecture: str | None = None
@@ -74,7 +78,11 @@ def load_model(source: ModelSource) -> EvalModel:
     if architecture and architecture not in open_clip.list_models():
         raise ConfigError(f"unknown architecture {architecture!r}: not one of open_clip's configurations or ours "
                           "(cloob_core/model/configs)")
-    if source.model:
+    if source.model and source.model.startswith(OPEN_CLIP_SCHEMAS):
+        net, tokenizer, inv_tau = _open_clip_named(source.model)
+        architecture = name = source.model
+        fingerprint = named_weights(source.model, store="", setting="the model")[1][:16]
+    elif source.model:
         with tempfile.TemporaryDirectory() as scratch:
             # on S3 fetched into scratch, a local one read in place; checked against a unit published there
             folder = publish.checked_local(source.model, Path(scratch))
@@ -97,6 +105,16 @@ def load_model(source: ModelSource) -> EvalModel:
         raise ValueError("give --model (a `cloob train` export), --checkpoint (one of its checkpoints) or "
                          "--architecture with --weights")
     return eval_model(net, tokenizer, architecture, name, fingerprint, inv_tau, device, source.precision)
+
+
+def _open_clip_named(name: str) -> tuple[open_clip.CLIP, Callable[[Sequence[str]], Tensor], float]:
+    """An open_clip ``hf-hub:`` or ``local-dir:`` model as open_clip loads it (the Hub reached where the network
+    allows, its cache otherwise), with its tokenizer and learned temperature."""
+    try:
+        net = open_clip.create_model(name)
+    except (OSError, RuntimeError, ValueError) as err:
+        raise FileNotFoundError(f"{name}: open_clip cannot load it ({str(err).splitlines()[0]})") from None
+    return net, open_clip.get_tokenizer(name), float(net.logit_scale.detach().exp())
 
 
 def model_from_checkpoint(location: str, device: str = "auto", precision: str = "auto") -> tuple[EvalModel, int]:

@@ -79,42 +79,49 @@ def record_starting_weights(init_from: str | None, store: str, output: str | Pat
     changes."""
     record = StartingWeights(None, None, None)
     if init_from:
-        with tempfile.TemporaryDirectory(prefix="cloob-init-") as scratch:
-            weights, _ = _locate(init_from, store, Path(scratch))
-            record = StartingWeights(init_from, weights.name, file_digest(weights))
+        record = StartingWeights(init_from, *named_weights(init_from, store))
     write_json(output, asdict(record))
     return record
 
 
-def _locate(init_from: str, store: str, scratch: Path) -> tuple[Path, dict[str, Any] | None]:
+def named_weights(value: str, store: str, setting: str = "train.init_from") -> tuple[str, str]:
+    """The name and SHA-256 of the weights file ``value`` names now (any form of ``init_from``; ``setting`` names
+    the value in an error): what a DVC stage records, so a stage re-runs when the weights behind an unchanged
+    value change."""
+    with tempfile.TemporaryDirectory(prefix="cloob-init-") as scratch:
+        weights, _ = _locate(value, store, Path(scratch), setting)
+        return weights.name, file_digest(weights)
+
+
+def _locate(init_from: str, store: str, scratch: Path, setting: str = "train.init_from",
+            ) -> tuple[Path, dict[str, Any] | None]:
     """The weights file and, for a folder, its ``model_cfg``."""
     pointer = None
     if init_from == PRODUCTION:
         location, pointer = production_folder(store)
     elif init_from.startswith(HF_HUB):
-        return _from_hf_cache(init_from.removeprefix(HF_HUB))
+        return _from_hf_cache(init_from.removeprefix(HF_HUB), setting)
     else:
         location = init_from.removeprefix(LOCAL_DIR)
     if not storage.is_s3(location) and not Path(location).exists():  # (nothing on S3: download_tree names it)
-        raise FileNotFoundError(f"train.init_from {init_from}: {location} is neither a model folder nor a weights "
-                                "file")
+        raise FileNotFoundError(f"{setting} {init_from}: {location} is neither a model folder nor a weights file")
     # checked against a unit published at it or above it (a run's published outputs); S3 fetched into scratch
     local = publish.checked_local(location, scratch / "folder")
-    weights, model_cfg = _in_folder(local, init_from) if local.is_dir() else (local, None)
+    weights, model_cfg = _in_folder(local, f"{setting} {init_from}") if local.is_dir() else (local, None)
     if pointer is not None:
         check_production_weights(weights, pointer, location)
     return weights, model_cfg
 
 
-def _in_folder(folder: Path, init_from: str) -> tuple[Path, dict[str, Any] | None]:
+def _in_folder(folder: Path, named: str) -> tuple[Path, dict[str, Any] | None]:
     weights = next((folder / name for name in _WEIGHTS_FILES if (folder / name).is_file()), None)
     if weights is None:
-        raise FileNotFoundError(f"train.init_from {init_from}: {folder} holds none of {', '.join(_WEIGHTS_FILES)}")
+        raise FileNotFoundError(f"{named}: {folder} holds none of {', '.join(_WEIGHTS_FILES)}")
     config = folder / CONFIG_FILE
     return weights, _model_cfg(config) if config.is_file() else None
 
 
-def _from_hf_cache(repo: str) -> tuple[Path, dict[str, Any] | None]:
+def _from_hf_cache(repo: str, setting: str = "train.init_from") -> tuple[Path, dict[str, Any] | None]:
     """A Hugging Face Hub model folder from the local cache only: a run never reaches the network."""
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import LocalEntryNotFoundError
@@ -127,7 +134,7 @@ def _from_hf_cache(repo: str) -> tuple[Path, dict[str, Any] | None]:
 
     weights = next(filter(None, map(cached, _WEIGHTS_FILES[:2])), None)
     if weights is None:
-        raise FileNotFoundError(f"train.init_from {HF_HUB}{repo}: not in the Hugging Face cache (looked for "
+        raise FileNotFoundError(f"{setting} {HF_HUB}{repo}: not in the Hugging Face cache (looked for "
                                 f"{', '.join(_WEIGHTS_FILES[:2])}); runs read it offline: download it once where the "
                                 f"network is (`huggingface-cli download {repo}`, into HF_HOME)")
     config = cached(CONFIG_FILE)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from cloob_core import storage
-from cloob_core.config import CloobConfig, Values, config_from_mapping, config_from_text
+from cloob_core.config import CloobConfig, ConfigError, Values, config_from_mapping, config_from_text
 from cloob_core.errors import StageError
 from cloob_core.io import write_text
 from cloob_core.threads import limit_spinning
@@ -124,6 +124,64 @@ def merge_partitions(shards: str, parts: Sequence[dict[str, Any]] = ()) -> dict[
     summary = merge_stats(shards)
     log.info("%s: %s", shards, format_summary(summary))
     return {"samples": sum(summary.sizes.values()), "shards": len(summary.sizes), "failures": summary.stats["failures"]}
+
+
+def plan_scoring(params: Params, shards: str, most: int) -> list[str]:
+    """The scoring fan-out over the pool ``shards``: ``min(most, shards)`` contiguous ranges, one pod each. Refused
+    in one line before any pod starts when the run's params do not enable curation or name no scorer."""
+    from cloob_core.curation.switch import scorer_source
+    from cloob_core.data.shard_files import shard_list
+
+    config = _config(params)
+    if not config.curation.enabled:
+        raise ConfigError("this pipeline curates (compiled with curation): set curation.enabled and curation.scorer "
+                          "in the run's params, or run a pipeline compiled without curation")
+    scorer_source(config)  # named, or one line now
+    count = max(1, min(most, len(shard_list(shards)[0])))
+    log.info("%s: scored in %d partition(s)", shards, count)
+    return [f"{index}/{count}" for index in range(count)]
+
+
+def score(params: Params, shards: str, partition: str) -> dict[str, Any]:
+    """One partition of the pool scored by ``curation.scorer`` into the scores folder of that model beside the pool
+    (:func:`~cloob_core.curation.switch.scores_location`); a retry or a grown pool scores only what lacks a part."""
+    from cloob_core.curation.score import ScoreRequest
+    from cloob_core.curation.score import score as score_stage
+    from cloob_core.curation.switch import scorer_source, scores_location
+    from cloob_core.data.manifest import Partition
+    from cloob_core.model.source import load_model
+
+    source = scorer_source(_config(params))
+    model = load_model(source)
+    scores = scores_location(shards, model.fingerprint)
+    result = score_stage(ScoreRequest(shards, source, scores, Partition.parse(partition), progress=False), model)
+    for line in result.lines:
+        log.info("partition %s: %s", partition, line)
+    return {"partition": partition, "scores": scores, "scored": result.scored, "rows": result.rows,
+            "unreadable": result.unreadable}
+
+
+def curate(params: Params, shards: str, parts: Sequence[dict[str, Any]], report_path: str) -> dict[str, Any]:
+    """The pool ``shards``, scored by the partitions ``parts`` (what :func:`score` returned for each), curated by
+    the run's curation section into the curated folder beside it (one unit, republished whole); its report's
+    markdown copied to ``report_path`` (the run's page); the counts and the curated location."""
+    from cloob_core.curation.curate import REPORT_MD
+    from cloob_core.curation.curate import curate as curate_stage
+    from cloob_core.curation.switch import curated_location, scorer_source
+
+    folders = sorted({str(part["scores"]) for part in parts})
+    if len(folders) != 1:
+        raise StageError(f"the scoring partitions wrote {len(folders)} scores folders ({', '.join(folders)}): each "
+                         "loaded another model (did production move during the run?); run again")
+    config = _config(params)
+    output = curated_location(shards)
+    result = curate_stage(shards, folders[0], output, config, scorer_source(config))
+    for line in result.lines:
+        log.info("%s", line)
+    write_text(report_path, storage.read_bytes(storage.join(output, REPORT_MD)).decode())
+    selection = result.selection
+    return {"curated": output, "rows": selection.rows, "kept": selection.kept,
+            **{f"removed_{reason}": count for reason, count in selection.removed_by.items()}}
 
 
 def _record_training(result: dict[str, Any], shards: str, model: Any = None, metrics: Any = None) -> dict[str, Any]:
