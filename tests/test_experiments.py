@@ -158,3 +158,19 @@ def test_the_quick_ablation_trains_every_objective_with_two_seeds_and_resumes(tm
     assert main(args) == 0  # every run is done: nothing trains again, the same table comes back
     assert {run: (run / "result.json").stat().st_mtime_ns for run in runs} == written
     assert (tmp_path / "out" / "table.md").read_text() == table
+
+
+def test_the_curation_experiment_swaps_the_captions_of_30_percent_of_the_pool_only():
+    """Its halves are disjoint and cover the packaged training pairs; the noisy pool differs from the clean one in
+    exactly the swapped pairs' captions (a cycle: no pair keeps its own), and the scorer's half is untouched."""
+    from cloob_core.data.sources import packaged_frame
+    from cloob_core.experiments.curation_benefit import SOURCE, _halves
+
+    frame, _ = packaged_frame(*SOURCE)
+    scorer_half, clean, noisy, swapped = _halves(frame, 0.3, seed=0)
+    assert set(scorer_half["url"]).isdisjoint(clean["url"]) and len(scorer_half) + len(clean) == len(frame)
+    assert list(clean["url"]) == list(noisy["url"]) and list(clean["key"]) == list(noisy["key"])
+    changed = {url for url, a, b in zip(clean["url"], clean["caption"], noisy["caption"], strict=True) if a != b}
+    assert changed == swapped and abs(len(swapped) - 0.3 * len(clean)) <= 2  # (pairs that shared a caption)
+    assert sorted(noisy["caption"]) == sorted(clean["caption"])  # the same captions, moved
+    assert grid_named("curation").prepared and not grid_named("curation").cells  # its cells are built, not listed

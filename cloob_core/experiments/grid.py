@@ -33,6 +33,7 @@ from cloob_core.evaluation.tasks.diagnostics import embedding_diagnostics, match
 from cloob_core.evaluation.tasks.retrieval import caption_pairs, retrieval_metrics
 from cloob_core.evaluation.tasks.zeroshot import class_embeddings, classification_metrics, ranked_classes
 from cloob_core.evaluation.trajectory import run_checkpoints
+from cloob_core.experiments.curation_benefit import curation_grid
 from cloob_core.experiments.grid_report import GridReport, grid_report
 from cloob_core.experiments.grids import Grid, grid_named
 from cloob_core.io import write_json
@@ -42,6 +43,8 @@ from cloob_core.training.optim import first_restart
 
 log = logging.getLogger(__name__)
 RESULT_FILE = "result.json"
+# the grids whose data and cells the experiment builds: (configuration, output) -> (base configuration, grid)
+PREPARED: dict[str, Callable[[CloobConfig, Path], tuple[CloobConfig, Grid]]] = {"curation": curation_grid}
 
 
 @dataclass(frozen=True)
@@ -200,6 +203,9 @@ def experiment(config: CloobConfig, grid_name: str, output: str | Path, *, seeds
     grid = grid_named(grid_name)
     if quick:
         config = config_from_mapping(config.model_dump(), grid.quick)
-    ran = run_grid(config, grid, output, seeds=seeds, points=points, on_result=on_result)
     data = f"{config.train.shards} (train.shards), measured on the eval suite's held-out splits"
+    if grid.prepared:
+        config, grid = PREPARED[grid.name](config, Path(output))
+        data = f"the training sets it built in {Path(output) / 'data'}, measured on the eval suite's held-out splits"
+    ran = run_grid(config, grid, output, seeds=seeds, points=points, on_result=on_result)
     return ExperimentResult(ran, grid_report(ran.results, output, data))

@@ -14,6 +14,7 @@ class Grid:
     description: str
     cells: dict[str, tuple[str, ...]]
     quick: tuple[str, ...] = field(default=())  # overrides of a --quick run (a smoke test of the grid, in CI)
+    prepared: bool = False  # its cells and data are built by the experiment (grid.PREPARED), not listed here
 
 
 QUICK = ("train.steps=24", "optim.warmup_steps=4", "train.batch_size=64")
@@ -55,6 +56,9 @@ GRIDS: dict[str, Grid] = {grid.name: grid for grid in (
               ("4-cycles", ("optim.lr_cycles=4",)),
           ) if objective == "cloob" or not name.startswith("beta")},
          quick=QUICK),
+    Grid("curation", "the benefit of curation: a scorer trained on one half of the captioned pairs curates the "
+         "other half, 30% of whose captions were swapped; CLOOB on it noisy, curated (top 70%) and clean",
+         {}, prepared=True),
 )}
 
 
