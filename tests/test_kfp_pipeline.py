@@ -162,10 +162,11 @@ def test_no_step_copies_the_shards_into_its_pod(tmp_path):
             assert steps["curate"].copied == () and "shards" in steps["curate"].by_value
 
 
-@pytest.mark.slow  # ~2.5 minutes: CI runs it (.ci/run), the default suite does not
-def test_kfp_local_runs_the_whole_pipeline_on_the_packaged_default(tmp_path, s3_bucket):
+@pytest.mark.slow  # ~3 minutes: CI runs it (.ci/run), the default suite does not
+def test_kfp_local_runs_the_whole_pipeline_on_the_packaged_default(tmp_path, s3_bucket, untrained_export):
     """With the manifest a folder of parquet parts on S3 and the shards on S3 (a real server on loopback): the
-    partitions read their row groups and write there, the gate and training stream the shards from there."""
+    partitions read their row groups and write there; two scoring partitions score the shards beside them, curate
+    keeps the top 70%, and the gate and training stream the curated shards from there."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     from kfp import local
@@ -186,9 +187,10 @@ def test_kfp_local_runs_the_whole_pipeline_on_the_packaged_default(tmp_path, s3_
     params["train"]["epochs"] = 3.0  # CI time
     params["promote"]["store"] = str(tmp_path / "store")
     params["promote"]["min_first"] = {}  # a 3-epoch model becomes production
+    params["curation"].update(enabled=True, scorer=str(untrained_export), top_fraction=0.7)
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "root"))
     with print_kept():  # (kfp.local's steps, in threads, would leave this worker's print indented)
-        build(ClusterSettings(partitions=2, gpus=0, shards_store=f"s3://{s3_bucket}/shards",
+        build(ClusterSettings(partitions=2, gpus=0, shards_store=f"s3://{s3_bucket}/shards", curation=True,
                               job_workdir=f"s3://{s3_bucket}/jobs", keep_checkpoints=True))(params=json.dumps(params))
     (report,) = (tmp_path / "root").glob("*/report/folder/metrics.json")
     metrics = json.loads(report.read_text())
@@ -204,10 +206,16 @@ def test_kfp_local_runs_the_whole_pipeline_on_the_packaged_default(tmp_path, s3_
     # one per classification set; the retrieval set (captioned) leaves its artifact empty
     assert sorted(len(m["rows"]) if m else 0 for m in matrices) == [0, 9, 10, 15]
     (trained,) = (tmp_path / "root").glob("*/train/executor_output.json")
-    shards = json.loads(trained.read_text())["artifacts"]["model"]["artifacts"][0]["metadata"]["shards"]
-    assert shards.startswith(f"s3://{s3_bucket}/shards/shards-")  # the model's data lineage
+    curated = json.loads(trained.read_text())["artifacts"]["model"]["artifacts"][0]["metadata"]["shards"]
+    shards = curated.removesuffix(".curated")  # the model's data lineage: the curated shards beside the pool
+    assert shards.startswith(f"s3://{s3_bucket}/shards/shards-") and curated == f"{shards}.curated"
     assert sum(storage.read_json(f"{shards}/sizes.json").values()) == 2046  # 2 partitions, one folder; 1 too_small
     assert len(storage.list_names(shards, ".tar")) == 8
+    assert sum(storage.read_json(f"{curated}/sizes.json").values()) == 1433  # the top 70%, rounded up
+    records = [path for path, _, _ in storage.tree_entries(f"{shards}.scores") if path.endswith(".json")
+               and "/parts/" in path]  # MODEL/parts/NNNNN.json: a part per shard, in one model's folder
+    assert len(records) == 8 and len({path.split("/")[0] for path in records}) == 1, records
+    assert "top_fraction" in next((tmp_path / "root").glob("*/curate/report")).read_text()
     assert not list((tmp_path / "root").rglob("*.tar"))  # and no step's folder holds a copy
     mirrored = [path for path, _, _ in storage.tree_entries(f"s3://{s3_bucket}/jobs")]
     # a retry of training resumes from them (kept here: by default a succeeded run's are deleted)
@@ -869,40 +877,3 @@ def test_curation_scores_on_gpu_pods_curates_then_gates_and_trains_on_the_curate
     assert "tolerations" not in cpu["platform"].get("exec-score-partition", {})
     (tmp_path / "plain").mkdir()
     assert "plan-scoring" not in tasks_of(compile_with(tmp_path / "plain")["spec"])  # off by default
-
-
-@pytest.mark.slow  # ~2 minutes: CI runs it (.ci/run), the default suite does not
-def test_kfp_local_curates_shards_on_s3_and_trains_on_what_is_kept(tmp_path, s3_bucket, captioned_train_shards,
-                                                                   untrained_export):
-    """The import variant with curation, in kfp.local: two partitions score the shards on S3 beside them, curate
-    keeps the top 70%, and training reads the curated shards."""
-    import short_suite
-    from kfp import local
-
-    from cloob_core import storage
-    from cloob_core.config import load_config
-    from cloob_core.config.cluster import ClusterSettings
-    from pipelines.local_run import print_kept
-    from pipelines.pretrain import build
-
-    shards = f"s3://{s3_bucket}/pool"
-    storage.upload_tree(captioned_train_shards, shards)
-    config = load_config(overrides=["train.epochs=1", f"promote.store={tmp_path / 'store'}", "promote.min_first={}",
-                                    "curation.enabled=true", f"curation.scorer={untrained_export}",
-                                    "curation.top_fraction=0.7", short_suite.DATASETS])
-    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "root"))
-    with print_kept():
-        build(ClusterSettings(data="import", curation=True, partitions=2, gpus=0, shards_store=f"s3://{s3_bucket}/s",
-                              job_workdir=f"s3://{s3_bucket}/jobs"))(shards_uri=shards,
-                                                                     params=json.dumps(config.model_dump()))
-    pool = sum(storage.read_json(f"{shards}/sizes.json").values())
-    kept = sum(storage.read_json(f"{shards}.curated/sizes.json").values())
-    assert kept == -(-7 * pool // 10), (kept, pool)  # the top 70%, rounded up
-    records = [path for path, _, _ in storage.tree_entries(f"{shards}.scores") if path.endswith(".json")
-               and "/parts/" in path]  # MODEL/parts/NNNNN.json: a part per shard, in one model's folder
-    assert len(records) == 8 and len({path.split("/")[0] for path in records}) == 1, records
-    (trained,) = (tmp_path / "root").glob("*/train/executor_output.json")
-    model = json.loads(trained.read_text())["artifacts"]["model"]["artifacts"][0]["metadata"]
-    assert model["shards"] == f"{shards}.curated"  # the model's data lineage: the curated shards
-    (page,) = (tmp_path / "root").glob("*/curate/report")
-    assert "top_fraction" in page.read_text()
