@@ -19,6 +19,7 @@ import shutil
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -33,11 +34,47 @@ from cloob_core.model.export import export_model
 from cloob_core.model.source import ModelSource, load_model
 
 
-def _model(folder: Path, architecture: str) -> Path:
+def export_initial(folder: Path, architecture: str) -> Path:
+    """The architecture's seeded initial weights as `cloob train` exports a model."""
     config = load_config(overrides=[f"model.architecture={architecture}"])
     torch.manual_seed(0)
     export_model(build_model(config.model), folder, {"objective": "none", "steps": 0})
     return folder
+
+
+@dataclass(frozen=True)
+class Rates:
+    samples: int
+    embed: list[float]  # seconds of each repeat
+    scoring: list[float]
+
+    @property
+    def embed_rate(self) -> float:
+        return self.samples / statistics.median(self.embed)
+
+    @property
+    def score_rate(self) -> float:
+        return self.samples / statistics.median(self.scoring)
+
+
+def measure(shards: str, source: ModelSource, scratch: Path, workers: int, batch_size: int, repeat: int) -> Rates:
+    """``cloob eval``'s image embedding and `cloob data score` on ``shards``, alternately, ``repeat`` times each."""
+    images = shard_set(shards, "label")
+    loaded = load_model(source)
+    embed, scoring, rows = [], [], 0
+    for attempt in range(repeat):
+        started = time.perf_counter()
+        embedded = image_features(loaded, images, Encoding(batch_size=batch_size, progress=False, workers=workers))
+        embed.append(time.perf_counter() - started)
+        output = scratch / f"scores-{attempt}"
+        started = time.perf_counter()
+        rows = score(ScoreRequest(shards, source, str(output), batch_size=batch_size, workers=workers,
+                                  progress=False)).rows
+        scoring.append(time.perf_counter() - started)
+        shutil.rmtree(output)
+        if rows != len(embedded.features):
+            raise AssertionError(f"scored {rows} samples, embedded {len(embedded.features)}")
+    return Rates(rows, embed, scoring)
 
 
 def main() -> None:
@@ -54,32 +91,15 @@ def main() -> None:
         if shards is None:
             shards = str(root / "shards")
             build_shards("captioned", shards, load_config(), split="train", progress=False)
-        model = _model(root / "model", args.architecture)
-        source = ModelSource(model=str(model), device="cpu")
-        images = shard_set(shards, "label")
-        loaded = load_model(source)
-        embed, scoring, rows = [], [], 0
-        for attempt in range(args.repeat):
-            started = time.perf_counter()
-            embedded = image_features(loaded, images, Encoding(batch_size=args.batch_size, progress=False,
-                                                               workers=args.workers))
-            embed.append(time.perf_counter() - started)
-            output = root / f"scores-{attempt}"
-            started = time.perf_counter()
-            result = score(ScoreRequest(shards, source, str(output), batch_size=args.batch_size,
-                                        workers=args.workers, progress=False))
-            scoring.append(time.perf_counter() - started)
-            rows = result.rows
-            shutil.rmtree(output)
-        samples = len(embedded.features)
-        embed_rate = samples / statistics.median(embed)
-        score_rate = rows / statistics.median(scoring)
-        print(f"{args.architecture}, {samples:,} images, {args.workers} workers, batch {args.batch_size}, "
+        source = ModelSource(model=str(export_initial(root / "model", args.architecture)), device="cpu")
+        rates = measure(shards, source, root, args.workers, args.batch_size, args.repeat)
+        embed, scoring = rates.embed, rates.scoring
+        print(f"{args.architecture}, {rates.samples:,} images, {args.workers} workers, batch {args.batch_size}, "
               f"median of {args.repeat} (spread: embed {min(embed):.1f}-{max(embed):.1f} s, score "
               f"{min(scoring):.1f}-{max(scoring):.1f} s)")
-        print(f"cloob eval's embedding: {embed_rate:,.0f} images/s")
-        print(f"cloob data score:       {score_rate:,.0f} images/s (model load and index included)")
-        print(f"ratio score / embed:    {score_rate / embed_rate:.2f}x (goal >= 0.9x)")
+        print(f"cloob eval's embedding: {rates.embed_rate:,.0f} images/s")
+        print(f"cloob data score:       {rates.score_rate:,.0f} images/s (model load and index included)")
+        print(f"ratio score / embed:    {rates.score_rate / rates.embed_rate:.2f}x (goal >= 0.9x)")
         try:
             import clip_retrieval  # noqa: F401
         except ImportError:

@@ -26,7 +26,10 @@ Sections:
    weights) and the same 10,000 real photos (256-384 px) in CLIP_benchmark's wds layout; images/s, peak memory and
    top-1 of each. Goals: ours at least CLIP_benchmark's images/s (with its defaults: amp, batch 64, 4 workers) and
    2,000 images/s. CLIP_benchmark runs from its overlay (.venv-clip-benchmark, scripts/clip_benchmark_env.sh; carry
-   it to a machine without network). About 2 minutes.
+   it to a machine without network). About 2 minutes;
+10. curation's scoring (``benchmarks/bench_score.py``): ``cloob data score`` against ``cloob eval``'s image
+   embedding on the same 20,000 JPEG photos (288 px) in shards, ViT-B-32, bf16 autocast, batch 256, a worker per
+   core but one. Goal: at least 3,000 samples/s scored (LAION-5B embedded 1,800 per A100). About 1 minute.
 """
 
 from __future__ import annotations
@@ -536,11 +539,38 @@ def evaluation_against_clip_benchmark(sizes: Sizes, scratch: Path) -> None:
         raise AssertionError("evaluation below its goals")
 
 
+SCORE_IMAGES = {"cuda": 20_000, "cpu": 96}  # section 10's pool: about 7 s of scoring at the goal; a smoke run's
+
+
+@section("10. curation: scoring (ViT-B-32, bf16) against cloob eval's embedding on the same shards")
+def scoring_against_embedding(sizes: Sizes, scratch: Path) -> None:
+    import bench_eval_input
+    import bench_score
+
+    from cloob_core.model.source import ModelSource
+
+    architecture = sizes.models[0]
+    count = SCORE_IMAGES[sizes.device]
+    shards = scratch / "pool"
+    write_shards(shards, count, sizes.image_side, per_shard=max(1, count // 32))
+    model = bench_eval_input.export(scratch, architecture, steps=0)
+    workers = max(1, (os.cpu_count() or 2) - 1)
+    rates = bench_score.measure(str(shards), ModelSource(model=str(model), device=sizes.device), scratch, workers,
+                                256, repeat=2)
+    say(f"   {architecture}, {rates.samples:,} images, {workers} workers, batch 256: cloob eval's embedding "
+        f"{rates.embed_rate:,.0f} images/s, cloob data score {rates.score_rate:,.0f} samples/s "
+        f"({rates.score_rate / rates.embed_rate:.2f}x; medians of 2)")
+    met = rates.score_rate >= 3000
+    say(f"   goal (>= 3,000 samples/s scored): {'met' if met else 'NOT MET'}")
+    if sizes.device == "cuda" and not met:
+        raise AssertionError("scoring below its goal")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="every section on the CPU, tiny sizes (CI)")
     parser.add_argument("--out", type=Path, help="also write the result lines to this file")
-    parser.add_argument("--sections", default="1,3,4,5,6,8,9",
+    parser.add_argument("--sections", default="1,3,4,5,6,8,9,10",
                         help="which sections to run (1 runs 1-2; 7 only when named; default the others)")
     parser.add_argument("--learning-steps", type=int, help="section 8's steps (default 300 on a GPU, 8 quick)")
     parser.add_argument("--learning-warmup", type=int,
@@ -567,7 +597,8 @@ def main() -> int:
                             ("6", lambda: resume_from_eight(sizes, scratch)),
                             ("7", lambda: stage_variants(sizes, scratch)),
                             ("8", lambda: models_learn(sizes, scratch, args.learning_steps, args.learning_warmup)),
-                            ("9", lambda: evaluation_against_clip_benchmark(sizes, scratch))):
+                            ("9", lambda: evaluation_against_clip_benchmark(sizes, scratch)),
+                            ("10", lambda: scoring_against_embedding(sizes, scratch))):
             if number in chosen:
                 run()
     say(f"gpu_check: {'FAILED: ' + ', '.join(FAILED) if FAILED else 'all sections ran'} in "

@@ -16,8 +16,9 @@ EXPECTED = {  # sections (7 is opt-in on a GPU) -> lines their results must hold
     "1": ("ours CLIP / open_clip_train", "CLOOB / CLIP"),
     "3": ("stage / step", "host syncs per step"),
     "7": ("twice the batch", "px JPEGs"),
-    "4,5,6": ("bound", "gather with gradient: equal", "DDP, accum_freq 2", "bf16 compression hook: ran",
-              "resumed at step 2 of 4", "data positions as the uninterrupted run"),
+    "4,5,6,10": ("bound", "gather with gradient: equal", "DDP, accum_freq 2", "bf16 compression hook: ran",
+                 "resumed at step 2 of 4", "data positions as the uninterrupted run", "cloob data score",
+                 "samples/s scored"),
     "8": ("cloob-tiny-vit cloob 8 steps", "cloob-tiny clip", "held-out R@5"),
     "9": ("cloob eval ", "CB defaults", "CB matched"),
 }

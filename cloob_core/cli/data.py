@@ -114,14 +114,15 @@ def _score(args: argparse.Namespace) -> int:
     row order); OUTPUT/scores.json, the index, once every shard is scored. Re-running the same command scores only
     the shards it lacks (after a kill, or a pool grown since); --partition i/n shares the shards between pods, and
     the one that scores the last of them writes the index."""
-    from cloob_core.curation.score import ScoreRequest, score
     from cloob_core.curation.switch import record_off, scorer_source
-    from cloob_core.data.manifest import Partition
 
     config = config_of(args)
-    if args.if_enabled and not config.curation.enabled:
+    if args.if_enabled and not config.curation.enabled:  # (before torch is imported: the DVC stage's usual case)
         print(f"curation is off (curation.enabled: false): nothing scored; {record_off(args.output)} records it")
         return 0
+    from cloob_core.curation.score import ScoreRequest, score
+    from cloob_core.data.manifest import Partition
+
     model = model_source_of(args) if _names_a_model(args) else scorer_source(config, args.device, args.precision)
     result = score(ScoreRequest(args.shards, model, args.output, Partition.parse(args.partition),
                                 batch_size=args.batch_size, workers=args.workers, progress=not args.no_progress))
@@ -152,15 +153,16 @@ def _curate(args: argparse.Namespace) -> int:
     score`: the kept samples resharded into OUTPUT in the usual layout (sizes.json, stats; each sample's json with its
     scores), OUTPUT/kept.parquet (every sample by key, whether kept, the reasons that removed it) and
     curation_report.md / .json (what each filter removed, and their overlaps), published as one unit."""
-    from cloob_core.curation.curate import curate
     from cloob_core.curation.switch import pass_through, scorer_source
 
     config = config_of(args)
-    if args.if_enabled and not config.curation.enabled:
+    if args.if_enabled and not config.curation.enabled:  # (before torch is imported: the DVC stage's usual case)
         files = pass_through(args.shards, args.output)
         print(f"curation is off (curation.enabled: false): {args.output} is the pool {args.shards} as it is "
               f"({files} files linked)")
         return 0
+    from cloob_core.curation.curate import curate
+
     model = model_source_of(args) if _names_a_model(args) else \
         scorer_source(config, args.device, args.precision) if config.curation.scorer else None
     result = curate(args.shards, args.scores, args.output, config, model, workers=args.workers or 0)
