@@ -113,3 +113,20 @@ def test_the_evaluation_plan_step_loads_neither_torch_nor_open_clip():
              "print(sorted(m for m in ('torch', 'open_clip', 'torchvision', 'matplotlib') if m in sys.modules))")
     planned = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT)
     assert planned.stdout.split("\n")[:2] == ["['captioned', 'tuxpaint', 'emoji', 'mnist']", "[]"], planned.stdout
+
+
+def test_the_dvc_curation_stages_load_no_torch_while_curation_is_off(captioned_train_shards, tmp_path):
+    """Every `dvc repro` runs scorer, score and curate; while curation.enabled is false they must not pay for
+    torch and open_clip (about 5 s of CPU a stage), which the scoring model would need."""
+    import subprocess
+    import sys
+
+    commands = (["scorer", "--output", str(tmp_path / "scorer.json")],
+                ["score", "--shards", str(captioned_train_shards), "--output", str(tmp_path / "s"), "--if-enabled"],
+                ["curate", "--shards", str(captioned_train_shards), "--scores", str(tmp_path / "s"), "--output",
+                 str(tmp_path / "c"), "--if-enabled"])
+    for command in commands:
+        probe = ("import sys; from cloob_core.cli import main; main(['data', *sys.argv[1:]]); "
+                 "print(sorted(m for m in ('torch', 'open_clip', 'torchvision') if m in sys.modules))")
+        done = subprocess.run([sys.executable, "-c", probe, *command], capture_output=True, text=True, cwd=ROOT)
+        assert done.returncode == 0 and done.stdout.strip().endswith("[]"), (command, done.stdout, done.stderr)
