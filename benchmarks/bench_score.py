@@ -22,24 +22,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
+from bench_eval_input import export
 
 from cloob_core.config import load_config
 from cloob_core.curation.score import ScoreRequest, score
 from cloob_core.data.local import build_shards
 from cloob_core.evaluation.features import Encoding, image_features
 from cloob_core.evaluation.inputs import shard_set
-from cloob_core.model.dual_encoder import build_model
-from cloob_core.model.export import export_model
 from cloob_core.model.source import ModelSource, load_model
-
-
-def export_initial(folder: Path, architecture: str) -> Path:
-    """The architecture's seeded initial weights as `cloob train` exports a model."""
-    config = load_config(overrides=[f"model.architecture={architecture}"])
-    torch.manual_seed(0)
-    export_model(build_model(config.model), folder, {"objective": "none", "steps": 0})
-    return folder
 
 
 @dataclass(frozen=True)
@@ -91,7 +81,7 @@ def main() -> None:
         if shards is None:
             shards = str(root / "shards")
             build_shards("captioned", shards, load_config(), split="train", progress=False)
-        source = ModelSource(model=str(export_initial(root / "model", args.architecture)), device="cpu")
+        source = ModelSource(model=str(export(root, args.architecture, steps=0)), device="cpu")
         rates = measure(shards, source, root, args.workers, args.batch_size, args.repeat)
         embed, scoring = rates.embed, rates.scoring
         print(f"{args.architecture}, {rates.samples:,} images, {args.workers} workers, batch {args.batch_size}, "
