@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The GPU check (benchmarks/gpu_check.py): the training path on one GPU in one command, at most ~8 minutes on one
-# H100/H200 with 16 cores; `--quick` runs the same sections on the CPU with tiny sizes (CI runs it).
+# The GPU check (benchmarks/gpu_check.py): the training path on one GPU in one command, about 5 minutes on one
+# H100/H200 with 16 cores and section 8 (the models learn, past the warm-up) about 9 more: `--sections 8` runs it
+# alone. `--quick` runs the same sections on the CPU with tiny sizes (CI runs it).
 #   benchmarks/gpu_check.sh [--quick]
 # Python: .venv's where it exists (this project's install), else the machine's python3 (a CUDA image with PyTorch).
 # What that Python lacks of the training path it installs from .gpu-wheels/ (benchmarks/gpu_wheels.sh fetches them

@@ -180,11 +180,65 @@ def test_warmup_means_the_schedules_warmup_as_the_run_has_it():
     from cloob_core.objectives.registry import objective_from_config
 
     config = load_config()
-    assert objective_from_config(config).start_without_hopfield == config.optim.warmup_steps == 200
-    assert objective_from_config(config, warmup_steps=30).start_without_hopfield == 30  # a warm-up cut to half a run
-    fixed = load_config(overrides=["objective.start_without_hopfield=7"])
-    assert objective_from_config(fixed, warmup_steps=30).start_without_hopfield == 7
-    assert not hasattr(objective_from_config(load_config(overrides=["train.objective=clip"])), "start_without_hopfield")
+    start = objective_from_config(config).retrieval_start
+    assert (start.least, start.most, start.until_margin) == (config.optim.warmup_steps, 600, 0.05)
+    assert objective_from_config(config, warmup_steps=30).retrieval_start.least == 30  # a warm-up cut to half a run
+    fixed = load_config(overrides=["objective.start_without_hopfield=7", "objective.start_until_margin=0.2",
+                                   "objective.start_limit_factor=1.5"])
+    start = objective_from_config(fixed, warmup_steps=30).retrieval_start
+    assert (start.least, start.most, start.until_margin) == (7, 11, 0.2)
+    assert not hasattr(objective_from_config(load_config(overrides=["train.objective=clip"])), "retrieval_start")
+
+
+@pytest.mark.parametrize(("name", "plain"), [("cloob", "infoloob"), ("infonce_hopfield", "clip"),
+                                             ("cloob_ring", "infoloob_ring")])
+def test_the_start_ends_once_a_batch_leaves_the_collapsed_value_or_at_its_longest(name, plain):
+    """``objective.start_until_margin``: after its least steps, the start ends two steps after the first batch whose
+    loss without retrieval is that fraction of the collapsed value below it (its margin is read at the end of the
+    next step, so the step has no host read); batches that stay near the collapsed value keep it to its longest;
+    the margin pending at a checkpoint switches a resumed run where the uninterrupted one switched."""
+    g = torch.Generator().manual_seed(5)
+    x = F.normalize(torch.randn(16, 8, generator=g, dtype=torch.float64), dim=-1)
+    paired = F.normalize(x + 0.05 * torch.randn(16, 8, generator=g, dtype=torch.float64), dim=-1)
+    cone = F.normalize(torch.ones(16, 8, dtype=torch.float64) + 0.01 * torch.randn(16, 8, generator=g,
+                                                                                     dtype=torch.float64), dim=-1)
+    unpaired = cone[torch.randperm(16, generator=g)]
+    without, with_retrieval = build_objective(plain), build_objective(name)
+
+    def run(objective, a, b, steps):
+        values = []
+        for _ in range(steps):
+            values.append(float(objective(a, b, 30.0)))
+            objective.end_step()
+        return values
+
+    def started(least=1, longest=50):
+        return build_objective(name, start_without_hopfield=least, start_until_margin=0.05, start_longest=longest)
+
+    learnt = started()
+    assert float(without(x, paired, 30.0)) < 0.95 * learnt.collapsed_loss(16, 30.0)  # the batch shows the margin
+    assert run(learnt, x, paired, 4) == pytest.approx([float(without(x, paired, 30.0))] * 2
+                                                      + [float(with_retrieval(x, paired, 30.0))] * 2, rel=1e-12)
+    assert learnt.retrieval_start.retrieving_from == 2
+    late = started(least=3)
+    run(late, x, paired, 3)
+    assert late.retrieval_start.retrieving_from == 3  # never before its least steps, however learnt the batch
+    in_the_cone = started(longest=3)
+    assert float(without(cone, unpaired, 30.0)) > 0.95 * in_the_cone.collapsed_loss(16, 30.0)
+    run(in_the_cone, cone, unpaired, 2)
+    assert not in_the_cone.retrieval_start.retrieving  # past its least, still near the collapsed value
+    run(in_the_cone, cone, unpaired, 1)
+    assert in_the_cone.retrieval_start.retrieving_from == 3  # its longest
+    stopped = started()
+    run(stopped, x, paired, 1)
+    resumed = started()
+    resumed.load_checkpoint_state(stopped.checkpoint_state())
+    run(resumed, x, paired, 1)
+    assert resumed.retrieval_start.retrieving_from == 2
+    with pytest.raises(ValueError, match="start_until_margin"):
+        build_objective(name, start_until_margin=1.0)
+    with pytest.raises(ValueError, match="longest"):
+        build_objective(name, start_without_hopfield=4, start_longest=3)
 
 
 def test_a_checkpoint_from_before_the_start_resumes_with_the_papers_start(tmp_path):
@@ -195,4 +249,21 @@ def test_a_checkpoint_from_before_the_start_resumes_with_the_papers_start(tmp_pa
     path = tmp_path / "step-00000004.pt"
     torch.save({"step": 4, "config": {"objective": {"beta": 8.0}, "train": {"objective": "cloob"}}}, path)
     (tmp_path / (path.name + CHECKSUM_SUFFIX)).write_text(sha256_hex(path.read_bytes()))
-    assert load(str(path))["config"]["objective"] == {"beta": 8.0, "start_without_hopfield": 0}
+    assert load(str(path))["config"]["objective"] == {"beta": 8.0, "start_without_hopfield": 0,
+                                                      "start_until_margin": 0.0, "start_limit_factor": 3.0}
+
+
+def test_a_checkpoint_from_before_the_margin_resumes_switching_at_its_bound(tmp_path):
+    """A run checkpointed before ``objective.start_until_margin`` switched at its step count: read back, its
+    configuration has no margin, and its objective's state (the step alone) switches at the bound."""
+    from cloob_core.model.checkpoint_file import CHECKSUM_SUFFIX, load, sha256_hex
+
+    path = tmp_path / "step-00000004.pt"
+    torch.save({"step": 4, "config": {"objective": {"beta": 8.0, "start_without_hopfield": "warmup"}}}, path)
+    (tmp_path / (path.name + CHECKSUM_SUFFIX)).write_text(sha256_hex(path.read_bytes()))
+    assert load(str(path))["config"]["objective"]["start_until_margin"] == 0.0
+    before, after = (build_objective("cloob", start_without_hopfield=10, start_until_margin=0.05, start_longest=30)
+                     for _ in range(2))
+    before.load_checkpoint_state({"step": 7})
+    after.load_checkpoint_state({"step": 12})
+    assert (before.retrieval_start.retrieving_from, after.retrieval_start.retrieving_from) == (None, 10)

@@ -69,10 +69,12 @@ def test_the_paper_presets_apply_over_the_params_file_and_under_overrides():
     assert (yfcc.train.batch_size, yfcc.optim.lr, yfcc.objective.beta, yfcc.train.epochs) == (1024, 5e-4, 14.3, 2)
     with pytest.raises(ConfigError, match="unknown preset 'cc12m'"):
         load_config(preset="cc12m")
-    # the ViT-B family: open_clip's ViT-B-32 optimiser recipe with the default start without Hopfield retrieval
+    # the ViT-B family: open_clip's ViT-B-32 optimiser recipe (one cosine, no restarts) with the default start
+    # without Hopfield retrieval
     vit = load_config(preset="vit-b", overrides=["model.architecture=ViT-B-16"])
     assert (vit.model.architecture, vit.optim.lr, vit.optim.warmup_steps, vit.optim.weight_decay, vit.optim.beta2,
-            vit.optim.eps, vit.objective.start_without_hopfield) == ("ViT-B-16", 5e-4, 2_000, 0.2, 0.98, 1e-6, "warmup")
+            vit.optim.eps, vit.optim.lr_cycles, vit.objective.start_without_hopfield) == (
+        "ViT-B-16", 5e-4, 2_000, 0.2, 0.98, 1e-6, 1, "warmup")
 
 
 @pytest.mark.parametrize(("train", "message"), [

@@ -329,3 +329,54 @@ def test_bf16_gradient_compression_averages_the_gradients_in_bfloat16(tmp_path):
         torch.testing.assert_close(compressed, exact, rtol=0, atol=2 ** -7 * float(exact.abs().max()), msg=name)
         differs |= not torch.equal(compressed, exact)
     assert differs, "the compressed gradients equal the exact ones: no compression ran"
+
+
+START = {"start_without_hopfield": 1, "start_until_margin": 0.01, "start_longest": 50}
+
+
+def paired_features() -> tuple[torch.Tensor, torch.Tensor]:
+    """Unit embeddings whose pairs match (a batch well below the collapsed value): the start's switching path."""
+    generator = torch.Generator().manual_seed(2)
+    x = F.normalize(torch.randn(BATCH, 5, generator=generator, dtype=torch.float64), dim=-1)
+    return x, F.normalize(x + 0.3 * torch.randn(BATCH, 5, generator=generator, dtype=torch.float64), dim=-1)
+
+
+def _start_rank_main(rank: int, port: int, result_path: str) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE)
+    try:
+        x, y = paired_features()
+        per_rank = BATCH // WORLD_SIZE
+        mine = (x[rank * per_rank:(rank + 1) * per_rank], y[rank * per_rank:(rank + 1) * per_rank])
+        results = {}
+        for name in ("cloob", "cloob_ring", "infonce_hopfield"):
+            objective = build_objective(name, local_loss=True, **START)
+            for _ in range(3):
+                objective(*mine, 30.0)
+                objective.end_step()
+            start = objective.retrieval_start
+            since = -1 if start.retrieving_from is None else start.retrieving_from
+            every = [torch.zeros(2, dtype=torch.float64) for _ in range(WORLD_SIZE)]
+            dist.all_gather(every, torch.tensor([start.last_margin, since], dtype=torch.float64))
+            results[name] = torch.stack(every)
+        if rank == 0:
+            torch.save(results, result_path)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_under_local_loss_every_rank_ends_the_start_at_the_single_processs_step(tmp_path):
+    """The start's margin is the global batch's (each rank's local loss averaged over the ranks), so every rank, and
+    a single process on the whole batch, reads the same margin and starts retrieving at the same step."""
+    result_path = tmp_path / "rank0.pt"
+    mp.spawn(_start_rank_main, args=(_free_port(), str(result_path)), nprocs=WORLD_SIZE, join=True)
+    distributed = torch.load(result_path, weights_only=True)
+    for name, ranks in distributed.items():
+        objective = build_objective(name, **START)
+        for _ in range(3):
+            objective(*paired_features(), 30.0)
+            objective.end_step()
+        start = objective.retrieval_start
+        assert start.retrieving_from == 2, name  # the margin is there: the test takes the switching path
+        expected = torch.tensor([start.last_margin, start.retrieving_from], dtype=torch.float64)
+        for rank in ranks:
+            torch.testing.assert_close(rank, expected, rtol=1e-9, atol=1e-12, msg=name)

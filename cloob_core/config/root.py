@@ -24,10 +24,12 @@ PRESETS: dict[str, dict[str, Any]] = {
     "yfcc": {"train.batch_size": 1024, "optim.lr": 5e-4, "optim.warmup_steps": 10_000, "objective.beta": 14.3,
              "model.architecture": "RN50", "train.epochs": 28, "optim.lr_cycles": 4},
     # The ViT-B family (ViT-B-32, ViT-B-16 with --architecture): open_clip's ViT-B-32 optimiser recipe (lr 5e-4,
-    # 2,000 warm-up steps, weight decay 0.2; beta2 0.98 and eps 1e-6 are the defaults), with the default start without
-    # Hopfield retrieval. Wide towers need the lower rate besides the start (docs/objectives.md, "Collapse").
+    # 2,000 warm-up steps, weight decay 0.2, one cosine without restarts; beta2 0.98 and eps 1e-6 are the defaults),
+    # with the default start without Hopfield retrieval. Wide towers need the lower rate besides the start, and a
+    # restart's return to the full rate is where runs fell back into the collapsed fixed point (docs/objectives.md,
+    # "Collapse").
     "vit-b": {"model.architecture": "ViT-B-32", "optim.lr": 5e-4, "optim.warmup_steps": 2_000,
-              "optim.weight_decay": 0.2},
+              "optim.weight_decay": 0.2, "optim.lr_cycles": 1},
 }
 
 

@@ -41,8 +41,15 @@ class ObjectiveConfig(_Section):
         "warmup", description="Hopfield objectives (cloob, cloob_ring, infonce_hopfield): the first steps train the "
         "same objective on the encoders' embeddings, without retrieval (InfoLOOB for CLOOB), so that towers starting "
         "in a narrow cone (ViTs, RN50) leave it before retrieval averages them into the collapsed fixed point "
-        "(docs/objectives.md, 'Collapse'). warmup: the schedule's warm-up steps; a number: that many; 0: retrieval "
-        "from the first step (the paper).")
+        "(docs/objectives.md, 'Collapse'). The start lasts at least this: warmup: the schedule's warm-up steps; a "
+        "number: that many; 0: retrieval from the first step (the paper).")
+    start_until_margin: float = Field(
+        0.05, ge=0.0, lt=1.0, description="Hopfield objectives: after start_without_hopfield's steps the start goes "
+        "on until a batch's loss is this fraction of the collapsed value below it (the run has left the collapsed "
+        "value), for at most start_limit_factor times as many steps. 0: it ends at start_without_hopfield.")
+    start_limit_factor: float = Field(
+        3.0, ge=1.0, allow_inf_nan=False, description="Hopfield objectives: the start without retrieval lasts at "
+        "most this many times start_without_hopfield's steps, whatever the margin.")
     p_out: float = Field(0.1, gt=0.0, le=1.0, description="*_ring objectives (Wu et al.): each anchor keeps the "
                          "negatives ranked in its closest p_out fraction of candidates (BALL; paper: 10% on "
                          "CIFAR10, 0.3% on ImageNet).")

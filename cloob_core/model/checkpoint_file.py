@@ -20,7 +20,8 @@ class CheckpointError(StageError):
 CHECKSUM_SUFFIX = ".sha256"
 # Settings that define a run, added after checkpoints were first written: the value a checkpoint written before a
 # setting existed ran with, so that such a run resumes as it began (and is not refused as another run).
-PREDATING_SETTINGS = {"objective.start_without_hopfield": 0}
+PREDATING_SETTINGS = {"objective.start_without_hopfield": 0, "objective.start_until_margin": 0.0,
+                      "objective.start_limit_factor": 3.0}
 
 
 def sha256_hex(data: bytes) -> str:

@@ -22,7 +22,7 @@ from cloob_core.config import ConfigError, ModelConfig, TrainConfig
 # Architectures the paper trains (RN50, RN101, RN50x4 on CC3M/YFCC; ViT-B-32 as in open_clip) and the
 # project's own tiny configuration that trains on two CPU cores in minutes.
 PAPER_ARCHITECTURES = ("RN50", "RN101", "RN50x4", "ViT-B-32")
-PROJECT_ARCHITECTURES = ("cloob-tiny", "cloob-tiny-vit", "cloob-tiny-vit-w256")
+PROJECT_ARCHITECTURES = ("cloob-tiny", "cloob-tiny-vit", "cloob-tiny-vit-w256", "cloob-vit-b-32-64px")
 
 INV_TAU_RANGE = (1.0, 100.0)
 

@@ -88,3 +88,12 @@ def local_anchors(local_rows: int) -> Anchors:
     """This rank's rows of the gathered batch, and the gather that makes its retrieved rows global."""
     rank = dist.get_rank()
     return Anchors(rank * local_rows, (rank + 1) * local_rows, gather_with_grad)
+
+
+def mean_over_ranks(value: Tensor) -> Tensor:
+    """A tensor's mean over the ranks (itself outside a process group); asynchronous on the device, no host read."""
+    if not is_distributed():
+        return value
+    value = value.clone()
+    dist.all_reduce(value)
+    return value / dist.get_world_size()

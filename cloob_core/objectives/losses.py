@@ -22,9 +22,10 @@ from torch import Tensor, nn
 
 from cloob_core.objectives import polyview
 from cloob_core.objectives.anchors import EVERY_ROW, Anchors
-from cloob_core.objectives.distributed import gather_features, is_distributed, local_anchors
+from cloob_core.objectives.distributed import gather_features, is_distributed, local_anchors, mean_over_ranks
 from cloob_core.objectives.names import OBJECTIVES
 from cloob_core.objectives.negatives import Band, BandSchedule, EmbeddingQueue, band_columns
+from cloob_core.objectives.start import RetrievalStart
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
@@ -41,6 +42,20 @@ def _reduction_dtype(logits: Tensor) -> Tensor:
 def _logits(anchors: Tensor, samples: Tensor, inv_tau: float | Tensor) -> Tensor:
     """``inv_tau * anchors @ samples.T``, promoted for the reductions that follow."""
     return _reduction_dtype(inv_tau * (anchors @ samples.T))
+
+
+def _started(objective: Any, loss: Tensor, batch: int, inv_tau: float | Tensor, anchors: Anchors) -> Tensor:
+    """A Hopfield objective's loss without retrieval, recorded once per step against the collapsed value of the
+    global batch: under ``train.local_loss`` each rank's share is averaged over the ranks first, so every rank
+    switches at the same step. ``inv_tau`` stays a tensor on its device (no host read)."""
+    start = objective.retrieval_start
+    if start.wants_margin():
+        value = loss.detach().float()
+        if not anchors.every_row:
+            value = mean_over_ranks(value)
+        inv_tau = inv_tau.detach() if isinstance(inv_tau, Tensor) else inv_tau
+        start.record(value, objective.collapsed_loss(batch, inv_tau))
+    return loss
 
 
 def _check_pair(anchors: Tensor, samples: Tensor, *, min_batch: int) -> None:
@@ -407,48 +422,42 @@ class InfoLOOBLoss(ContrastiveObjective):
         return infoloob_loss(image_features, text_features, inv_tau, anchors)
 
 
-def _steps_without_retrieval(start_without_hopfield: int) -> int:
-    """``objective.start_without_hopfield`` as a Hopfield objective keeps it, checked."""
-    if start_without_hopfield < 0:
-        raise ValueError(f"start_without_hopfield must be >= 0, got {start_without_hopfield}")
-    return int(start_without_hopfield)
-
-
 class _HopfieldObjective(ContrastiveObjective):
     """An objective over Hopfield-retrieved embeddings, with inverse temperature ``beta`` of the memories.
 
-    ``start_without_hopfield``: its first steps compute the same objective on the encoders' embeddings, without
-    retrieval (``plain_fn``: InfoLOOB for CLOOB). Towers that start in a narrow cone (ViTs, RN50) give Hopfield
-    retrieval nearly identical patterns, which it averages into one vector: the loss is then at its collapsed value
-    and its gradient hundreds of times smaller than InfoLOOB's, and AdamW's normalised steps, guided by that
-    noise, carry the run into the collapsed fixed point (docs/objectives.md, "Collapse"). The step count is
-    checkpointed, so a resumed run switches where an uninterrupted one does."""
+    The start (:mod:`cloob_core.objectives.start`): its first ``start_without_hopfield`` steps compute the same
+    objective on the encoders' embeddings, without retrieval (``plain_fn``: InfoLOOB for CLOOB), and the next ones
+    too until a batch is ``start_until_margin`` below the collapsed value, up to ``start_longest`` steps. Towers that
+    start in a narrow cone (ViTs, RN50) give Hopfield retrieval nearly identical patterns, which it averages into
+    one vector: the loss is then at its collapsed value and its gradient hundreds of times smaller than InfoLOOB's,
+    and AdamW's normalised steps, guided by that noise, carry the run into the collapsed fixed point
+    (docs/objectives.md, "Collapse")."""
 
     loss_fn: Callable[..., Tensor]
     plain_fn: Callable[..., Tensor]
     takes_beta = True
 
-    def __init__(self, beta: float = 8.0, start_without_hopfield: int = 0) -> None:
+    def __init__(self, beta: float = 8.0, start_without_hopfield: int = 0, start_until_margin: float = 0.0,
+                 start_longest: int | None = None) -> None:
         super().__init__()
         if not beta > 0:
             raise ValueError(f"beta must be > 0, got {beta}")
         self.beta = float(beta)
-        self.start_without_hopfield = _steps_without_retrieval(start_without_hopfield)
-        self.step = 0
+        self.retrieval_start = RetrievalStart(start_without_hopfield, start_until_margin, start_longest)
 
     @property
     def retrieving(self) -> bool:
         """Whether this step's loss goes through Hopfield retrieval."""
-        return self.step >= self.start_without_hopfield
+        return self.retrieval_start.retrieving
 
     def end_step(self) -> None:
-        self.step += 1
+        self.retrieval_start.end_step()
 
     def checkpoint_state(self) -> dict[str, Any]:
-        return {"step": self.step}
+        return self.retrieval_start.state()
 
     def load_checkpoint_state(self, state: dict[str, Any]) -> None:
-        self.step = int(state.get("step", 0))  # a checkpoint from before the count: its run started with retrieval
+        self.retrieval_start.load(state)
 
     def compute(
         self,
@@ -462,13 +471,14 @@ class _HopfieldObjective(ContrastiveObjective):
         """Extra stored patterns (prototypes, a queue) join the memories as given; they are not gathered
         across ranks, since a caller that keeps them holds the same global copy on every rank."""
         if not self.retrieving:
-            return type(self).plain_fn(image_features, text_features, inv_tau, anchors)
+            return _started(self, type(self).plain_fn(image_features, text_features, inv_tau, anchors),
+                            image_features.shape[0], inv_tau, anchors)
         return type(self).loss_fn(
             image_features, text_features, inv_tau, self.beta, extra_image_stored, extra_text_stored, anchors
         )
 
     def extra_repr(self) -> str:
-        return f"name={self.name!r}, beta={self.beta}, start_without_hopfield={self.start_without_hopfield}"
+        return f"name={self.name!r}, beta={self.beta}, {self.retrieval_start!r}"
 
 
 class CLOOBLoss(_HopfieldObjective):
@@ -590,18 +600,33 @@ class CLOOBRingLoss(_RestrictedObjective):
     leave_one_out = True
     takes_beta = True
 
-    def __init__(self, beta: float = 8.0, start_without_hopfield: int = 0, **band: Any) -> None:
+    def __init__(self, beta: float = 8.0, start_without_hopfield: int = 0, start_until_margin: float = 0.0,
+                 start_longest: int | None = None, **band: Any) -> None:
         super().__init__(**band)
         if not beta > 0:
             raise ValueError(f"beta must be > 0, got {beta}")
         self.beta = float(beta)
-        self.start_without_hopfield = _steps_without_retrieval(start_without_hopfield)
+        self.retrieval_start = RetrievalStart(start_without_hopfield, start_until_margin, start_longest)
+
+    def end_step(self) -> None:
+        super().end_step()
+        self.retrieval_start.end_step()
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        return {**super().checkpoint_state(), "start": self.retrieval_start.state()}
+
+    def load_checkpoint_state(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        start = state.pop("start", {"step": state.get("step", 0)})
+        super().load_checkpoint_state(state)
+        self.retrieval_start.load(start)
 
     def compute(self, image_features: Tensor, text_features: Tensor, inv_tau: float | Tensor,
                 anchors: Anchors = EVERY_ROW) -> Tensor:
-        """As :class:`CLOOBLoss`, the first ``start_without_hopfield`` steps are InfoLOOB's with the same band."""
-        if self.step < self.start_without_hopfield:
-            return InfoLOOBRingLoss.compute(self, image_features, text_features, inv_tau, anchors)
+        """As :class:`CLOOBLoss`: InfoLOOB's with the same band until the start ends."""
+        if not self.retrieval_start.retrieving:
+            return _started(self, InfoLOOBRingLoss.compute(self, image_features, text_features, inv_tau, anchors),
+                            image_features.shape[0], inv_tau, anchors)
         _check_pair(image_features, text_features, min_batch=2)
         x, y = image_features, text_features
         if anchors.every_row:
@@ -618,7 +643,7 @@ class CLOOBRingLoss(_RestrictedObjective):
                 + self._direction(v_y, v_x, inv_tau, y[rows], images, offset)) / inv_tau
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, beta={self.beta}, start_without_hopfield={self.start_without_hopfield}"
+        return f"{super().extra_repr()}, beta={self.beta}, {self.retrieval_start!r}"
 
 
 class _PolyViewObjective(ContrastiveObjective):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from cloob_core.objectives import losses
@@ -25,8 +26,9 @@ def objective_options(name: str, config: Any, warmup_steps: int | None = None) -
     if cls.takes_beta:
         options["beta"] = o.beta
         start = o.start_without_hopfield
-        options["start_without_hopfield"] = (config.optim.warmup_steps if warmup_steps is None else warmup_steps) \
-            if start == "warmup" else start
+        least = (config.optim.warmup_steps if warmup_steps is None else warmup_steps) if start == "warmup" else start
+        options.update(start_without_hopfield=least, start_until_margin=o.start_until_margin,
+                       start_longest=math.ceil(least * o.start_limit_factor))
     if cls.takes_band:
         options.update(p_in=o.p_in, p_out=o.p_out, anneal_steps=o.anneal_steps, anneal_inner=o.anneal_inner,
                        queue_size=o.queue_size, ranking=o.ranking)

@@ -38,6 +38,7 @@ from cloob_core.model.export import export_model
 from cloob_core.model.starting_weights import load_starting_weights
 from cloob_core.objectives.distributed import gather_features
 from cloob_core.objectives.registry import objective_from_config
+from cloob_core.objectives.start import start_of
 from cloob_core.plots import training_curves_png
 from cloob_core.publish import publish_copy
 from cloob_core.pushgateway import run_label
@@ -168,9 +169,12 @@ def _build(config: CloobConfig, steps: int, shards: int, identity: dict[str, str
         log.warning("%s", schedule.problem)
     if env.is_main:
         log.info("schedule: %s", schedule.describe(config.optim.lr))
-        if getattr(objective, "start_without_hopfield", 0):
-            log.info("%s: the first %d step(s) without Hopfield retrieval (objective.start_without_hopfield)",
-                     objective.name, objective.start_without_hopfield)
+        start = start_of(objective)
+        if start is not None and not start.retrieving:
+            log.info("%s: without Hopfield retrieval for %d step(s)%s (objective.start_without_hopfield, "
+                     "start_until_margin, start_limit_factor)", objective.name, start.least,
+                     f", then until a batch is {start.until_margin:.1%} below the collapsed value, {start.most} steps "
+                     "at most" if start.until_margin and start.most > start.least else "")
     parts = Trainables(model=model, optimizer=optimizer, scheduler=build_scheduler(optimizer, schedule),
                        scaler=torch.amp.GradScaler(device.type, enabled=precision == "fp16"),
                        objective=objective)
@@ -187,6 +191,20 @@ def _build(config: CloobConfig, steps: int, shards: int, identity: dict[str, str
                   images=TrainImages(model.image_size, augment=cfg.augment),
                   normalize=Normalize.of(model.encoder.visual), tokenizer=build_tokenizer(config.model.architecture),
                   identity=identity)
+
+
+def _log_start(setup: _Setup, step: int, logging_step: bool) -> None:
+    """The step a Hopfield objective's retrieval began at, and why; while it has not, each log window's margin."""
+    start = start_of(setup.parts.objective)
+    if start is None or not setup.env.is_main:
+        return
+    if start.retrieving_from == step:
+        log.info("%s: Hopfield retrieval from step %d: %s", setup.parts.objective.name, step, start.reason)
+    elif logging_step and not start.retrieving and start.last_margin is not None:
+        margin = start.last_margin
+        log.info("%s: without retrieval at step %d: a batch %.1f%% %s the collapsed value (retrieval from %.1f%% "
+                 "below)", setup.parts.objective.name, step, 100 * abs(margin), "below" if margin >= 0 else "above",
+                 100 * start.until_margin)
 
 
 def _training_data(cfg: TrainConfig) -> tuple[list[tuple[str, list[str], float]], int | None]:
@@ -455,6 +473,7 @@ def _run_steps(config: CloobConfig, setup: _Setup, batches: Iterator[Batch], sta
         parts.objective.end_step()  # band schedules and queues advance once per optimiser step
         parts.model.clamp_inv_tau_()
         state.step = step + 1
+        _log_start(setup, state.step, logging_step)
         state.positions.update(batch.positions)
         window.loss += stepped.loss.float()
         window.steps += 1
@@ -679,6 +698,8 @@ def _train_with(config: CloobConfig, setup: _Setup, output: Path, batches: Itera
         "final_loss": last_loss,
         **(last_health.as_dict() if last_health is not None else {}),
         "collapse_detected_at_step": _collapse_rule(config, setup).first_collapse(windows),
+        **({"retrieval_from_step": start.retrieving_from}
+           if (start := start_of(setup.parts.objective)) is not None else {}),
         "train_seconds": round(seconds, 2),
         "samples_per_second": round((setup.steps - start_step) * cfg.batch_size / max(seconds, 1e-9), 2),
         "precision": setup.step_parts.precision,
