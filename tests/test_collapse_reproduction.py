@@ -2,7 +2,8 @@
 whose towers are 256 wide and start, like ViT-B-32's, in a narrow cone, trained at batch 64 for 60 steps on the
 captioned set with the defaults otherwise (the 200 warm-up steps cut to 30). The paper's recipe, CLOOB with
 Hopfield retrieval from the first step, sits at its collapsed value from about step 30 while CLIP learns; the
-default now starts without Hopfield retrieval for the warm-up, and CLOOB learns. The detector names the collapse
+default starts without Hopfield retrieval for the warm-up and until a batch has left the collapsed value, and CLOOB
+learns. The detector names the collapse
 within its windows, and `train.on_collapse: stop` ends such a run with exit 2 after a checkpoint."""
 
 from __future__ import annotations

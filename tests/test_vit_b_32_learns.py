@@ -33,9 +33,11 @@ def run(shards, output, *overrides: str) -> dict:
 
 def test_clip_and_cloob_with_the_default_start_learn_on_vit_b_32s_towers(captioned_train_shards, tmp_path):
     clip = run(captioned_train_shards, tmp_path / "clip", "train.objective=clip")
-    assert clip["collapsed_loss"] == pytest.approx(math.log(32))
+    assert clip["collapsed_loss"] == pytest.approx(math.log(32), abs=1e-6)  # (metrics.json keeps 6 decimals)
     assert clip["collapse_margin"] > 0.1 and clip["collapse_detected_at_step"] is None, clip
     cloob = run(captioned_train_shards, tmp_path / "cloob")
-    assert cloob["objective"] == "cloob" and cloob["collapsed_loss"] == pytest.approx(2 * math.log(31) / 30)
+    assert cloob["objective"] == "cloob" and cloob["collapsed_loss"] == pytest.approx(2 * math.log(31) / 30, abs=1e-6)
     assert 10 <= cloob["retrieval_from_step"] < 50, cloob  # after the warm-up, with 10 or more steps of retrieval
-    assert cloob["collapse_margin"] >= 0.01 and cloob["collapse_detected_at_step"] is None, cloob
+    # 0.0158 here (+0.0001 with the paper's start, which the detector names at step 25): at least 5 times the
+    # detector's band of 0.1% of the collapsed value, with room for another CPU's rounding
+    assert cloob["collapse_margin"] >= 0.005 and cloob["collapse_detected_at_step"] is None, cloob
