@@ -7,8 +7,8 @@ lr 5e-4 after 20 steps, CLIP's towers fall into one direction within 20 steps, a
 only the positional embeddings are shorter. It starts in ViT-B-32's cone (mean cosine 0.86 / 0.79 on the captioned
 photos and captions, against 0.86 / 0.84), sits at ln N with CLIP under the fast recipe as ViT-B-32 does, and takes
 about 1.5 s a step here instead of 10. CLOOB with the default start (no retrieval for the warm-up, then until a batch
-is 5% below the collapsed value) crosses into Hopfield retrieval and ends below its collapsed value; with a start
-that ends at the warm-up's count (the default before) it collapses."""
+is 5% below the collapsed value) crosses into Hopfield retrieval and ends below its collapsed value; with the paper's
+start, retrieval from the first step, it collapses (+0.0001, the detector's line at step 25)."""
 
 from __future__ import annotations
 
@@ -31,10 +31,9 @@ def run(shards, output, *overrides: str) -> dict:
     return train(config, output, progress=False).metrics
 
 
-def test_clip_and_cloob_with_the_default_start_learn_on_vit_b_32s_towers(captioned_train_shards, tmp_path):
-    clip = run(captioned_train_shards, tmp_path / "clip", "train.objective=clip")
-    assert clip["collapsed_loss"] == pytest.approx(math.log(32), abs=1e-6)  # (metrics.json keeps 6 decimals)
-    assert clip["collapse_margin"] > 0.1 and clip["collapse_detected_at_step"] is None, clip
+def test_cloob_with_the_default_start_learns_on_vit_b_32s_towers(captioned_train_shards, tmp_path):
+    """CLOOB alone: CLIP's run on the same configuration (+0.4071 below ln 32 here) is in docs/objectives.md, for CI's
+    time (the two runs took 698 s of a CI worker; CLOOB's is the faster)."""
     cloob = run(captioned_train_shards, tmp_path / "cloob")
     assert cloob["objective"] == "cloob" and cloob["collapsed_loss"] == pytest.approx(2 * math.log(31) / 30, abs=1e-6)
     assert 10 <= cloob["retrieval_from_step"] < 50, cloob  # after the warm-up, with 10 or more steps of retrieval
