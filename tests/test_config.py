@@ -75,6 +75,10 @@ def test_the_paper_presets_apply_over_the_params_file_and_under_overrides():
     assert (vit.model.architecture, vit.optim.lr, vit.optim.warmup_steps, vit.optim.weight_decay, vit.optim.beta2,
             vit.optim.eps, vit.optim.lr_cycles, vit.objective.start_without_hopfield) == (
         "ViT-B-16", 5e-4, 2_000, 0.2, 0.98, 1e-6, 1, "warmup")
+    # ViT-B-32 from scratch on a CPU: the configuration in which CLIP and CLOOB both learn on it here
+    cpu = load_config(preset="vit-b-cpu")
+    assert (cpu.model.architecture, cpu.train.batch_size, cpu.optim.lr, cpu.optim.warmup_steps, cpu.optim.lr_cycles,
+            cpu.train.steps, cpu.objective.start_without_hopfield) == ("ViT-B-32", 32, 1e-4, 10, 1, 120, "warmup")
 
 
 @pytest.mark.parametrize(("train", "message"), [

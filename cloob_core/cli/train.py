@@ -59,7 +59,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--preset", choices=sorted(PRESETS),
                         help="the paper's recipe for CC3M (batch 512, lr 1e-3, warmup 20k, beta 8, 31 epochs in 4 "
                         "cycles) or YFCC (1024, 5e-4, 10k, 14.3, 28 epochs), RN50; or vit-b: open_clip's "
-                        "ViT-B-32 optimiser recipe (lr 5e-4, warmup 2,000, weight decay 0.2); applied over --params, "
+                        "ViT-B-32 optimiser recipe (lr 5e-4, warmup 2,000, weight decay 0.2); or vit-b-cpu: ViT-B-32 "
+                        "from scratch on a CPU (batch 32, lr 1e-4, warmup 10, 120 steps); applied over --params, "
                         "under --set")
     parser.add_argument("--publish", metavar="URL",
                         help="after training, rank 0 publishes OUTPUT (all but checkpoints/) to this local folder or "
