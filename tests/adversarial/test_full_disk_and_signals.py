@@ -145,9 +145,13 @@ def test_a_killed_evaluation_worker_is_one_line_naming_the_setting(tmp_path, unt
     """It ended in `RuntimeError: DataLoader worker (pid(s) …) exited unexpectedly (an internal error …)`."""
     assert cloob("data", "eval-set", "--source", "mnist", "--output", tmp_path / "mnist",
                  "--shard-size", "100").returncode == 0
-    run, stderr = _kill_a_worker(["eval", "zeroshot", "--model", untrained_export, "--data", tmp_path / "mnist",
-                                  "--output", tmp_path / "out", "--no-cache", "--no-progress", "--workers", "2",
-                                  "--batch-size", "4"])
+    for attempt in range(3):  # the 1,000 images take a worker a second or two: on a loaded machine the kill can
+        # come after the worker has handed over its last batch, and the evaluation then ends well; kill again
+        run, stderr = _kill_a_worker(["eval", "zeroshot", "--model", untrained_export, "--data", tmp_path / "mnist",
+                                      "--output", tmp_path / f"out{attempt}", "--no-cache", "--no-progress",
+                                      "--workers", "2", "--batch-size", "4"])
+        if run.returncode != 0:
+            break
     assert run.returncode == 2, stderr
     line = only_line(run, stderr)
     assert "a data-loader worker was killed, most likely by the kernel's OOM killer for memory" in line, line
