@@ -145,12 +145,14 @@ def test_a_killed_evaluation_worker_is_one_line_naming_the_setting(tmp_path, unt
     """It ended in `RuntimeError: DataLoader worker (pid(s) …) exited unexpectedly (an internal error …)`."""
     assert cloob("data", "eval-set", "--source", "mnist", "--output", tmp_path / "mnist",
                  "--shard-size", "100").returncode == 0
-    for attempt in range(3):  # the 1,000 images take a worker a second or two: on a loaded machine the kill can
-        # come after the worker has handed over its last batch, and the evaluation then ends well; kill again
+    for attempt in range(3):  # kill again where the moment missed: the 1,000 images take a worker a second or two,
+        # and on a loaded machine the kill can come after its last batch (the evaluation then ends well), or while
+        # a worker starts its queue's feeder thread, whose bootstrap CPython 3.11 then reports as "Exception
+        # ignored ... KeyError" (its threading module's race, not ours)
         run, stderr = _kill_a_worker(["eval", "zeroshot", "--model", untrained_export, "--data", tmp_path / "mnist",
                                       "--output", tmp_path / f"out{attempt}", "--no-cache", "--no-progress",
                                       "--workers", "2", "--batch-size", "4"])
-        if run.returncode != 0:
+        if run.returncode != 0 and "QueueFeederThread" not in stderr:
             break
     assert run.returncode == 2, stderr
     line = only_line(run, stderr)
