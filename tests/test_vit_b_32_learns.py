@@ -24,11 +24,11 @@ STAND_IN = ["model.architecture=cloob-vit-b-32-64px", "train.steps=60", "train.l
             "train.checkpoint_every=1000", "train.tensorboard=false", "train.seed=0"]
 
 
-def run(shards, output, *overrides: str) -> dict:
+def run(shards, output) -> dict:
     from cloob_core.config import load_config
     from cloob_core.training.loop import train
 
-    config = load_config(preset="vit-b-cpu", overrides=[f"train.shards={shards}", *STAND_IN, *overrides])
+    config = load_config(preset="vit-b-cpu", overrides=[f"train.shards={shards}", *STAND_IN])
     return train(config, output, progress=False).metrics
 
 
