@@ -99,7 +99,7 @@ def pod_settings(body: dict) -> list[dict]:
             for job in patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]]
 
 
-@pytest.mark.parametrize("release", ["v2.1", "v2.3"])
+@pytest.mark.parametrize("release", ["v2.1", "v2.2", "v2.3"])
 def test_a_trainjob_uses_the_torch_runtime_with_nodes_and_the_pods_settings_its_release_takes(release):
     body = trainjob.manifest(settings(job_kind="trainjob", trainer_release=release, job_namespace="team-a"),
                              "cloob-train-run1", job_config(), "s3://w")
@@ -119,36 +119,46 @@ def test_a_trainjob_uses_the_torch_runtime_with_nodes_and_the_pods_settings_its_
         assert spec["podTemplateOverrides"][0]["targetJobs"] == [{"name": "node"}]
     else:
         assert spec["activeDeadlineSeconds"] == 7 * 24 * 3600 and pod["securityContext"]["runAsNonRoot"]
-        assert spec["runtimePatches"][0]["manager"] == "cloob-pipelines"
+        assert spec["runtimePatches"][0]["manager"] == trainjob.PATCH_MANAGER == "cloob-pipelines.io/train"
 
 
+SPOT = {"key": "spot", "operator": "Equal", "value": "true", "effect": "NoExecute", "tolerationSeconds": 600}
+ZONE = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [
+    {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["us-east-1a"]}]}]}}
 BODY_SETTINGS = [  # each job kind and release, with every setting that changes a body
     {"job_kind": "pytorchjob", "nodes": 1, "gpus": 0},
     {"job_kind": "pytorchjob", "host_network": True, "rdma_resources": {"rdma/hca": "1"}, "efa_devices": 4,
-     "image_pull_secrets": ["regcred"], "service_account": "cloob-train", "job_namespace": "team-a"},
+     "image_pull_secrets": ["regcred"], "service_account": "cloob-train", "job_namespace": "team-a",
+     "priority_class": "high", "scheduler_name": "volcano", "gang_scheduling": True, "kueue_queue": "gpus"},
     *({"job_kind": "trainjob", "trainer_release": release, "efa_devices": 4, "image_pull_secrets": ["regcred"],
        "service_account": "cloob-train", "gpu_taint": "", "s3_secret": "", "pod_labels": {"team": "vision"},
-       "pod_annotations": {"example.com/cost-centre": "ml"}} for release in ("v2.1", "v2.3")),
+       "pod_annotations": {"example.com/cost-centre": "ml"}, "kueue_queue": "gpus", "tolerations": [SPOT],
+       "node_affinity": ZONE} for release in ("v2.1", "v2.2", "v2.3")),
     *({"job_kind": "trainjob", "trainer_release": release, "nodes": 2, "gpus": 0} for release in ("v2.1", "v2.3")),
 ]
+# the operator releases whose CRD each body must pass (tests/crds): a PyTorchJob's both, a TrainJob's its own
+CRD_RELEASES = {("pytorchjob", None): job_schemas.RELEASES["pytorchjob"], ("trainjob", "v2.1"): ("v2.1.0",),
+                ("trainjob", "v2.2"): ("v2.2.1", "v2.3.0"), ("trainjob", "v2.3"): ("v2.2.1", "v2.3.0")}
 
 
 @pytest.mark.parametrize("changes", BODY_SETTINGS, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items())[:60])
-def test_every_job_body_validates_against_its_apis_strict_schema(changes):
-    """Written from the operators' CRDs (infra/training/crd_schemas.yaml), with unknown fields an error: an API
-    server would prune them without a word (before: a TrainJob's securityContext, hostNetwork and dnsPolicy under
-    podTemplateOverrides, and a deadline v2.1 does not have)."""
+def test_every_job_body_passes_its_operators_real_crd_with_nothing_to_prune(changes):
+    """Against the CRDs the operators ship (Training Operator v1.8.1 and v1.9.3; Trainer v2.1.0, v2.2.1, v2.3.0),
+    with unknown fields an error as strict field validation makes them (before: a TrainJob's securityContext,
+    hostNetwork and dnsPolicy under podTemplateOverrides, and a deadline v2.1 does not have)."""
     job = settings(**changes)
     body = trainjob.manifest(job, "cloob-train-v", job_config(), "s3://w")
-    name = job_schemas.schema_name(job.job_kind, job.trainer_release)
-    assert job_schemas.errors(name, body) == []
-    assert trainjob.missing_fields(body, job_schemas.pruned(name, body)) == []  # nothing its server would drop
+    releases = CRD_RELEASES[(job.job_kind, job.trainer_release if job.job_kind == "trainjob" else None)]
+    for release in releases:
+        assert job_schemas.errors(job.job_kind, release, body) == [], release
+        assert trainjob.missing_fields(body, job_schemas.pruned(job.job_kind, release, body)) == []
     broken = json.loads(json.dumps(body))
     pod_settings(broken)[0]["containers"][0]["volumeMount"] = []  # a misspelling
-    assert any("'volumeMount' was unexpected" in error for error in job_schemas.errors(name, broken))
-    if job.job_kind == "trainjob":  # each release's body is refused by the other's schema
-        other = "TrainJob/v2.1" if job.trainer_release == "v2.3" else "TrainJob/v2.3"
-        assert job_schemas.errors(other, body)
+    assert any(path.endswith("containers[0].volumeMount")
+               for path in job_schemas.unknown_fields(job.job_kind, releases[0], broken))
+    if job.job_kind == "trainjob":  # each release's body is refused by the others' CRDs
+        for other in set(job_schemas.RELEASES["trainjob"]) - set(releases):
+            assert job_schemas.unknown_fields("trainjob", other, body), other
 
 
 def test_a_trainjob_cannot_ask_for_what_only_its_runtime_sets():
@@ -157,9 +167,6 @@ def test_a_trainjob_cannot_ask_for_what_only_its_runtime_sets():
             settings(job_kind="trainjob", **{name: value})
 
 
-SPOT = {"key": "spot", "operator": "Equal", "value": "true", "effect": "NoExecute", "tolerationSeconds": 600}
-ZONE = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [
-    {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["us-east-1a"]}]}]}}
 
 
 @pytest.mark.parametrize("kind, release", [("pytorchjob", "v2.3"), ("trainjob", "v2.1"), ("trainjob", "v2.3")])
@@ -171,7 +178,7 @@ def test_job_pods_take_the_scheduling_controls_their_api_has(kind, release):
     job = settings(job_kind=kind, trainer_release=release, tolerations=[SPOT], node_affinity=ZONE,
                    kueue_queue="team-a-gpus", **extra)
     body = trainjob.manifest(job, "cloob-train-s", job_config(), "s3://w")
-    assert job_schemas.errors(job_schemas.schema_name(kind, release), body) == []
+    assert job_schemas.errors(kind, job_schemas.crd_release(kind, release), body) == []
     assert body["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a-gpus"
     for pod in pod_settings(body):
         assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}, SPOT]
@@ -188,23 +195,108 @@ def test_job_pods_take_the_scheduling_controls_their_api_has(kind, release):
         settings(node_affinity={"nodeSelectorTerms": []})
 
 
-@pytest.mark.parametrize("sent, served", [("v2.3", "v2.1"), ("v2.1", "v2.3")])
-def test_a_job_whose_fields_the_api_server_pruned_is_deleted_with_what_was_lost(sent, served, tmp_path,
-                                                                                monkeypatch):
-    """The cluster runs another Trainer release than the body's: its structural schema drops the pods' settings
-    (v2.3's runtimePatches on v2.1, v2.1's podTemplateOverrides on v2.3). The watcher reads the job back, names
-    what is missing and the setting to change, and deletes it rather than train without volumes or selectors."""
-    with FakeTrainingCluster(run_pods=False, prune=lambda body: job_schemas.pruned(f"TrainJob/{served}", body)) as \
-            cluster:
+@pytest.mark.parametrize("sent, served", [("v2.3", "v2.1.0"), ("v2.1", "v2.3.0"), ("v2.1", "v2.2.1")])
+def test_a_body_for_another_trainer_release_is_refused_in_one_line_and_not_tried_again(sent, served, tmp_path,
+                                                                                       monkeypatch):
+    """The cluster runs another Trainer release than the body's. Every create goes with strict field validation,
+    so the API server refuses it naming the fields its CRD lacks (before: it pruned the pods' settings in silence),
+    and the refusal is permanent: the same body would be refused again."""
+    with FakeTrainingCluster(run_pods=False, releases={"trainjobs": served}) as cluster:
         monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig(tmp_path / "kubeconfig")))
         job = settings(job_kind="trainjob", trainer_release=sent, nodes=2, gpus=0, job_poll_s=0.05,
                        job_namespace="team-a")
-        lost = "spec.runtimePatches" if sent == "v2.3" else "spec.podTemplateOverrides"
-        with pytest.raises(JobFailed, match=rf"dropped \d field\(s\) the body set \(.*{lost}.*\): its TrainJob "
-                                            rf"schema lacks them, so the job is deleted\. Is the cluster's Kubeflow "
-                                            rf"Trainer the release trainer_release names \({sent}\)\?"):
+        lost = "runtimePatches" if sent == "v2.3" else "podTemplateOverrides"
+        with pytest.raises(JobFailed, match=rf'^the cluster refused TrainJob team-a/cloob-train-pruned \(HTTP 400\): '
+                                            rf'TrainJob in version "v1alpha1" cannot be handled as a TrainJob: strict '
+                                            rf'decoding error: (unknown field "spec\.\w+", )?unknown field "spec\.{lost}"') as refused:
+            trainjob.run(trainjob.manifest(job, "cloob-train-pruned", job_config(), "s3://w"), job)
+    assert refused.value.permanent
+    (created,) = cluster.calls("POST", ".*")
+    assert "fieldValidation=Strict" in created["query"]
+    assert not cluster.objects and not cluster.calls("DELETE", ".*")  # nothing was created
+
+
+def test_a_server_without_strict_validation_prunes_and_the_read_back_deletes_the_job(tmp_path, monkeypatch):
+    """An API server before fieldValidation (or one that ignores it) prunes the unknown fields without a word: the
+    watcher reads the job back, names what is missing and the setting to change, and deletes it rather than train
+    without volumes or selectors."""
+    with FakeTrainingCluster(run_pods=False, releases={"trainjobs": "v2.1.0"}, strict_validation=False) as cluster:
+        monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig(tmp_path / "kubeconfig")))
+        job = settings(job_kind="trainjob", nodes=2, gpus=0, job_poll_s=0.05, job_namespace="team-a")
+        with pytest.raises(JobFailed, match=r"dropped \d field\(s\) the body set \(.*spec.runtimePatches.*\): its "
+                                            r"TrainJob schema lacks them, so the job is deleted\. Is the cluster's "
+                                            r"Kubeflow Trainer the release trainer_release names \(v2\.3\)\?"):
             trainjob.run(trainjob.manifest(job, "cloob-train-pruned", job_config(), "s3://w"), job)
     assert cluster.requests[-1]["method"] == "DELETE"
+
+
+def test_trainers_admission_refuses_a_manager_that_is_not_a_domain_prefixed_path(tmp_path, monkeypatch, caplog):
+    """Trainer v2.2 and v2.3 refuse every TrainJob whose runtime patch's manager is not a domain-prefixed path (its
+    jobset plugin's IsDomainPrefixedPath): the watcher reported the webhook's 403 as a missing Role and tried three
+    times. Now the manager is one, and a webhook's denial is said as the webhook's, once, and is permanent."""
+    job = settings(job_kind="trainjob", nodes=2, gpus=0, job_poll_s=0.05, job_namespace="team-a", s3_secret="")
+    body = trainjob.manifest(job, "cloob-train-adm", job_config(), "s3://w")
+    old = json.loads(json.dumps(body))
+    old["spec"]["runtimePatches"][0]["manager"] = "cloob-pipelines"  # the manager before
+    for served in ("v2.2.1", "v2.3.0"):
+        with FakeTrainingCluster(run_pods=False, releases={"trainjobs": served}) as cluster:
+            monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig(tmp_path / "kubeconfig")))
+            with caplog.at_level("WARNING", logger="cloob_core.ops.trainjob"), \
+                    pytest.raises(JobFailed, match=r'^the cluster refused TrainJob team-a/cloob-train-adm \(HTTP 403\): '
+                                                   r'admission webhook "validator.trainjob.trainer.kubeflow.org" denied '
+                                                   r'the request: spec.runtimePatches.manager: Invalid value: '
+                                                   r'"cloob-pipelines": must be a domain-prefixed path') as denied:
+                trainjob.run(old, job)
+            assert denied.value.permanent and "lacks the Role" not in str(denied.value)
+            assert len(cluster.calls("POST", ".*")) == 1 and "trying again" not in caplog.text
+            stored = trainjob.create_job(_kubeconfig_apis()[0], body, "team-a", job)  # ours is admitted
+            assert stored["spec"]["runtimePatches"][0]["manager"] == "cloob-pipelines.io/train"
+
+
+def test_any_admission_denial_is_the_webhooks_line_and_rbac_is_the_roles(tmp_path, monkeypatch):
+    """A policy engine's webhook (Kyverno, Gatekeeper) refusing the job is said with its message; RBAC's refusal
+    names the Role; neither is tried again, and the training step records it as no retry's to change."""
+    from cloob_core.ops import final_failure
+
+    def policy(plural: str, body: dict) -> str | None:
+        return "images must come from registry.example.com" if plural == "pytorchjobs" else None
+
+    job = settings(nodes=2, gpus=0, job_poll_s=0.05, job_namespace="team-a", s3_secret="")
+    with FakeTrainingCluster(run_pods=False, admission=policy) as cluster:
+        monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig(tmp_path / "kubeconfig")))
+        with pytest.raises(JobFailed, match=r'\(HTTP 403\): admission webhook "policy.example.com" denied the request: '
+                                            r'images must come from registry.example.com$') as denied:
+            trainjob.run(trainjob.manifest(job, "cloob-train-pol", job_config(), "s3://w"), job)
+    assert final_failure.permanent(denied.value) and len(cluster.calls("POST", ".*")) == 1
+
+    rbac = 'pytorchjobs.kubeflow.org is forbidden: User "system:serviceaccount:team-a:pipeline-runner" cannot ' \
+           'create resource "pytorchjobs" in API group "kubeflow.org" in the namespace "team-a"'
+
+    class Forbidden(_FlakyApi):
+        def create_namespaced_custom_object(self, *args, **kwargs):
+            raise _api_error(403, rbac)
+
+    with pytest.raises(JobFailed, match=r"lacks the Role cloob-training-jobs .*: pytorchjobs.kubeflow.org is "
+                                        r"forbidden: User") as forbidden:
+        trainjob.run(trainjob.manifest(job, "cloob-train-x", job_config(), "s3://w"), job, api=Forbidden([]))
+    assert forbidden.value.permanent
+
+
+def test_the_preflight_dry_run_creates_nothing_and_says_what_the_cluster_said(tmp_path, monkeypatch):
+    """``dryRun=All`` with strict validation: the API server runs its CRD's validation and the admission webhooks
+    and keeps nothing; a refusal comes back as the cluster worded it."""
+    job = settings(job_kind="trainjob", nodes=2, gpus=0, job_namespace="team-a", s3_secret="")
+    body = trainjob.manifest(job, "cloob-train-dry", job_config(), "s3://w")
+    with FakeTrainingCluster() as cluster:
+        monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig(tmp_path / "kubeconfig")))
+        stored = trainjob.create_job(_kubeconfig_apis()[0], body, "team-a", job, dry_run=True)
+        assert stored["metadata"]["name"] == "cloob-train-dry" and not cluster.objects and not cluster.pods
+        (sent,) = cluster.calls("POST", ".*")
+        assert "dryRun=All" in sent["query"] and "fieldValidation=Strict" in sent["query"]
+    with FakeTrainingCluster(releases={"trainjobs": "v2.1.0"}) as cluster:
+        monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig(tmp_path / "kubeconfig")))
+        with pytest.raises(trainjob.JobRefused, match='strict decoding error: unknown field "spec.activeDeadlineSeconds"'):
+            trainjob.create_job(_kubeconfig_apis()[0], body, "team-a", job, dry_run=True)
 
 
 def test_the_pod_command_writes_the_validated_config_and_calls_torchrun_with_intact_arguments(tmp_path):
@@ -468,6 +560,7 @@ class _FlakyApi:
     def create_namespaced_custom_object(self, *args, **kwargs):
         self.calls.append("create")
         self.body = args[4]
+        return self.body  # the object as stored
 
     def get_namespaced_custom_object(self, *args, **kwargs):
         self.calls.append("get")
@@ -480,10 +573,13 @@ class _FlakyApi:
         self.calls.append("DELETE")
 
 
-def _api_error(status: int) -> Exception:
+def _api_error(status: int, message: str | None = None) -> Exception:
     from kubernetes.client.exceptions import ApiException
 
-    return ApiException(status=status, reason="fault")
+    err = ApiException(status=status, reason="fault")
+    if message is not None:  # the Status the API server answers with
+        err.body = json.dumps({"kind": "Status", "status": "Failure", "message": message, "code": status})
+    return err
 
 
 def test_a_read_timeout_on_a_status_poll_does_not_delete_the_job():
@@ -652,6 +748,7 @@ def test_the_runs_workflow_in_the_jobs_namespace_owns_it(tmp_path, monkeypatch):
         def create_namespaced_custom_object(self, group, version, namespace, plural, body, **kwargs):
             created.append(body)
             self.body = body
+            return body
 
         def get_namespaced_custom_object(self, group, version, namespace, plural, name, **kwargs):
             if plural == "workflows":
@@ -767,7 +864,8 @@ def test_the_watcher_talks_as_the_training_account_whose_token_it_mounts(tmp_pat
 
     class Forbidden(_FlakyApi):
         def create_namespaced_custom_object(self, *args, **kwargs):
-            raise _api_error(403)
+            raise _api_error(403, 'pytorchjobs.kubeflow.org is forbidden: User "system:serviceaccount:ml:default" '
+                                  'cannot create resource "pytorchjobs" in API group "kubeflow.org"')
 
     job = settings(nodes=2, gpus=0, job_namespace="ml")
     with pytest.raises(JobFailed, match=r"refused creating PyTorchJob ml/cloob-train-x \(HTTP 403\): this step's "

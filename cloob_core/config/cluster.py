@@ -231,11 +231,10 @@ class ClusterSettings(BaseModel):
     job_namespace: str | None = Field(None, description="Namespace of the multi-node job (default: the pipeline "
                                       "pod's own).")
     job_runtime: str = Field("torch-distributed", description="Trainer v2 ClusterTrainingRuntime of a trainjob.")
-    trainer_release: Literal["v2.1", "v2.3"] = Field(
-        "v2.3", description="Kubeflow Trainer release of the cluster, for a trainjob: v2.3 takes the pods' settings "
-        "as runtimePatches and a deadline; v2.1 as podTemplateOverrides, with neither a deadline nor a security "
-        "context (its runtime must carry one). v2.2's runtimePatches are not v2.3's and it is not supported "
-        "(docs/kubernetes.md, \"Versions\").")
+    trainer_release: Literal["v2.1", "v2.2", "v2.3"] = Field(
+        "v2.3", description="Kubeflow Trainer release of the cluster, for a trainjob: v2.2 and v2.3 take the pods' "
+        "settings as runtimePatches, with a deadline and a security context; v2.1 as podTemplateOverrides, with "
+        "neither (its runtime must carry the context) (docs/kubernetes.md, \"Versions\").")
     job_backoff_limit: int = Field(3, ge=0, description="Pod restarts before the job fails; each restart resumes "
                                    "from the last checkpoint.")
     keep_checkpoints: bool = Field(False, description="Keep a run's mirrored checkpoints (job_workdir/<run>/"
@@ -255,6 +254,14 @@ class ClusterSettings(BaseModel):
                                          "start (unschedulable: no GPUs free, a quota refused, an image not "
                                          "pulled); the watcher logs why from their Events and, past this, deletes "
                                          "the job and fails with that reason.")
+    job_queue_timeout_s: float = Field(86400.0, gt=0, description="Seconds a multi-node job may wait suspended in "
+                                       "a queue (Kueue holds a job that way until it admits it) before the watcher "
+                                       "deletes it; the wait is logged with the queue's name, the job's position "
+                                       "and why no quota is reserved. Once admitted, pod start-up is Kueue's "
+                                       "(waitForPodsReady), not job_pending_timeout_s.")
+    job_stop_grace_s: float = Field(20.0, gt=0, le=600, description="Seconds the multi-node step's watcher takes "
+                                    "after a SIGTERM to tell a stopped run from a drain (its Workflow read) and end "
+                                    "in one line: within the pod's termination grace period (30 s by default).")
     job_poll_s: float = Field(20.0, gt=0, description="Seconds between looks at the job's status; after an API "
                               "fault, the first wait before asking again (doubling, at most 5 minutes).")
     job_api_timeout_s: float = Field(60.0, gt=0, description="Deadline of each Kubernetes API call of the job's "

@@ -83,7 +83,13 @@ LOG_LINES = 40
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"  # Kueue admits a job (or a pod) to the LocalQueue it names
 TRAINER_JOB = "node"
 TRAINER_CONTAINER = "node"
-PATCH_MANAGER = "cloob-pipelines"
+# A runtime patch's owner: Trainer's admission (v2.2 on, plugins/jobset) requires a domain-prefixed path
+# (apimachinery's IsDomainPrefixedPath, "acme.io/foo"), as Kueue's "kueue.x-k8s.io/manager".
+PATCH_MANAGER = "cloob-pipelines.io/train"
+# Every create is sent with the API server's strict field validation: an unknown field is an error (HTTP 400),
+# not a field pruned without a word (fieldValidation, GA in Kubernetes 1.27; an older server ignores it, and the
+# read-back after create still finds what it dropped).
+FIELD_VALIDATION = "Strict"
 # Where the multi-node step mounts the training account's token secret (ClusterSettings.job_token_secret).
 TOKEN_MOUNT = Path("/var/run/secrets/cloob-training")
 _NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
@@ -314,110 +320,369 @@ class _Cancelled(BaseException):  # not an Exception: no handler of an API fault
     pass
 
 
-def _raise_cancelled(signum: int, _frame: Any) -> None:
-    raise _Cancelled(f"signal {signum}")
+class _StopSignal:
+    """SIGTERM to the watcher. The first one ends the watch (raised as :class:`_Cancelled` while it watches) and
+    starts the grace (``job_stop_grace_s``) that every API call from then on fits in; later ones (Argo's and the
+    kubelet's repeats) change nothing, so no read or delete is interrupted half way."""
+
+    def __init__(self, grace_s: float) -> None:
+        self.grace_s = grace_s
+        self.signum: int | None = None
+        self.until: float | None = None
+        self.watching = True
+
+    def __call__(self, signum: int, _frame: Any) -> None:
+        if self.signum is not None:
+            return
+        self.signum, self.until = signum, time.monotonic() + self.grace_s
+        if self.watching:
+            raise _Cancelled(f"signal {signum}")
+
+    def left(self) -> float | None:
+        """Seconds of the grace left, or None before a signal."""
+        return None if self.until is None else self.until - time.monotonic()
+
+
+class _End(Exception):
+    """How a watch ends: the step's error, and whether the job goes with it (seen failing, past a deadline, its
+    fields pruned, its run stopped) and its pods' evidence is copied first. Nothing else deletes a job: not an API
+    fault, not a drain's SIGTERM, not a bug in the watcher."""
+
+    def __init__(self, error: JobFailed, delete: bool, report: bool = False) -> None:
+        super().__init__(str(error))
+        self.error, self.delete, self.report = error, delete, report
 
 
 def run(body: dict[str, Any], settings: ClusterSettings, api: Any = None, core: Any = None) -> str:
     """Create the job (or adopt this run's, made by an earlier try of the watcher) and wait for it to end. A job
-    seen failing, one past ``job_timeout_s`` and one whose pipeline run was stopped are deleted, so no GPU node
-    stays held by an orphan; API faults and a SIGTERM while the run goes on (a drain, an eviction) are never a
-    reason to delete. Before a failed job is deleted, its pods' exit codes, termination messages and last log
-    lines are copied into this step's log (``core``: the core API that reads them; none, none are read)."""
-    group, version, plural, kind = KINDS[settings.job_kind]
+    seen failing, one past ``job_timeout_s`` (or waiting past its pending or queue deadline) and one whose pipeline
+    run was stopped are deleted, so no GPU node stays held by an orphan; API faults, a SIGTERM while the run goes
+    on (a drain, an eviction) and anything unexpected are never a reason to delete. Before a failed job is deleted,
+    its pods' exit codes, termination messages and last log lines are copied into this step's log (``core``: the
+    core API that reads them; none, none are read)."""
     if api is None:
         api, core = _apis()
-    namespace = settings.job_namespace or current_namespace()
-    name = body["metadata"]["name"]
-    where = f"{kind} {namespace}/{name}"
-    timeout = settings.job_api_timeout_s
-    owner = _workflow_owner(_workflow(api, namespace, settings))
-    if owner:
-        body = {**body, "metadata": {**body["metadata"], "ownerReferences": [owner]}}
-    previous = signal.signal(signal.SIGTERM, _raise_cancelled) if _main_thread() else None
-    delete = True  # unless the job ended by itself, or is not ours to end
-    reported = False  # its pods' evidence in this step's log
-    deadline = time.monotonic() + settings.job_timeout_s
-    try:
-        if _create(api, (group, version, namespace, plural), body, settings):
+    return _Watch(body, settings, api, core).run()
+
+
+class _Watch:
+    """One watch of one job: its calls, their deadlines and the stop signal they respect."""
+
+    def __init__(self, body: dict[str, Any], settings: ClusterSettings, api: Any, core: Any) -> None:
+        self.group, self.version, self.plural, self.kind = KINDS[settings.job_kind]
+        self.body, self.settings, self.api, self.core = body, settings, api, core
+        self.namespace = settings.job_namespace or current_namespace()
+        self.name = body["metadata"]["name"]
+        self.where = f"{self.kind} {self.namespace}/{self.name}"
+        self.stop = _StopSignal(settings.job_stop_grace_s)
+        self.workflow_seen = False  # a Workflow that never answered is no proof of a stopped run
+
+    def timeout(self) -> float:
+        """An API call's deadline: ``job_api_timeout_s``, within what a stop signal's grace leaves."""
+        left = self.stop.left()
+        return self.settings.job_api_timeout_s if left is None else max(0.1, min(self.settings.job_api_timeout_s,
+                                                                                 left))
+
+    def retried(self, call: Any, what: str) -> Any:
+        return _retried(call, what, self.settings, self.stop, self.timeout)
+
+    def run(self) -> str:
+        previous = signal.signal(signal.SIGTERM, self.stop) if _main_thread() else None
+        try:
+            try:
+                try:
+                    return self._watch()
+                except _Cancelled as err:
+                    self.stop.watching = False
+                    end = self._on_stop(err)
+            except _End as ended:
+                end = ended
+            self.stop.watching = False
+            if end.report:  # past its deadline, or waiting too long: what its pods said, if any
+                report_pods(self.core, self.namespace, self.name, self.settings, self.timeout)
+            if end.delete:
+                self._delete()
+            raise end.error from None
+        finally:
+            self.stop.watching = False
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
+
+    def _end(self, error: JobFailed, delete: bool, report: bool = False) -> None:
+        self.stop.watching = False  # from here on a signal interrupts nothing
+        raise _End(error, delete, report)
+
+    def _watch(self) -> str:
+        settings, where = self.settings, self.where
+        workflow, _ = self.read_workflow()
+        self.workflow_seen = bool(workflow)
+        owner = _workflow_owner(workflow) if _pod_namespace() == self.namespace else None  # same namespace only
+        body = {**self.body, "metadata": {**self.body["metadata"], "ownerReferences": [owner]}} if owner else \
+            self.body
+        deadline = time.monotonic() + settings.job_timeout_s
+        try:
+            created = create_job(self.api, body, self.namespace, settings, retried=self.retried)
+        except JobFailed as err:
+            self._end(err, delete=False)
+        if created is not None:
             log.info("created %s: %d node(s) x %d GPU(s)", where, settings.nodes, settings.gpus)
         else:
             log.info("%s exists (an earlier try of this step created it): watching it", where)
             if owner:
-                _add_owner(api, (group, version, namespace, plural, name), owner, settings)
-        last, faults, checked, pending_since = "", 0, False, None
+                self._add_owner(owner)
+        last, faults, checked = "", 0, False
+        pending_since: float | None = None
+        queued_since: float | None = None
         while True:
             try:
-                job = api.get_namespaced_custom_object(group, version, namespace, plural, name,
-                                                       _request_timeout=timeout)
+                job = self.api.get_namespaced_custom_object(self.group, self.version, self.namespace, self.plural,
+                                                            self.name, _request_timeout=self.timeout())
             except Exception as err:
                 if _status_code(err) == 404:
-                    delete = False
-                    raise JobFailed(f"{where} no longer exists: it was deleted outside this run") from None
-                if not transient(err):
-                    delete = False  # it may be running: its activeDeadlineSeconds ends it
-                    raise JobFailed(f"{where}: the API refused its status ({_describe(err)}); the job is left "
-                                    f"to its deadline of {settings.job_timeout_s:.0f} s") from None
+                    self._end(JobFailed(f"{where} no longer exists: it was deleted outside this run"), delete=False)
+                if not transient(err):  # it may be running: its activeDeadlineSeconds ends it
+                    self._end(JobFailed(f"{where}: the API refused its status ({_describe(err)}); the job is left "
+                                        f"to its deadline of {settings.job_timeout_s:.0f} s"), delete=False)
                 faults += 1
                 wait = _backoff(settings, faults)
                 log.warning("%s: status poll failed (%s); the job is left running, asking again in %.0f s",
                             where, _describe(err), wait)
-                _sleep_until(wait, deadline, settings, where)
+                self._sleep_until(wait, deadline)
                 continue
             faults = 0
-            if not checked:  # once: what the API server kept of the body
+            if not checked:  # once: what the API server kept of the body (a server that ignored strict validation)
                 checked = True
                 dropped = missing_fields({"metadata": {"labels": body["metadata"]["labels"]}, "spec": body["spec"]},
                                          job)
                 if dropped:
-                    raise JobFailed(f"{where}: the API server dropped {len(dropped)} field(s) the body set "
-                                    f"({', '.join(dropped[:3])}{', …' if len(dropped) > 3 else ''}): its {kind} "
-                                    f"schema lacks them, so the job is deleted. {_schema_hint(settings)}")
-            status = job.get("status")
-            state, text = outcome(settings.job_kind, status)
-            waiting = pending_reason(core, namespace, name, settings) if state is None else None
-            if waiting is None:
-                pending_since = None
-            else:
-                text = f"Pending: {waiting}"
-                pending_since = pending_since or time.monotonic()
-                if time.monotonic() - pending_since > settings.job_pending_timeout_s:
-                    raise JobFailed(f"{where} did not start in {settings.job_pending_timeout_s:.0f} s "
-                                    f"(job_pending_timeout_s): {waiting}")
-            if text != last:
-                log.info("%s: %s", where, text)
-                last = text
+                    self._end(JobFailed(f"{where}: the API server dropped {len(dropped)} field(s) the body set "
+                                        f"({', '.join(dropped[:3])}{', …' if len(dropped) > 3 else ''}): its "
+                                        f"{self.kind} schema lacks them, so the job is deleted. "
+                                        f"{_schema_hint(settings)}"), delete=True)
+            state, text = outcome(settings.job_kind, job.get("status"))
             if state == "succeeded":
-                delete = False
+                self.stop.watching = False
                 return text
             if state == "failed":
-                codes, reported = report_pods(core, namespace, name, settings), True
+                self.stop.watching = False
+                codes = report_pods(self.core, self.namespace, self.name, settings, self.timeout)
                 failed = JobFailed(f"{where} failed: {text}" + (f"; its pods exited with {sorted(set(codes))}"
                                                                 if codes else ""))
                 failed.permanent = bool(codes) and all(0 < code < 128 for code in codes)
-                delete = not settings.job_keep_failed
-                if not delete:
+                if settings.job_keep_failed:
                     log.info("%s is kept for inspection (job_keep_failed): delete it with kubectl -n %s delete "
-                             "%s %s", where, namespace, plural, name)
-                raise failed
-            _sleep_until(settings.job_poll_s, deadline, settings, where)
-    except _Cancelled as err:
-        stopped = run_stopped(_workflow(api, namespace, settings))
-        if stopped is None:
-            delete = False
-            raise JobFailed(f"{where}: this watcher got {err} while its pipeline run goes on (a drain or an "
-                            "eviction, or a run this watcher cannot see): the job is left running, and the "
-                            "step's next try adopts it") from None
-        raise JobFailed(f"{where} cancelled: the pipeline run {stopped}") from None
-    except JobFailed:
-        if delete and not reported:  # past its deadline, or its fields pruned: what its pods said, if any
-            report_pods(core, namespace, name, settings)
+                             "%s %s", where, self.namespace, self.plural, self.name)
+                self._end(failed, delete=not settings.job_keep_failed)
+            now = time.monotonic()
+            if suspended(settings.job_kind, job):  # queued (Kueue suspends a job until it admits it): not pending
+                pending_since = None
+                queued_since = queued_since or now
+                text = f"Queued: {queue_reason(self.api, self.namespace, job, self.timeout())}"
+                if now - queued_since > settings.job_queue_timeout_s:
+                    self._end(JobFailed(f"{where} was not admitted in {settings.job_queue_timeout_s:.0f} s "
+                                        f"(job_queue_timeout_s): {text[len('Queued: '):]}"), delete=True)
+            else:
+                queued_since = None
+                waiting = pending_reason(self.core, self.namespace, self.name, settings, self.timeout) \
+                    if state is None else None
+                if waiting is None:
+                    pending_since = None
+                else:
+                    text = f"Pending: {waiting}"
+                    pending_since = pending_since or now
+                    # admitted by Kueue: its waitForPodsReady requeues a job whose pods do not start
+                    if not settings.kueue_queue and now - pending_since > settings.job_pending_timeout_s:
+                        self._end(JobFailed(f"{where} did not start in {settings.job_pending_timeout_s:.0f} s "
+                                            f"(job_pending_timeout_s): {waiting}"), delete=True, report=True)
+            if text != last:
+                log.info("%s: %s", where, text)
+                last = text
+            self._sleep_until(settings.job_poll_s, deadline)
+
+    def _sleep_until(self, seconds: float, deadline: float) -> None:
+        if time.monotonic() + seconds > deadline:
+            time.sleep(max(0.0, deadline - time.monotonic()))
+            self._end(JobFailed(f"{self.where} did not finish in {self.settings.job_timeout_s:.0f} s"), delete=True,
+                      report=True)
+        time.sleep(seconds)
+
+    def _on_stop(self, err: _Cancelled) -> _End:
+        """A stop signal: the job goes only when the run's Workflow, read within the grace, says the run stopped."""
+        workflow, why = self.read_workflow()
+        stopped = run_stopped(workflow, seen=self.workflow_seen)
+        if stopped is not None:
+            return _End(JobFailed(f"{self.where} cancelled: the pipeline run {stopped}"), delete=True)
+        if workflow:
+            cause = "while its pipeline run goes on (a drain or an eviction)"
+        else:
+            cause = f"and cannot tell whether its pipeline run was stopped ({why})"
+        return _End(JobFailed(f"{self.where}: this watcher got {err} {cause}: the job is left running, and the "
+                              "step's next try adopts it"), delete=False)
+
+    def read_workflow(self) -> tuple[dict[str, Any] | None, str]:
+        """This pod's Argo Workflow, read in the pod's own namespace (the job's may be another); ``{}`` when it is
+        gone; None, with why, when there is none to ask or it cannot be read."""
+        name, namespace = os.environ.get(WORKFLOW_ENV), _pod_namespace()
+        if not name or namespace is None:
+            return None, "no workflow to ask: not a pipeline step's pod"
+        group, version, plural = WORKFLOW_API
+        try:
+            return self.retried(lambda timeout: self.api.get_namespaced_custom_object(
+                group, version, namespace, plural, name, _request_timeout=timeout),
+                f"reading workflow {name}"), ""
+        except Exception as err:
+            if _status_code(err) == 404:
+                return {}, f"workflow {namespace}/{name} not found"
+            why = f"workflow {namespace}/{name} could not be read: {_describe(err)}"
+            log.warning("%s", why)
+            return None, why
+
+    def _add_owner(self, owner: dict[str, Any]) -> None:
+        """The run's Workflow as an owner of an adopted job that lacks it (one created by an earlier version, whose
+        owner was its watcher pod): the garbage collector deletes a job once every owner is gone."""
+        args = (self.group, self.version, self.namespace, self.plural, self.name)
+        try:
+            current = self.retried(lambda timeout: self.api.get_namespaced_custom_object(
+                *args, _request_timeout=timeout), f"reading {self.name}")
+            owners = current.get("metadata", {}).get("ownerReferences", [])
+            if any(ref.get("uid") == owner["uid"] for ref in owners):
+                return
+            self.retried(lambda timeout: self.api.patch_namespaced_custom_object(
+                *args, {"metadata": {"ownerReferences": [*owners, owner]}}, _request_timeout=timeout),
+                f"adding workflow {owner['name']} as an owner of {self.name}")
+        except Exception as err:  # the job keeps its owners and its deadline
+            log.warning("could not add workflow %s as an owner of %s: %s", owner["name"], self.where,
+                        _describe(err))
+
+    def _delete(self) -> None:
+        try:
+            self.retried(lambda timeout: self.api.delete_namespaced_custom_object(
+                self.group, self.version, self.namespace, self.plural, self.name,
+                body={"propagationPolicy": "Foreground"}, _request_timeout=timeout), f"deleting {self.name}")
+            log.info("deleted %s", self.where)
+        except Exception as err:  # reported; the job's failure is the error that matters
+            if _status_code(err) != 404:
+                log.warning("could not delete %s (its activeDeadlineSeconds, and the run's exit handler when the "
+                            "run ends, still end it): %s", self.where, _describe(err))
+
+
+def create_job(api: Any, body: dict[str, Any], namespace: str, settings: ClusterSettings, dry_run: bool = False,
+               retried: Any = None) -> dict[str, Any] | None:
+    """Create the job with strict field validation (``dry_run``: with ``dryRun=All`` too, so admission webhooks
+    and the CRD's validation judge it and nothing is kept); the object as the API server stored it (or would), or
+    None when it exists already (an earlier try of this step, or a reply lost after the server created it). A
+    body the server refuses raises :class:`JobRefused`; faults that outlast the tries, :class:`JobFailed`."""
+    group, version, plural, _ = KINDS[settings.job_kind]
+    options = {"field_validation": FIELD_VALIDATION, **({"dry_run": "All"} if dry_run else {})}
+    call = retried or (lambda call, what: _retried(call, what, settings))
+    try:
+        return call(lambda timeout: api.create_namespaced_custom_object(
+            group, version, namespace, plural, body, _request_timeout=timeout, **options),
+            f"creating {body['metadata']['name']}")
+    except Exception as err:
+        if _status_code(err) == 409 and not dry_run:
+            return None
+        refused = refusal(err, body, namespace, settings)
+        if refused is not None:
+            raise refused from None
+        if transient(err):
+            raise JobFailed(f"could not create {body['kind']} {namespace}/{body['metadata']['name']}: "
+                            f"{_describe(err)} (after {CREATE_ATTEMPTS} tries)") from None
         raise
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
-        if delete:
-            _delete(api, (group, version, namespace, plural, name), settings)
+
+
+class JobRefused(JobFailed):
+    """The API server refused the job's body: its schema (an unknown field under strict validation, a wrong value),
+    an admission webhook, RBAC, a quota, or no such API. The same body is refused again, so a retry is in vain."""
+
+    permanent = True
+
+
+REFUSED_STATUS = frozenset({400, 403, 404, 405, 409, 415, 422})
+
+
+def refusal(err: BaseException, body: dict[str, Any], namespace: str, settings: ClusterSettings) -> JobRefused | None:
+    """What the API server said when it refused creating ``body``, as one line naming who refused it (the account's
+    RBAC, an admission webhook, the schema), or None for an error that is no refusal."""
+    code = _status_code(err)
+    if code not in REFUSED_STATUS:
+        return None
+    what = f"{body['kind']} {namespace}/{body['metadata']['name']}"
+    said = api_message(err)
+    if code == 403 and " cannot create resource " in said:  # RBAC's wording; a webhook's says "admission webhook"
+        return JobRefused(f"the API refused creating {what} (HTTP 403): this step's account lacks the Role "
+                          "cloob-training-jobs (infra/k8s/base/rbac.yaml, bound to cloob-pipeline, whose token the "
+                          f"step mounts: cluster setting job_token_secret): {said}")
+    if code == 404:
+        group, version, plural, _ = KINDS[settings.job_kind]
+        return JobRefused(f"the cluster has no {plural}.{group}/{version} to create {what} in (HTTP 404: {said}). "
+                          f"{_schema_hint(settings)}")
+    return JobRefused(f"the cluster refused {what} (HTTP {code}): {said}")
+
+
+def api_message(err: BaseException) -> str:
+    """The message of the API server's Status in an ApiException's body (a webhook's denial, a validation error),
+    on one line; else its reason."""
+    body = getattr(err, "body", None)
+    try:
+        message = json.loads(body).get("message") if body else None
+    except (TypeError, ValueError, AttributeError):
+        message = None
+    text = message or getattr(err, "reason", None) or str(err)
+    return " ".join(str(text).split())[:1000]
+
+
+def suspended(kind: str, job: dict[str, Any]) -> bool:
+    """Whether the job is suspended: how Kueue holds a job in its queue until it admits it (a PyTorchJob's
+    ``runPolicy.suspend``, a TrainJob's ``suspend``)."""
+    spec = job.get("spec") or {}
+    return (spec.get("runPolicy") or {}).get("suspend") is True if kind == "pytorchjob" else \
+        spec.get("suspend") is True
+
+
+KUEUE_WORKLOADS = ("kueue.x-k8s.io", "v1beta1", "workloads")  # v1beta1: served by Kueue 0.9 to 0.19
+KUEUE_JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"  # Kueue's label on the Workload it made for a job
+KUEUE_VISIBILITY = "/apis/visibility.kueue.x-k8s.io/v1beta1/namespaces/{namespace}/localqueues/{queue}/pendingworkloads"
+
+
+def queue_reason(api: Any, namespace: str, job: dict[str, Any], timeout: float) -> str:
+    """Why a suspended job waits: Kueue's Workload for it (its LocalQueue; why no quota is reserved; an eviction)
+    and its position in the queue from Kueue's visibility API. Best effort: what cannot be read is left out."""
+    meta = job.get("metadata") or {}
+    queue = (meta.get("labels") or {}).get(KUEUE_QUEUE_LABEL)
+    said: list[str] = []
+    try:
+        group, version, plural = KUEUE_WORKLOADS
+        items = api.list_namespaced_custom_object(group, version, namespace, plural,
+                                                  label_selector=f"{KUEUE_JOB_UID_LABEL}={meta.get('uid')}",
+                                                  _request_timeout=timeout).get("items", [])
+        workload = items[0] if items else None
+    except Exception:
+        workload = None
+    if workload is not None:
+        queue = (workload.get("spec") or {}).get("queueName") or queue
+        conditions = {c.get("type"): c for c in (workload.get("status") or {}).get("conditions", [])}
+        for kind, status in (("Evicted", "True"), ("QuotaReserved", "False")):
+            condition = conditions.get(kind)
+            if condition and str(condition.get("status")) == status and condition.get("message"):
+                said.append(("evicted: " if kind == "Evicted" else "") + " ".join(condition["message"].split()))
+    position = None
+    if queue and workload is not None:
+        try:
+            pending = api.api_client.call_api(
+                KUEUE_VISIBILITY, "GET", path_params={"namespace": namespace, "queue": queue},
+                response_type="object", auth_settings=["BearerToken"], _return_http_data_only=True,
+                _request_timeout=timeout)
+            name = workload["metadata"]["name"]
+            position = next((item for item in pending.get("items", []) if item["metadata"]["name"] == name), None)
+        except Exception:
+            position = None
+    head = f"suspended in Kueue's LocalQueue {queue}" if queue else "suspended (a queue holds it)"
+    if position is not None:
+        head += f", position {int(position['positionInLocalQueue']) + 1} in it" + (
+            f" and {int(position['positionInClusterQueue']) + 1} in its ClusterQueue"
+            if "positionInClusterQueue" in position else "")
+    return "; ".join([head, *said])
 
 
 def pod_selector(kind: str, name: str) -> str:
@@ -425,17 +690,18 @@ def pod_selector(kind: str, name: str) -> str:
     return f"{POD_JOB_LABEL[kind]}={name}"
 
 
-def pending_reason(core: Any, namespace: str, name: str, settings: ClusterSettings) -> str | None:
+def pending_reason(core: Any, namespace: str, name: str, settings: ClusterSettings,
+                timeout: Any = None) -> str | None:
     """Why the job's pods are not all running yet, or None when they are (or have ended, or there is no core API
     to ask): a container's waiting reason (ImagePullBackOff, CreateContainerConfigError), else the newest
     Warning Event of the job's objects (FailedScheduling: "0/12 nodes are available: 8 Insufficient
     nvidia.com/gpu"; a quota's FailedCreate), else that no pod exists yet. Faults of these reads are no reason."""
     if core is None:
         return None
-    timeout = settings.job_api_timeout_s
+    deadline = timeout or (lambda: settings.job_api_timeout_s)
     try:
         pods = core.list_namespaced_pod(namespace, label_selector=pod_selector(settings.job_kind, name),
-                                        _request_timeout=timeout).items
+                                        _request_timeout=deadline()).items
     except Exception:
         return None
     waiting = [pod for pod in pods if pod.status.phase == "Pending"]
@@ -447,7 +713,7 @@ def pending_reason(core: Any, namespace: str, name: str, settings: ClusterSettin
             if held and held.reason not in (None, "ContainerCreating", "PodInitializing"):
                 return f"pod {pod.metadata.name}: {held.reason}: {' '.join((held.message or '').split())[:300]}"
     try:
-        events = core.list_namespaced_event(namespace, _request_timeout=timeout).items
+        events = core.list_namespaced_event(namespace, _request_timeout=deadline()).items
     except Exception:
         events = []
     own = [event for event in events if event.type == "Warning" and event.involved_object is not None and
@@ -459,16 +725,17 @@ def pending_reason(core: Any, namespace: str, name: str, settings: ClusterSettin
     return f"{len(waiting)} of {len(pods)} pod(s) pending" if pods else "no pod created yet"
 
 
-def report_pods(core: Any, namespace: str, name: str, settings: ClusterSettings) -> list[int]:
+def report_pods(core: Any, namespace: str, name: str, settings: ClusterSettings,
+                timeout: Any = None) -> list[int]:
     """Each pod of the job into this step's log: its containers' exit codes, reasons and termination messages,
     and the last :data:`LOG_LINES` lines of its log, so a failure keeps its evidence after the job is deleted;
     the non-zero exit codes. Best effort: a pod or log the API cannot give is said, never an error."""
     if core is None:
         return []
-    timeout = settings.job_api_timeout_s
+    deadline = timeout or (lambda: settings.job_api_timeout_s)
     try:
         pods = core.list_namespaced_pod(namespace, label_selector=pod_selector(settings.job_kind, name),
-                                        _request_timeout=timeout).items
+                                        _request_timeout=deadline()).items
     except Exception as err:
         log.warning("could not list the pods of %s/%s: %s", namespace, name, _describe(err))
         return []
@@ -490,7 +757,7 @@ def report_pods(core: Any, namespace: str, name: str, settings: ClusterSettings)
                 text = core.read_namespaced_pod_log(pod.metadata.name, namespace, container=status.name,
                                                     tail_lines=LOG_LINES, previous=ended is not None and
                                                     not (status.state and status.state.terminated),
-                                                    _request_timeout=timeout)
+                                                    _request_timeout=deadline())
             except Exception as err:
                 log.warning("could not read the log of pod %s: %s", pod.metadata.name, _describe(err))
                 continue
@@ -529,7 +796,7 @@ def missing_fields(sent: Any, stored: Any, path: str = "") -> list[str]:
 def _schema_hint(settings: ClusterSettings) -> str:
     if settings.job_kind == "trainjob":
         return (f"Is the cluster's Kubeflow Trainer the release trainer_release names ({settings.trainer_release})? "
-                "Compile with --trainer-release v2.1 or v2.3 (docs/kubernetes.md, \"Versions\").")
+                "Compile with --trainer-release v2.1, v2.2 or v2.3 (docs/kubernetes.md, \"Versions\").")
     return "Is the cluster's Training Operator v1.8 or later (docs/kubernetes.md, \"Versions\")?"
 
 
@@ -560,69 +827,29 @@ def _backoff(settings: ClusterSettings, attempt: int) -> float:
     return min(settings.job_poll_s * 2 ** (attempt - 1), max(MAX_BACKOFF_S, settings.job_poll_s))
 
 
-def _sleep_until(seconds: float, deadline: float, settings: ClusterSettings, where: str) -> None:
-    if time.monotonic() + seconds > deadline:
-        time.sleep(max(0.0, deadline - time.monotonic()))
-        raise JobFailed(f"{where} did not finish in {settings.job_timeout_s:.0f} s")
-    time.sleep(seconds)
-
-
-def _retried(call: Any, what: str, settings: ClusterSettings) -> Any:
-    """``call()``, tried again over transient faults (at most :data:`CREATE_ATTEMPTS` tries)."""
+def _retried(call: Any, what: str, settings: ClusterSettings, stop: _StopSignal | None = None,
+             timeout: Any = None) -> Any:
+    """``call(deadline)``, tried again over transient faults: at most :data:`CREATE_ATTEMPTS` tries and, after a
+    stop signal, only while its grace lasts (waits of a second at most then). ``timeout()`` gives each try's
+    deadline (default ``job_api_timeout_s``)."""
     for attempt in range(1, CREATE_ATTEMPTS + 1):
         try:
-            return call()
+            return call(timeout() if timeout else settings.job_api_timeout_s)
         except Exception as err:
-            if not transient(err) or attempt == CREATE_ATTEMPTS:
+            left = stop.left() if stop else None
+            wait = _backoff(settings, attempt) if left is None else min(1.0, _backoff(settings, attempt))
+            if not transient(err) or attempt == CREATE_ATTEMPTS or (left is not None and left < wait + 0.5):
                 raise
-            wait = _backoff(settings, attempt)
             log.warning("%s failed (%s); trying again in %.0f s", what, _describe(err), wait)
             time.sleep(wait)
     raise AssertionError("unreachable")
 
 
-def _create(api: Any, where: tuple[str, str, str, str], body: dict[str, Any], settings: ClusterSettings) -> bool:
-    """Create the job; False when it exists already (an earlier try of this step, or a reply lost after the API
-    server created it)."""
-    group, version, namespace, plural = where
-    try:
-        _retried(lambda: api.create_namespaced_custom_object(group, version, namespace, plural, body,
-                                                             _request_timeout=settings.job_api_timeout_s),
-                 f"creating {body['metadata']['name']}", settings)
-    except Exception as err:
-        if _status_code(err) == 409:
-            return False
-        if _status_code(err) == 403:
-            raise JobFailed(f"the API refused creating {body['kind']} {namespace}/{body['metadata']['name']} (HTTP "
-                            "403): this step's account lacks the Role cloob-training-jobs (infra/k8s/base/rbac.yaml, "
-                            "bound to cloob-pipeline, whose token the step mounts: cluster setting "
-                            "job_token_secret)") from None
-        raise
-    return True
-
-
-def _workflow(api: Any, namespace: str, settings: ClusterSettings) -> dict[str, Any] | None:
-    """This pod's Argo Workflow, as the API server has it; ``{}`` when it is gone; None when there is none to ask
-    (no workflow named, another namespace) or it cannot be read."""
-    name = os.environ.get(WORKFLOW_ENV)
-    if not name or _pod_namespace() != namespace:
-        return None
-    group, version, plural = WORKFLOW_API
-    try:
-        return _retried(lambda: api.get_namespaced_custom_object(group, version, namespace, plural, name,
-                                                                 _request_timeout=settings.job_api_timeout_s),
-                        f"reading workflow {name}", settings)
-    except Exception as err:
-        if _status_code(err) == 404:
-            return {}
-        log.warning("could not read this run's workflow %s/%s: %s", namespace, name, _describe(err))
-        return None
-
-
-def run_stopped(workflow: dict[str, Any] | None) -> str | None:
-    """How the pipeline run was stopped, from its Workflow (:func:`_workflow`); None while it goes on, or when
-    there is no workflow to tell."""
-    if workflow is None:
+def run_stopped(workflow: dict[str, Any] | None, seen: bool = True) -> str | None:
+    """How the pipeline run was stopped, from its Workflow as it reads now (``{}``: not found); None while it goes
+    on, or when there is no workflow to tell. A Workflow that was never ``seen`` and is not found now is no proof
+    of a stopped run (a name that was never right, RBAC that hides it): None."""
+    if workflow is None or (not workflow and not seen):
         return None
     if not workflow:
         return "is gone (its workflow was deleted)"
@@ -647,41 +874,6 @@ def _workflow_owner(workflow: dict[str, Any] | None) -> dict[str, Any] | None:
     group, version, _ = WORKFLOW_API
     return {"apiVersion": f"{group}/{version}", "kind": "Workflow", "name": meta["name"], "uid": meta["uid"],
             "controller": False, "blockOwnerDeletion": False}
-
-
-def _add_owner(api: Any, where: tuple[str, str, str, str, str], owner: dict[str, Any],
-               settings: ClusterSettings) -> None:
-    """The run's Workflow as an owner of an adopted job that lacks it (one created by an earlier version, whose
-    owner was its watcher pod): the garbage collector deletes a job once every owner is gone."""
-    group, version, namespace, plural, name = where
-    try:
-        current = _retried(lambda: api.get_namespaced_custom_object(group, version, namespace, plural, name,
-                                                                    _request_timeout=settings.job_api_timeout_s),
-                           f"reading {name}", settings)
-        owners = current.get("metadata", {}).get("ownerReferences", [])
-        if any(ref.get("uid") == owner["uid"] for ref in owners):
-            return
-        _retried(lambda: api.patch_namespaced_custom_object(
-            group, version, namespace, plural, name, {"metadata": {"ownerReferences": [*owners, owner]}},
-            _request_timeout=settings.job_api_timeout_s), f"adding workflow {owner['name']} as an owner of {name}",
-            settings)
-    except Exception as err:  # the job keeps its owners and its deadline
-        log.warning("could not add workflow %s as an owner of %s/%s: %s", owner["name"], namespace, name,
-                    _describe(err))
-
-
-def _delete(api: Any, where: tuple[str, str, str, str, str], settings: ClusterSettings) -> None:
-    group, version, namespace, plural, name = where
-    try:
-        _retried(lambda: api.delete_namespaced_custom_object(group, version, namespace, plural, name,
-                                                             body={"propagationPolicy": "Foreground"},
-                                                             _request_timeout=settings.job_api_timeout_s),
-                 f"deleting {name}", settings)
-        log.info("deleted %s/%s", namespace, name)
-    except Exception as err:  # reported; the job's failure is the error that matters
-        if _status_code(err) != 404:
-            log.warning("could not delete %s/%s (its activeDeadlineSeconds still ends it): %s", namespace, name,
-                        _describe(err))
 
 
 def _main_thread() -> bool:
