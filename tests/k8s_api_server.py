@@ -69,6 +69,7 @@ class FakeTrainingCluster(JsonApiServer):
         self.unschedulable = unschedulable  # the scheduler's FailedScheduling message: no pod of any job starts
         self.events: list[dict] = []
         self.status_faults = list(status_faults or [])  # injected, one per GET of a job, in order
+        self.workflow_faults: list[str | int] = []  # the same for the GETs of a Workflow
         self.unstartable: dict[tuple[str, str, str], str] = {}  # jobs whose pods cannot start, and why
         self.run_pods = run_pods
         self.extra_env = extra_env or {}
@@ -200,9 +201,11 @@ class FakeTrainingCluster(JsonApiServer):
     # -- HTTP ---------------------------------------------------------------------------------------------------
     def _fault(self, method: str, path: str) -> str | int | None:
         match = _PATH.fullmatch(path)
-        if method == "GET" and match and match["name"] and self.status_faults:
-            return self.status_faults.pop(0)
-        return None
+        if method != "GET" or not match or not match["name"]:
+            return None
+        faults = self.status_faults if match["plural"] in SUCCESS else \
+            self.workflow_faults if match["plural"] == "workflows" else []
+        return faults.pop(0) if faults else None
 
     @staticmethod
     def _pod_names(key: tuple[str, str, str], count: int) -> list[str]:

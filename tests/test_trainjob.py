@@ -208,7 +208,8 @@ def test_a_body_for_another_trainer_release_is_refused_in_one_line_and_not_tried
         lost = "runtimePatches" if sent == "v2.3" else "podTemplateOverrides"
         with pytest.raises(JobFailed, match=rf'^the cluster refused TrainJob team-a/cloob-train-pruned \(HTTP 400\): '
                                             rf'TrainJob in version "v1alpha1" cannot be handled as a TrainJob: strict '
-                                            rf'decoding error: (unknown field "spec\.\w+", )?unknown field "spec\.{lost}"') as refused:
+                                            rf'decoding error: (unknown field "spec\.\w+", )?unknown field '
+                                            rf'"spec\.{lost}"') as refused:
             trainjob.run(trainjob.manifest(job, "cloob-train-pruned", job_config(), "s3://w"), job)
     assert refused.value.permanent
     (created,) = cluster.calls("POST", ".*")
@@ -241,11 +242,11 @@ def test_trainers_admission_refuses_a_manager_that_is_not_a_domain_prefixed_path
     for served in ("v2.2.1", "v2.3.0"):
         with FakeTrainingCluster(run_pods=False, releases={"trainjobs": served}) as cluster:
             monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig(tmp_path / "kubeconfig")))
+            denial = (r'^the cluster refused TrainJob team-a/cloob-train-adm \(HTTP 403\): admission webhook '
+                      r'"validator.trainjob.trainer.kubeflow.org" denied the request: spec.runtimePatches.manager: '
+                      r'Invalid value: "cloob-pipelines": must be a domain-prefixed path')
             with caplog.at_level("WARNING", logger="cloob_core.ops.trainjob"), \
-                    pytest.raises(JobFailed, match=r'^the cluster refused TrainJob team-a/cloob-train-adm \(HTTP 403\): '
-                                                   r'admission webhook "validator.trainjob.trainer.kubeflow.org" denied '
-                                                   r'the request: spec.runtimePatches.manager: Invalid value: '
-                                                   r'"cloob-pipelines": must be a domain-prefixed path') as denied:
+                    pytest.raises(JobFailed, match=denial) as denied:
                 trainjob.run(old, job)
             assert denied.value.permanent and "lacks the Role" not in str(denied.value)
             assert len(cluster.calls("POST", ".*")) == 1 and "trying again" not in caplog.text
@@ -295,7 +296,8 @@ def test_the_preflight_dry_run_creates_nothing_and_says_what_the_cluster_said(tm
         assert "dryRun=All" in sent["query"] and "fieldValidation=Strict" in sent["query"]
     with FakeTrainingCluster(releases={"trainjobs": "v2.1.0"}) as cluster:
         monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig(tmp_path / "kubeconfig")))
-        with pytest.raises(trainjob.JobRefused, match='strict decoding error: unknown field "spec.activeDeadlineSeconds"'):
+        with pytest.raises(trainjob.JobRefused, match=r'strict decoding error: unknown field '
+                                                      r'"spec\.activeDeadlineSeconds"'):
             trainjob.create_job(_kubeconfig_apis()[0], body, "team-a", job, dry_run=True)
 
 
@@ -635,8 +637,11 @@ def _in_run(tmp_path, monkeypatch, cluster, workflow: str = "run-wf") -> None:
     monkeypatch.setattr(trainjob, "_apis", _kubeconfig_apis)
 
 
-def _sigterm_once(cluster, key: tuple[str, str, str], before=lambda: None) -> threading.Thread:
-    """SIGTERM to this process once the job ``key`` exists, as a drain sends it to the watcher pod."""
+def _sigterm_once(cluster, key: tuple[str, str, str], before=lambda: None, again_after: float | None = None,
+                  sent: list[float] | None = None) -> threading.Thread:
+    """SIGTERM to this process once the job ``key`` exists, as a drain sends it to the watcher pod (and, with
+    ``again_after``, once more that many seconds later, as Argo and the kubelet repeat it); the times go to
+    ``sent``."""
     def send() -> None:
         for _ in range(500):
             if key in cluster.objects:
@@ -644,11 +649,24 @@ def _sigterm_once(cluster, key: tuple[str, str, str], before=lambda: None) -> th
             time.sleep(0.01)
         time.sleep(0.3)
         before()
-        os.kill(os.getpid(), signal.SIGTERM)
+        for delay in (0.0, again_after) if again_after is not None else (0.0,):
+            time.sleep(delay)
+            if sent is not None:
+                sent.append(time.monotonic())
+            os.kill(os.getpid(), signal.SIGTERM)
 
     thread = threading.Thread(target=send, daemon=True)
     thread.start()
     return thread
+
+
+@pytest.fixture
+def harmless_sigterm():
+    """A SIGTERM that reaches this process after the watcher restored the handler before it does nothing (the
+    default would end the test session)."""
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)
+    yield
+    signal.signal(signal.SIGTERM, previous)
 
 
 def test_a_sigterm_while_the_run_goes_on_deletes_nothing_and_the_next_try_adopts_the_job(tmp_path, monkeypatch):
@@ -731,10 +749,10 @@ def test_a_retried_watcher_adopts_a_job_its_pod_owned_and_adds_the_runs_workflow
 
 def _kubeconfig_apis():
     """The APIs from the test's kubeconfig, not the pod's service account its namespace file pretends."""
-    from kubernetes import client, config
+    from kubernetes import config
 
     config.load_kube_config(config_file=os.environ["KUBECONFIG"])
-    return client.CustomObjectsApi(), client.CoreV1Api()
+    return trainjob.clients()
 
 
 def test_the_runs_workflow_in_the_jobs_namespace_owns_it(tmp_path, monkeypatch):
@@ -893,3 +911,136 @@ def test_job_pods_carry_the_settings_labels_and_annotations_and_keep_istio_out(k
     assert '"team": "vision"' in text and '"example.com/owner": "ml"' in text and "sidecar.istio.io" not in text
     with pytest.raises(ValueError, match="not an annotation key"):
         settings(pod_annotations={"bad key": "x"})
+
+
+GRACE_S = 3.0  # job_stop_grace_s of the hostile cases: the watcher must end within it (and a second for slack)
+
+
+@pytest.mark.parametrize("fault", [503, "reset", "hang"])
+def test_a_sigterm_with_the_workflow_unreadable_leaves_the_job_and_ends_in_one_line_within_the_grace(
+        fault, tmp_path, monkeypatch, harmless_sigterm):
+    """Two SIGTERMs a second apart while every read of the Workflow answers 503, is reset (the API down) or hangs
+    past the grace: before, the second signal interrupted the read's retry and the watcher ended with an internal
+    _Cancelled, or the reads' 20/40/80 s backoffs and 60 s time-outs outlasted the pod's 30 s grace and the kubelet's
+    SIGKILL ended the step with no line. Now the job is left running and the step ends in one line within the grace."""
+    with FakeTrainingCluster(extra_env=_stub_python(tmp_path / "bin", "sleep 30\nexit 0\n")) as cluster:
+        cluster.hang_s = 60.0
+        _in_run(tmp_path, monkeypatch, cluster)
+        _workflow(cluster)
+        job = settings(nodes=2, gpus=0, job_poll_s=0.05, job_namespace="team-a", s3_secret="",
+                       job_stop_grace_s=GRACE_S)
+        key = ("team-a", "pytorchjobs", "cloob-train-hostile")
+        sent: list[float] = []
+        sender = _sigterm_once(cluster, key, lambda: cluster.workflow_faults.extend([fault] * 100), again_after=1.0,
+                               sent=sent)
+        with pytest.raises(JobFailed, match=r"^PyTorchJob team-a/cloob-train-hostile: this watcher got signal 15 and "
+                                            r"cannot tell whether its pipeline run was stopped \(workflow "
+                                            r"team-a/run-wf could not be read: .*\): the job is left running, and "
+                                            r"the step's next try adopts it$"):
+            trainjob.run(trainjob.manifest(job, "cloob-train-hostile", job_config(), "s3://w"), job)
+        ended = time.monotonic()
+        sender.join(timeout=5)
+        assert len(sent) == 2 and ended - sent[0] < GRACE_S + 1.0, (ended - sent[0])
+        assert key in cluster.objects and not cluster.calls("DELETE", ".*")
+
+
+def test_a_workflow_never_seen_is_no_proof_of_a_stopped_run(tmp_path, monkeypatch, harmless_sigterm):
+    """CLOOB_WORKFLOW names a Workflow that answered 404 from the job's creation on (a wrong name, RBAC that hides
+    it): before, a SIGTERM read it as "the run is gone" and deleted the job. Gone is proof only of what was seen."""
+    with FakeTrainingCluster(extra_env=_stub_python(tmp_path / "bin", "sleep 30\nexit 0\n")) as cluster:
+        _in_run(tmp_path, monkeypatch, cluster)  # and no Workflow object
+        job = settings(nodes=2, gpus=0, job_poll_s=0.05, job_namespace="team-a", s3_secret="",
+                       job_stop_grace_s=GRACE_S)
+        key = ("team-a", "pytorchjobs", "cloob-train-unseen")
+        _sigterm_once(cluster, key).join(timeout=0)
+        with pytest.raises(JobFailed, match=r"cannot tell whether its pipeline run was stopped \(workflow "
+                                            r"team-a/run-wf not found\): the job is left running"):
+            trainjob.run(trainjob.manifest(job, "cloob-train-unseen", job_config(), "s3://w"), job)
+        assert key in cluster.objects and not cluster.calls("DELETE", ".*")
+        assert "ownerReferences" not in cluster.objects[key]["metadata"]
+
+
+def test_a_job_in_another_namespace_is_deleted_when_its_run_is_terminated(tmp_path, monkeypatch, harmless_sigterm):
+    """With job_namespace the job lives apart from the watcher: before, the Workflow was read only in the job's
+    namespace, so a terminated run's job was never deleted and held its GPUs to its deadline. The Workflow is read
+    where the watcher's pod lives; the job gets no owner across namespaces."""
+    with FakeTrainingCluster(extra_env=_stub_python(tmp_path / "bin", "sleep 30\nexit 0\n")) as cluster:
+        _in_run(tmp_path, monkeypatch, cluster)  # the watcher's pod in team-a
+        workflow = _workflow(cluster)
+        job = settings(nodes=2, gpus=0, job_poll_s=0.05, job_namespace="gpu-jobs", s3_secret="")
+        key = ("gpu-jobs", "pytorchjobs", "cloob-train-far")
+
+        def terminated() -> None:
+            assert "ownerReferences" not in cluster.objects[key]["metadata"]
+            workflow["spec"]["activeDeadlineSeconds"] = 0  # KFP's terminate
+
+        _sigterm_once(cluster, key, terminated).join(timeout=0)
+        with pytest.raises(JobFailed, match=r"PyTorchJob gpu-jobs/cloob-train-far cancelled: the pipeline run was "
+                                            r"terminated"):
+            trainjob.run(trainjob.manifest(job, "cloob-train-far", job_config(), "s3://w"), job)
+    assert cluster.calls("GET", "/apis/argoproj.io/v1alpha1/namespaces/team-a/workflows/run-wf")
+    assert len(cluster.calls("DELETE", "/apis/kubeflow.org/v1/namespaces/gpu-jobs/pytorchjobs/cloob-train-far")) == 1
+
+
+def test_a_bug_in_the_watcher_never_deletes_a_healthy_job(tmp_path, monkeypatch):
+    """Before, ``delete = True`` until proven otherwise: any exception of the watcher's own deleted the job."""
+    def broken(kind, status):
+        raise RuntimeError("a bug")
+
+    with FakeTrainingCluster(extra_env=_stub_python(tmp_path / "bin", "sleep 30\nexit 0\n")) as cluster:
+        monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig(tmp_path / "kubeconfig")))
+        monkeypatch.setattr(trainjob, "outcome", broken)
+        job = settings(nodes=2, gpus=0, job_poll_s=0.05, job_namespace="team-a", s3_secret="")
+        with pytest.raises(RuntimeError, match="a bug"):
+            trainjob.run(trainjob.manifest(job, "cloob-train-bug", job_config(), "s3://w"), job)
+        assert ("team-a", "pytorchjobs", "cloob-train-bug") in cluster.objects
+    assert not cluster.calls("DELETE", ".*")
+
+
+@pytest.mark.parametrize("kind", ["pytorchjob", "trainjob"])
+def test_a_job_kueue_holds_in_its_queue_is_waited_for_not_deleted_as_pending(kind, tmp_path, monkeypatch, caplog):
+    """Kueue queues a job by suspending it: before, the watcher counted it Pending (no pods) and deleted it after
+    job_pending_timeout_s, and the job it made again went to the back of the queue. Now a suspended job is queued:
+    the watcher says where it stands in the queue and why, and waits for its admission."""
+    with FakeTrainingCluster(kueue=True, extra_env=_stub_python(tmp_path / "bin", "sleep 0.5\nexit 0\n")) as cluster:
+        monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig(tmp_path / "kubeconfig")))
+        job = settings(job_kind=kind, nodes=2, gpus=0, job_poll_s=0.05, job_pending_timeout_s=0.3,
+                       job_namespace="team-a", s3_secret="", kueue_queue="team-a-gpus")
+        plural = trainjob.KINDS[kind][2]
+        key = ("team-a", plural, "cloob-train-q")
+
+        def admit_later() -> None:
+            time.sleep(1.5)  # five times the pending deadline
+            cluster.admit(key)
+
+        admitter = threading.Thread(target=admit_later, daemon=True)
+        admitter.start()
+        with caplog.at_level("INFO", logger="cloob_core.ops.trainjob"):
+            text = trainjob.run(trainjob.manifest(job, "cloob-train-q", job_config(), "s3://w"), job)
+        admitter.join()
+    assert text.startswith(trainjob.SUCCEEDED[kind])
+    assert ("Queued: suspended in Kueue's LocalQueue team-a-gpus, position 1 in it and 1 in its ClusterQueue; "
+            "couldn't assign flavors to pod set node: insufficient unused quota for nvidia.com/gpu") in caplog.text
+    assert not cluster.calls("DELETE", ".*") and len(cluster.calls("POST", ".*")) == 1
+
+
+def test_a_job_never_admitted_ends_at_its_queue_deadline_and_an_admitted_one_is_not_judged_pending(tmp_path,
+                                                                                                   monkeypatch):
+    with FakeTrainingCluster(kueue=True) as cluster:
+        monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig(tmp_path / "kubeconfig")))
+        job = settings(nodes=2, gpus=0, job_poll_s=0.05, job_queue_timeout_s=0.5, job_namespace="team-a",
+                       s3_secret="", kueue_queue="team-a-gpus")
+        with pytest.raises(JobFailed, match=r"was not admitted in 0 s \(job_queue_timeout_s\): suspended in Kueue's "
+                                            r"LocalQueue team-a-gpus, position 1 in it"):
+            trainjob.run(trainjob.manifest(job, "cloob-train-never", job_config(), "s3://w"), job)
+        assert cluster.requests[-1]["method"] == "DELETE"
+    reason = "0/4 nodes are available: 4 Insufficient nvidia.com/gpu."
+    with FakeTrainingCluster(kueue=True, unschedulable=reason) as cluster:
+        monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig(tmp_path / "kubeconfig")))
+        job = settings(nodes=2, gpus=0, job_poll_s=0.05, job_pending_timeout_s=0.2, job_timeout_s=2.0,
+                       job_namespace="team-a", s3_secret="", kueue_queue="team-a-gpus")
+        key = ("team-a", "pytorchjobs", "cloob-train-admitted")
+        threading.Thread(target=lambda: (time.sleep(0.3), cluster.admit(key)), daemon=True).start()
+        # admitted, its pods unschedulable: Kueue's waitForPodsReady is the judge, not job_pending_timeout_s
+        with pytest.raises(JobFailed, match=r"did not finish in 2 s"):
+            trainjob.run(trainjob.manifest(job, "cloob-train-admitted", job_config(), "s3://w"), job)

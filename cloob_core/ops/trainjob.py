@@ -278,7 +278,7 @@ def _apis() -> tuple[Any, Any]:
     """The custom-objects and core APIs. In a pod: the training account's token where the step mounts it
     (:data:`TOKEN_MOUNT`), else the pod's own service account. Elsewhere: the kubeconfig (KUBECONFIG or
     ~/.kube/config)."""
-    from kubernetes import client, config
+    from kubernetes import config
     from kubernetes.config.incluster_config import InClusterConfigLoader
 
     try:
@@ -289,7 +289,19 @@ def _apis() -> tuple[Any, Any]:
             config.load_incluster_config()
     except config.ConfigException:
         config.load_kube_config(config_file=_kubeconfig())
-    return client.CustomObjectsApi(), client.CoreV1Api()
+    return clients()
+
+
+def clients() -> tuple[Any, Any]:
+    """The custom-objects and core APIs of the loaded configuration, without urllib3's own retries: the watcher
+    tries again itself, within its deadlines (job_api_timeout_s, a stop signal's grace), which urllib3's hidden
+    retries of a read that timed out would multiply."""
+    from kubernetes import client
+
+    configuration = client.Configuration.get_default_copy()
+    configuration.retries = False
+    api_client = client.ApiClient(configuration)
+    return client.CustomObjectsApi(api_client), client.CoreV1Api(api_client)
 
 
 def _kubeconfig() -> str | None:
@@ -834,7 +846,8 @@ def _retried(call: Any, what: str, settings: ClusterSettings, stop: _StopSignal 
     deadline (default ``job_api_timeout_s``)."""
     for attempt in range(1, CREATE_ATTEMPTS + 1):
         try:
-            return call(timeout() if timeout else settings.job_api_timeout_s)
+            seconds = timeout() if timeout else settings.job_api_timeout_s
+            return call(seconds) if stop is None or stop.until is None else _within(call, seconds)
         except Exception as err:
             left = stop.left() if stop else None
             wait = _backoff(settings, attempt) if left is None else min(1.0, _backoff(settings, attempt))
@@ -843,6 +856,29 @@ def _retried(call: Any, what: str, settings: ClusterSettings, stop: _StopSignal 
             log.warning("%s failed (%s); trying again in %.0f s", what, _describe(err), wait)
             time.sleep(wait)
     raise AssertionError("unreachable")
+
+
+def _within(call: Any, seconds: float) -> Any:
+    """``call(seconds)``, given up after ``seconds`` whatever the socket does: a read's timeout is per receive, so
+    a server that trickles its answer, or a call that urllib3 retries, would outlast it. For the calls after a stop
+    signal, which must end within its grace (the abandoned call ends with the process)."""
+    done: list[tuple[bool, Any]] = []
+
+    def target() -> None:
+        try:
+            done.append((True, call(seconds)))
+        except BaseException as err:  # handed to the caller
+            done.append((False, err))
+
+    worker = threading.Thread(target=target, name="cloob-watcher-call", daemon=True)
+    worker.start()
+    worker.join(seconds + 0.2)
+    if not done:
+        raise TimeoutError(f"no answer in {seconds:.1f} s")
+    ok, value = done[0]
+    if not ok:
+        raise value
+    return value
 
 
 def run_stopped(workflow: dict[str, Any] | None, seen: bool = True) -> str | None:
