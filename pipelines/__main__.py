@@ -1,6 +1,6 @@
-"""`python -m pipelines compile|inputs|run-local|submit|schedule …`: the pipeline as KFP YAML, what its steps
-copy in, a run of it on this machine (in the images or as subprocesses), a run of it on a KFP endpoint, and recurring
-runs (scheduled retraining / re-evaluation)."""
+"""`python -m pipelines compile|inputs|run-local|preflight|submit|schedule …`: the pipeline as KFP YAML, what its
+steps copy in, a run of it on this machine (in the images or as subprocesses), what a cluster says of its training
+job, a run of it on a KFP endpoint, and recurring runs (scheduled retraining / re-evaluation)."""
 
 from __future__ import annotations
 
@@ -152,6 +152,24 @@ def _schedule(args: argparse.Namespace) -> int:
     return 0
 
 
+def _preflight(args: argparse.Namespace) -> int:
+    from cloob_core.config import load_config
+    from cloob_core.ops.preflight import preflight
+    from cloob_core.storage import join
+    from pipelines import client
+
+    package = _package(args.package)
+    settings = client.job_settings(package)  # refused in one line when this version cannot run them
+    if settings is None:
+        print(f"preflight: {package} trains in one KFP step, so it submits no training job to check")
+        return 0
+    config = load_config(args.params, list(args.set))
+    shards = args.shards_uri or join(settings.shards_store, "preflight")
+    for verdict in preflight(settings, config, shards, namespace=args.namespace):
+        print(f"preflight: {verdict.line()}")
+    return 0
+
+
 def _run_local(args: argparse.Namespace) -> int:
     from pipelines import client, local_run
     from pipelines.pretrain import build, build_evaluation
@@ -253,6 +271,20 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_flags(here, ClusterSettings, "cluster", "cluster settings (cloob_core.config.cluster.ClusterSettings)",
                     skip=("image",))
     here.set_defaults(func=_run_local)
+
+    check = sub.add_parser("preflight", help="ask the cluster of the kubeconfig (KUBECONFIG, ~/.kube/config) what "
+                           "it says of the training job a compiled pipeline would submit: a dry run (dryRun=All, "
+                           "strict field validation) through the CRD's schema and every admission webhook, which "
+                           "keeps nothing; exit status 1 when the cluster refuses it")
+    check.add_argument("--package", type=Path, default=DEFAULT_PACKAGE, help=f"compiled pipeline ({DEFAULT_PACKAGE})")
+    check.add_argument("--params", default="params.yaml", help="configuration of the run (default params.yaml)")
+    check.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                       help="override one value (repeatable)")
+    check.add_argument("--shards-uri", help="the s3:// shards the run trains on (default: under the package's "
+                       "shards_store)")
+    check.add_argument("--namespace", help="namespace the run's steps run in (default: the package's job_namespace, "
+                       "else the kubeconfig context's)")
+    check.set_defaults(func=_preflight)
 
     run = sub.add_parser("submit", help="start one run of a compiled pipeline")
     _add_endpoint_options(run)

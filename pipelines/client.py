@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from cloob_core.config import load_config
+from cloob_core.config.cluster import ClusterSettings
 from cloob_core.errors import StageError
 from cloob_core.ops.cluster import check_no_credentials, check_reachable
 from pipelines.copied_inputs import read_spec
@@ -34,25 +35,50 @@ def unregistered_images(package: str) -> list[str]:
     return [image for image in images if "/" not in image]
 
 
-def training_bound_s(package: str) -> float | None:
-    """The longest a run of a compiled pipeline may train: the one-node training step's deadline, or the
-    multi-node job's ``job_timeout_s``; None for a pipeline that does not train."""
+def _package_documents(package: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A compiled package's pipeline spec and its Kubernetes platform settings per executor."""
     import yaml
 
     documents = [doc for doc in yaml.safe_load_all(Path(package).read_text("utf-8")) if doc]
-    spec = documents[0]
-    platform = {}
+    platform: dict[str, Any] = {}
     for document in documents[1:]:
         platform.update(document.get("platforms", {}).get("kubernetes", {}).get("deploymentSpec", {}).get(
             "executors", {}))
-    if "activeDeadlineSeconds" in platform.get("exec-train", {}):
-        return float(platform["exec-train"]["activeDeadlineSeconds"])
+    return documents[0], platform
+
+
+def job_settings(package: str) -> ClusterSettings | None:
+    """The cluster settings a compiled package's multi-node training step runs its job with (its ``job``
+    parameter), checked as this version reads them: a package written by another version, or edited by hand (an
+    unknown field, ``trainer_release: v2.2`` where it is not known), is refused in one line before anything is
+    sent, not at its training step after the data steps ran. None for a package that trains on one node."""
+    from pydantic import ValidationError
+
+    from cloob_core.config import ConfigError
+    from cloob_core.config.base import describe
+
+    spec, _ = _package_documents(package)
     for dag in (spec.get("root", {}), *spec.get("components", {}).values()):  # a loop body is a sub-DAG
         for task in dag.get("dag", {}).get("tasks", {}).values():
             job = task.get("inputs", {}).get("parameters", {}).get("job", {}).get("runtimeValue", {}).get("constant")
             if task.get("taskInfo", {}).get("name") == "train-multinode" and job:
-                return float(json.loads(job)["job_timeout_s"])
+                try:
+                    return ClusterSettings.model_validate_json(job).for_cluster()
+                except ValidationError as err:
+                    raise ConfigError(f"{package}: its training job's settings are not this version's ("
+                                      f"{describe(err, 'job settings')}); compile it again with `python -m "
+                                      "pipelines compile`") from None
     return None
+
+
+def training_bound_s(package: str) -> float | None:
+    """The longest a run of a compiled pipeline may train: the one-node training step's deadline, or the
+    multi-node job's ``job_timeout_s``; None for a pipeline that does not train."""
+    _, platform = _package_documents(package)
+    if "activeDeadlineSeconds" in platform.get("exec-train", {}):
+        return float(platform["exec-train"]["activeDeadlineSeconds"])
+    settings = job_settings(package)
+    return settings.job_timeout_s if settings is not None else None
 
 
 def check_schedule_fits(package: str, cron: str) -> None:
@@ -84,6 +110,7 @@ def run_parameters(params_file: str | None, overrides: Sequence[str] = (),
         name = read_spec(package)["pipelineInfo"]["name"]
         check_reachable(config, acquires=name == ACQUIRING_PIPELINE)
         check_no_credentials(config)
+        job_settings(package)  # a job its training step could not run, refused before the data steps run
     parameters = {"params": json.dumps(config.model_dump())}
     if shards_uri:
         parameters["shards_uri"] = shards_uri

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -1044,3 +1045,59 @@ def test_a_job_never_admitted_ends_at_its_queue_deadline_and_an_admitted_one_is_
         # admitted, its pods unschedulable: Kueue's waitForPodsReady is the judge, not job_pending_timeout_s
         with pytest.raises(JobFailed, match=r"did not finish in 2 s"):
             trainjob.run(trainjob.manifest(job, "cloob-train-admitted", job_config(), "s3://w"), job)
+
+
+@pytest.fixture(scope="module")
+def trainjob_package(tmp_path_factory):
+    """A compiled two-node TrainJob pipeline, as a platform team would compile it."""
+    from pipelines.__main__ import main
+
+    path = tmp_path_factory.mktemp("package") / "multinode.yaml"
+    assert main(["compile", "--output", str(path), "--nodes", "2", "--gpus", "8", "--job-kind", "trainjob",
+                 "--job-workdir", "s3://cloob/jobs", "--job-namespace", "gpu-jobs"]) == 0
+    return path
+
+
+def test_preflight_prints_what_the_cluster_said_of_the_job_a_package_would_submit(trainjob_package, tmp_path,
+                                                                                   monkeypatch, capsys):
+    """`python -m pipelines preflight` creates the job body the package's step would submit with dryRun=All and
+    strict validation: admitted on a cluster with Trainer v2.3, refused in the cluster's words (exit 1) on one with
+    v2.1 or with a policy webhook that denies it; nothing is created either way."""
+    from pipelines.__main__ import main
+
+    cases = [({}, 0, r"^preflight: TrainJob gpu-jobs/cloob-train-preflight-[0-9a-f]{8}: admitted \(trainer"
+                     r"\.kubeflow\.org/v1alpha1, 2 node\(s\) x 8 GPU\(s\); the dry run passed"),
+             ({"releases": {"trainjobs": "v2.1.0"}}, 1,
+              r'^pipelines: TrainJob gpu-jobs/cloob-train-preflight-[0-9a-f]{8}: refused: HTTP 400: TrainJob in '
+              r'version "v1alpha1" cannot be handled as a TrainJob: strict decoding error: unknown field '
+              r'"spec\.activeDeadlineSeconds", unknown field "spec\.runtimePatches"$'),
+             ({"admission": lambda plural, body: "GPU jobs need the label team"}, 1,
+              r'^pipelines: TrainJob gpu-jobs/cloob-train-preflight-[0-9a-f]{8}: refused: HTTP 403: admission '
+              r'webhook "policy\.example\.com" denied the request: GPU jobs need the label team$')]
+    for cluster_kwargs, status, expected in cases:
+        with FakeTrainingCluster(**cluster_kwargs) as cluster:
+            monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig(tmp_path / "kubeconfig")))
+            assert main(["preflight", "--package", str(trainjob_package)]) == status
+            (sent,) = cluster.calls("POST", ".*")
+            assert "dryRun=All" in sent["query"] and "fieldValidation=Strict" in sent["query"]
+            assert sent["path"] == "/apis/trainer.kubeflow.org/v1alpha1/namespaces/gpu-jobs/trainjobs"
+            assert not cluster.objects and not cluster.pods
+        out, err = capsys.readouterr()
+        assert re.search(expected, (out if status == 0 else err).strip()), (out, err)
+
+
+def test_submit_refuses_a_package_whose_job_settings_this_version_cannot_run(trainjob_package, tmp_path):
+    """A package written by another version or edited by hand: before, an unknown field or trainer_release v2.2 got
+    past every check and failed at the training step, after the data steps ran."""
+    from pipelines import client
+
+    text = trainjob_package.read_text()
+    for old, new, said in (('"trainer_release":"v2.3"', '"trainer_release":"v9"',
+                            r"trainer_release: Input should be 'v2\.1', 'v2\.2' or 'v2\.3'"),
+                           ('"nodes":2,', '"nodes":2,"gpu_count":8,', r"gpu_count: unknown key")):
+        assert old in text, old
+        edited = tmp_path / "edited.yaml"
+        edited.write_text(text.replace(old, new))
+        with pytest.raises(Exception, match=rf"edited.yaml: its training job's settings are not this version's "
+                                            rf"\(invalid job settings: {said}.*compile it again"):
+            client.run_parameters("params.yaml", ["promote.store=s3://cloob/registry"], package=str(edited))

@@ -470,7 +470,7 @@ class _Watch:
                     self._end(JobFailed(f"{where}: the API server dropped {len(dropped)} field(s) the body set "
                                         f"({', '.join(dropped[:3])}{', …' if len(dropped) > 3 else ''}): its "
                                         f"{self.kind} schema lacks them, so the job is deleted. "
-                                        f"{_schema_hint(settings)}"), delete=True)
+                                        f"{schema_hint(settings)}"), delete=True)
             state, text = outcome(settings.job_kind, job.get("status"))
             if state == "succeeded":
                 self.stop.watching = False
@@ -605,9 +605,14 @@ def create_job(api: Any, body: dict[str, Any], namespace: str, settings: Cluster
 
 class JobRefused(JobFailed):
     """The API server refused the job's body: its schema (an unknown field under strict validation, a wrong value),
-    an admission webhook, RBAC, a quota, or no such API. The same body is refused again, so a retry is in vain."""
+    an admission webhook, RBAC, a quota, or no such API. The same body is refused again, so a retry is in vain.
+    ``status`` and ``said``: the HTTP status and the server's own message."""
 
     permanent = True
+
+    def __init__(self, message: str, status: int, said: str) -> None:
+        super().__init__(message)
+        self.status, self.said = status, said
 
 
 REFUSED_STATUS = frozenset({400, 403, 404, 405, 409, 415, 422})
@@ -622,14 +627,16 @@ def refusal(err: BaseException, body: dict[str, Any], namespace: str, settings: 
     what = f"{body['kind']} {namespace}/{body['metadata']['name']}"
     said = api_message(err)
     if code == 403 and " cannot create resource " in said:  # RBAC's wording; a webhook's says "admission webhook"
-        return JobRefused(f"the API refused creating {what} (HTTP 403): this step's account lacks the Role "
-                          "cloob-training-jobs (infra/k8s/base/rbac.yaml, bound to cloob-pipeline, whose token the "
-                          f"step mounts: cluster setting job_token_secret): {said}")
-    if code == 404:
+        message = (f"the API refused creating {what} (HTTP 403): this step's account lacks the Role "
+                   "cloob-training-jobs (infra/k8s/base/rbac.yaml, bound to cloob-pipeline, whose token the step "
+                   f"mounts: cluster setting job_token_secret): {said}")
+    elif code == 404:
         group, version, plural, _ = KINDS[settings.job_kind]
-        return JobRefused(f"the cluster has no {plural}.{group}/{version} to create {what} in (HTTP 404: {said}). "
-                          f"{_schema_hint(settings)}")
-    return JobRefused(f"the cluster refused {what} (HTTP {code}): {said}")
+        message = (f"the cluster has no {plural}.{group}/{version} to create {what} in (HTTP 404: {said}). "
+                   f"{schema_hint(settings)}")
+    else:
+        message = f"the cluster refused {what} (HTTP {code}): {said}"
+    return JobRefused(message, code, said)
 
 
 def api_message(err: BaseException) -> str:
@@ -805,7 +812,7 @@ def missing_fields(sent: Any, stored: Any, path: str = "") -> list[str]:
     return []
 
 
-def _schema_hint(settings: ClusterSettings) -> str:
+def schema_hint(settings: ClusterSettings) -> str:
     if settings.job_kind == "trainjob":
         return (f"Is the cluster's Kubeflow Trainer the release trainer_release names ({settings.trainer_release})? "
                 "Compile with --trainer-release v2.1, v2.2 or v2.3 (docs/kubernetes.md, \"Versions\").")
