@@ -203,3 +203,13 @@ def train_multinode(params: str, shards: str, job: str, run_id: str, model: Outp
     from cloob_core.ops import kubeflow
 
     kubeflow.train_multinode(params, shards, model.path, job, run_id, model=model, metrics=metrics)
+
+
+@dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
+def end_training_job(job: str, run_id: str):
+    """The run's exit handler, whatever its end: deletes its multi-node training job if one is left (job: its
+    settings). A watcher pod deleted by a drain ends its step as Error, which KFP's retry does not cover, and no
+    watcher is left then to end the job: without this it would hold its GPUs to its deadline."""
+    from cloob_core.ops import kubeflow
+
+    kubeflow.end_training_job(job, run_id)

@@ -4,6 +4,7 @@ promotion. The stages are the DVC pipeline's, run by the components in component
 
 # No `from __future__ import annotations`: KFP reads the pipeline parameter types from the live annotations.
 
+import contextlib
 import json
 import math
 from pathlib import Path
@@ -16,12 +17,12 @@ from cloob_core.config.cluster import MAX_DOWNLOAD_GROUPS, ClusterSettings, cpu_
 from cloob_core.ops.kubeflow import SPILL_ENV
 from cloob_core.ops.trainjob import (
     CREDENTIAL_KEYS,
+    DO_NOT_DISRUPT,
     ENDPOINT_KEY,
     IMAGE_UID,
     KUEUE_QUEUE_LABEL,
     PART_OF,
     TOKEN_MOUNT,
-    WATCHER_ANNOTATIONS,
     WORKFLOW_ENV,
     WORKFLOW_LABEL,
 )
@@ -77,7 +78,7 @@ def build(settings: ClusterSettings | None = None):
     def train_and_promote(params: str, shards: Any) -> None:
         if settings.curation:
             shards = curated(params, shards, settings)
-        shard_gate = data_step(steps.validate_shards(params=params, shards=shards), settings)
+        shard_gate = long_step(data_step(steps.validate_shards(params=params, shards=shards), settings))
         # the shards' folder keeps its name as a crawl grows: a cache hit would skip the last check before GPU hours
         shard_gate.set_caching_options(False)
         trained = train_task(params, shards, settings)
@@ -89,28 +90,16 @@ def build(settings: ClusterSettings | None = None):
         gate.set_caching_options(False)  # production may have moved since a cached decision
         on_cluster(gate, settings)
 
-    if settings.data == "import":
-        @dsl.pipeline(name="cloob-pretrain-evaluate-imported",
-                      description="CLOOB pretraining and evaluation on shards already on S3 (imported).")
-        def pretrain_imported(shards_uri: str, params: str = DEFAULT_PARAMS):
-            train_and_promote(params, shards_uri)
-
-        return pretrain_imported
-
-    @dsl.pipeline(name="cloob-pretrain-evaluate",
-                  description="CLOOB pretraining and evaluation: data gate, sharded download, training, report.")
-    def pretrain_evaluate(params: str = DEFAULT_PARAMS):
-        acquired = data_step(steps.acquire(params=params, store=settings.shards_store), settings)
+    def acquire_train_and_promote(params: str) -> None:
+        acquired = spilling(long_step(data_step(steps.acquire(params=params, store=settings.shards_store),
+                                                settings)), settings)
         acquired.set_caching_options(False)  # the source (a URL or bucket) can change under the same name
-        if settings.acquire_disk:  # its spill (the URL column's dedup) on a disk the scheduler accounts for
-            kubernetes.add_ephemeral_volume(acquired, volume_name="spill", mount_path=SPILL_PATH,
-                                            access_modes=["ReadWriteOnce"], size=settings.acquire_disk)
-            acquired.set_env_variable(SPILL_ENV, SPILL_PATH)  # engine.spill_dir there (not TMPDIR: the
-            # launcher's own shell would then need the volume, which a kfp.local run does not have)
         # The shards' folder; the partitions read it from the manifest's metadata instead (kfp.local 2.17 hands a
         # ParallelFor body the loop item in place of any task-output parameter passed into it).
         shards = acquired.outputs["Output"]
-        gate = data_step(steps.validate_manifest(params=params, manifest=acquired.outputs["manifest"]), settings)
+        gate = spilling(long_step(data_step(steps.validate_manifest(params=params,
+                                                                    manifest=acquired.outputs["manifest"]),
+                                            settings)), settings)
         gate.set_caching_options(False)  # a gate checks what is there now, never a cached verdict on older data
         # the loop's items are planned at run time from the manifest's index: at most 256 contiguous ranges of
         # shards, so Argo's node status stays far below etcd's object limit whatever the data (docs/kubernetes.md)
@@ -129,12 +118,37 @@ def build(settings: ClusterSettings | None = None):
             sized(downloaded, settings.download_cpu, settings.download_memory)
             downloaded.set_memory_limit(settings.download_memory)
             on_cluster(downloaded, settings)
-        merged = on_cluster(small(steps.merge_shards(shards=shards, parts=dsl.Collected(downloaded.output))),
-                            settings)
+        merged = long_step(on_cluster(small(steps.merge_shards(shards=shards,
+                                                                parts=dsl.Collected(downloaded.output))), settings))
         merged.set_caching_options(False)  # rebuilt from what the folder holds now
         train_and_promote(params, merged.outputs["Output"])
 
+    config = run_config(settings)
+
+    if settings.data == "import":
+        @dsl.pipeline(name="cloob-pretrain-evaluate-imported", pipeline_config=config,
+                      description="CLOOB pretraining and evaluation on shards already on S3 (imported).")
+        def pretrain_imported(shards_uri: str, params: str = DEFAULT_PARAMS):
+            with ended_by(settings):
+                train_and_promote(params, shards_uri)
+
+        return pretrain_imported
+
+    @dsl.pipeline(name="cloob-pretrain-evaluate", pipeline_config=config,
+                  description="CLOOB pretraining and evaluation: data gate, sharded download, training, report.")
+    def pretrain_evaluate(params: str = DEFAULT_PARAMS):
+        with ended_by(settings):
+            acquire_train_and_promote(params)
+
     return pretrain_evaluate
+
+
+def run_config(settings: ClusterSettings) -> dsl.PipelineConfig | None:
+    """The run's own deadline (``run_timeout_s``, its Workflow's activeDeadlineSeconds): what ends a step whose
+    pod is never scheduled, whose own deadline counts from its start."""
+    if not settings.run_timeout_s:
+        return None
+    return dsl.PipelineConfig(active_deadline_seconds=math.ceil(settings.run_timeout_s))
 
 
 def curated(params: str, shards: Any, settings: ClusterSettings) -> Any:
@@ -152,7 +166,8 @@ def curated(params: str, shards: Any, settings: ClusterSettings) -> Any:
         if settings.features_gpus() > 0:  # else a CPU pod, off the GPU nodes
             on_training_nodes(scored, settings, settings.features_gpus(), settings.eval_node_selector)
         on_cluster(scored, settings, cpu=settings.features_gpus() == 0)
-    curation = data_step(steps.curate(params=params, shards=shards, parts=dsl.Collected(scored.output)), settings)
+    curation = spilling(long_step(data_step(steps.curate(params=params, shards=shards,
+                                                         parts=dsl.Collected(scored.output)), settings)), settings)
     curation.set_caching_options(False)  # the filters are run parameters; the scores grow with the pool
     return curation.outputs["Output"]
 
@@ -166,11 +181,8 @@ def train_task(params: str, shards: Any, settings: ClusterSettings) -> dsl.Pipel
         # the run's Argo Workflow (ops/trainjob.py): the job's owner, and what tells a stopped run from a drain
         kubernetes.use_field_path_as_env(watcher, env_name=WORKFLOW_ENV,
                                          field_path=f"metadata.labels['{WORKFLOW_LABEL}']")
-        if settings.job_token_secret:  # its own account's rights over jobs; no other step has them
-            kubernetes.use_secret_as_volume(watcher, secret_name=settings.job_token_secret,
-                                            mount_path=str(TOKEN_MOUNT), optional=False)
-        for key, value in WATCHER_ANNOTATIONS.items():  # not moved by a consolidation while it watches GPUs
-            kubernetes.add_pod_annotation(watcher, annotation_key=key, annotation_value=value)
+        with_job_token(watcher, settings)
+        not_disrupted(watcher)  # not moved by a consolidation while it watches GPUs
         watcher.set_retry(num_retries=settings.train_retries, backoff_duration=f"{settings.train_retry_backoff_s}s")
         return watcher.set_cpu_request("500m").set_memory_request("1Gi")
     trained = steps.train(params=params, shards=shards, gpus=settings.gpus, workdir=settings.job_workdir,
@@ -185,12 +197,57 @@ def train_task(params: str, shards: Any, settings: ClusterSettings) -> dsl.Pipel
                                          settings.gpus), settings)
     for key, value in PART_OF.items():  # the PodMonitor in infra/k8s selects training pods by these labels
         kubernetes.add_pod_label(trained, label_key=key, label_value=value)
+    not_disrupted(trained)
     if settings.kueue_queue:  # admitted by Kueue's pod integration
         kubernetes.add_pod_label(trained, label_key=KUEUE_QUEUE_LABEL, label_value=settings.kueue_queue)
     return trained
 
 
-SPILL_PATH = "/spill"  # acquire's spill disk, its TMPDIR
+def with_job_token(task: dsl.PipelineTask, settings: ClusterSettings) -> dsl.PipelineTask:
+    """The training account's token (its rights over jobs), mounted where ops/trainjob.py reads it; no other step
+    has it."""
+    if settings.job_token_secret:
+        kubernetes.use_secret_as_volume(task, secret_name=settings.job_token_secret, mount_path=str(TOKEN_MOUNT),
+                                        optional=False)
+    return task
+
+
+def not_disrupted(task: dsl.PipelineTask) -> dsl.PipelineTask:
+    """Karpenter's and the cluster autoscaler's consolidation leave the step's node alone while it runs: for the
+    training pods and the long steps, whose loss costs hours (a drain still evicts: docs/kubernetes.md)."""
+    for key, value in DO_NOT_DISRUPT.items():
+        kubernetes.add_pod_annotation(task, annotation_key=key, annotation_value=value)
+    return task
+
+
+LONG_STEP_RETRIES = 2
+
+
+def long_step(task: dsl.PipelineTask) -> dsl.PipelineTask:
+    """A long CPU step (acquire, the gates, merge, curate): not moved by a consolidation, and tried again after a
+    failure (an eviction for node pressure, an OOM kill); each resumes or redoes its work from what it wrote.
+    Argo does not retry a pod that was deleted (its node ends Error, not Failed; KFP sets no retryPolicy):
+    docs/kubernetes.md, "Disruptions"."""
+    task.set_retry(num_retries=LONG_STEP_RETRIES, backoff_duration="60s", backoff_factor=2)
+    return not_disrupted(task)
+
+
+@contextlib.contextmanager
+def ended_by(settings: ClusterSettings):
+    """The pipeline's tasks under an exit handler that deletes the run's multi-node training job, if one is left,
+    however the run ends (a watcher deleted by a drain is not retried, and nothing else would end the job before
+    its deadline); no handler for one-node training, which is a step of the run."""
+    if settings.nodes == 1:
+        yield
+        return
+    ending = steps.end_training_job(job=settings.to_json(), run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
+    ending.set_display_name("end training job")
+    on_cluster(small(with_job_token(ending, settings)), settings, s3=False)
+    with dsl.ExitHandler(ending, name="the run"):
+        yield
+
+
+SPILL_PATH = "/spill"  # the spill disk of a step that spills
 SMALL_STEP = ("500m", "1Gi")  # planning, collecting, reporting, promoting: JSON and small files
 
 
@@ -204,6 +261,17 @@ def sized(task: dsl.PipelineTask, cpus: int | str, memory: str) -> dsl.PipelineT
     no quota for it to read)."""
     task.set_cpu_request(str(cpus)).set_memory_request(memory)
     task.set_env_variable("LOKY_MAX_CPU_COUNT", str(cpu_count(str(cpus))))
+    return task
+
+
+def spilling(task: dsl.PipelineTask, settings: ClusterSettings) -> dsl.PipelineTask:
+    """A step that spills (acquire's URL dedup, the manifest gate's counts, curation's joins and buckets) on a disk
+    of ``spill_disk`` the scheduler accounts for, named to the step in ``SPILL_ENV`` (not TMPDIR: the launcher's own
+    shell would then need the volume, which a kfp.local run does not have)."""
+    if settings.spill_disk:
+        kubernetes.add_ephemeral_volume(task, volume_name="spill", mount_path=SPILL_PATH,
+                                        access_modes=["ReadWriteOnce"], size=settings.spill_disk)
+        task.set_env_variable(SPILL_ENV, SPILL_PATH)
     return task
 
 
@@ -268,7 +336,7 @@ def build_evaluation(settings: ClusterSettings | None = None):
     refreshed so the next promotion compares both models on the same sets."""
     settings = settings or ClusterSettings()
 
-    @dsl.pipeline(name="cloob-evaluate-production",
+    @dsl.pipeline(name="cloob-evaluate-production", pipeline_config=run_config(settings),
                   description="Re-evaluate the production model of promote.store and record its metrics.")
     def evaluate_production(params: str = DEFAULT_PARAMS):
         current = on_cluster(small(steps.production_model(params=params)), settings)

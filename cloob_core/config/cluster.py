@@ -157,10 +157,15 @@ class ClusterSettings(BaseModel):
     data_memory: str = Field("2Gi", description="Memory request of acquire and the two data gates: LAION-400M's "
                              "acquire peaked at 1 GB and its gate at 0.6 GB (docs/scale.md), within "
                              "engine.memory_limit.")
-    acquire_disk: str | None = Field("40Gi", description="Disk acquire spills to (a generic ephemeral volume of the "
-                                     "cluster's default storage class, its engine.spill_dir): about the manifest's "
-                                     "URL column, 35 GB for LAION-400M (docs/scale.md); '' for none (the "
-                                     "container's own disk).")
+    spill_disk: str | None = Field("40Gi", description="Disk of each step that spills (acquire, the manifest gate, "
+                                   "curate): a generic ephemeral volume of the cluster's default storage class, "
+                                   "their engine.spill_dir and temporary folder. Size it for the largest: acquire's "
+                                   "URL dedup is about the manifest's URL column (35 GB for LAION-400M), curation's "
+                                   "20 GB to 1 TB (docs/scale.md); '' for none (the container's own disk).")
+    run_timeout_s: float | None = Field(
+        30 * 86400.0, gt=0, description="Seconds a whole run may take (its Argo Workflow's activeDeadlineSeconds): "
+        "what ends a step whose pod is never scheduled (a pod's own deadline counts from its start); above "
+        "job_timeout_s, as data steps run before training. '' for none.")
     shm: str = Field("16Gi", description="Size of the training pods' memory-backed /dev/shm (DataLoader workers).")
     node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels the training pods need.")
     pod_labels: dict[str, str] = Field(default_factory=dict, description="Labels of every pod: each step's and each "
@@ -240,6 +245,12 @@ class ClusterSettings(BaseModel):
     keep_checkpoints: bool = Field(False, description="Keep a run's mirrored checkpoints (job_workdir/<run>/"
                                    "checkpoints) after it succeeded; by default the training step deletes them once "
                                    "the model is out (only a failed or unfinished run resumes from them).")
+    job_disruption_budget: bool = Field(
+        False, description="Give each multi-node job a PodDisruptionBudget of its own (minAvailable: all its pods, "
+        "owned by the job): a drain (kubectl drain, a managed node upgrade) then waits for the job to end instead "
+        "of evicting a pod, which restarts it from its last checkpoint. Off: the pods carry "
+        "karpenter.sh/do-not-disrupt and safe-to-evict: false, which keep consolidation away, and a drain restarts "
+        "them (docs/kubernetes.md, \"Disruptions\").")
     job_keep_failed: bool = Field(False, description="Keep a failed multi-node job (its ended pods and their logs) "
                                   "for inspection instead of deleting it once its pods' exit codes and last log "
                                   "lines are in the step's log; a PyTorchJob is then deleted job_ttl_s after it ends, "
@@ -291,7 +302,7 @@ class ClusterSettings(BaseModel):
             raise ValueError(error)
         return value
 
-    @field_validator("acquire_disk")
+    @field_validator("spill_disk")
     @classmethod
     def _a_disk_quantity(cls, value: str | None) -> str | None:
         error = quantity_error(value) if value else None
@@ -354,7 +365,7 @@ class ClusterSettings(BaseModel):
         return value or None
 
     @field_validator("gpu_taint", "s3_secret", "service_account", "job_namespace", "job_token_secret",
-                     "priority_class", "scheduler_name", "kueue_queue", mode="before")
+                     "priority_class", "scheduler_name", "kueue_queue", "run_timeout_s", mode="before")
     @classmethod
     def _empty_is_none(cls, value: Any) -> Any:
         return None if value == "" else value
@@ -364,6 +375,13 @@ class ClusterSettings(BaseModel):
         if self.nodes > 1 and not self.job_workdir.startswith("s3://"):
             raise ValueError(f"a multi-node job needs a work folder its pods share (an s3:// prefix), not "
                              f"{self.job_workdir!r}")
+        return self
+
+    @model_validator(mode="after")
+    def _a_run_outlasts_its_training(self) -> ClusterSettings:
+        if self.run_timeout_s is not None and self.run_timeout_s <= self.job_timeout_s:
+            raise ValueError(f"run_timeout_s ({self.run_timeout_s:.0f}) must be above job_timeout_s "
+                             f"({self.job_timeout_s:.0f}): the run's deadline would end its training first")
         return self
 
     @model_validator(mode="after")
@@ -459,10 +477,12 @@ class ClusterSettings(BaseModel):
         """The multi-node pods' NCCL environment: with EFA, its libfabric settings beneath ``nccl_env``."""
         return {**(EFA_NCCL_ENV if self.efa_devices else {}), **self.nccl_env}
 
-    def job_pod_metadata(self, labels: dict[str, str]) -> dict[str, dict[str, str]]:
-        """A multi-node job pod's metadata: ``labels`` (what selects it) with ``pod_labels``, and the annotations."""
+    def job_pod_metadata(self, labels: dict[str, str], annotations: dict[str, str] | None = None
+                         ) -> dict[str, dict[str, str]]:
+        """A multi-node job pod's metadata: ``labels`` (what selects it) with ``pod_labels``, and ``annotations``
+        with ``pod_annotations`` and ``job_pod_annotations`` over them."""
         metadata = {"labels": {**self.pod_labels, **labels}}
-        annotations = {**self.pod_annotations, **self.job_pod_annotations}
+        annotations = {**(annotations or {}), **self.pod_annotations, **self.job_pod_annotations}
         if annotations:
             metadata["annotations"] = annotations
         return metadata

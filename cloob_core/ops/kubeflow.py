@@ -31,7 +31,7 @@ from cloob_core.io import write_text
 from cloob_core.threads import limit_spinning
 
 log = logging.getLogger(__name__)
-# The folder of acquire's spill volume (pipelines/pretrain.py mounts one, ClusterSettings.acquire_disk): the engine
+# The folder of a spilling step's volume (pipelines/pretrain.py mounts one, ClusterSettings.spill_disk): the step
 # spills there when it exists (a kfp.local run has none, and spills where the params say).
 SPILL_ENV = "CLOOB_SPILL_DIR"
 Params = dict[str, Any] | str  # a params.yaml as a mapping (KFP's struct parameter) or as its text
@@ -52,6 +52,19 @@ def _config(params: Params, values: Values | None = None) -> CloobConfig:
     return config_from_mapping(params, values=values)
 
 
+def _spilling_config(params: Params) -> CloobConfig:
+    """The run's parameters for a step that spills, on its spill volume where the pipeline gave it one
+    (``ClusterSettings.spill_disk``): the engine's spill (``engine.spill_dir``) and this process's temporary
+    files (SemDeDup's buckets, staging) go there. A kfp.local run has none, and spills where the params say."""
+    import tempfile
+
+    spill = os.environ.get(SPILL_ENV)
+    if not (spill and Path(spill).is_dir()):
+        return _config(params)
+    tempfile.tempdir = spill  # this process only: not TMPDIR, which the launcher's own shell would need too
+    return _config(params, values={"engine": {"spill_dir": spill}})
+
+
 def acquire(params: Params, store: str, index_path: str | None = None) -> dict[str, Any]:
     """The run manifest, written to the folder of ``store`` named by its source (a later run of a grown source
     reads only its new parts), and the folder its shards are built in (named by the source and the shaping
@@ -60,8 +73,7 @@ def acquire(params: Params, store: str, index_path: str | None = None) -> dict[s
     from cloob_core.data.acquire import acquire as acquire_stage
     from cloob_core.data.plan import manifest_folder, shards_folder
 
-    spill = os.environ.get(SPILL_ENV)  # the step's spill volume, where the pipeline gave it one
-    config = _config(params, values={"engine": {"spill_dir": spill}} if spill and Path(spill).is_dir() else None)
+    config = _spilling_config(params)
     result = acquire_stage(config, manifest_folder(store, config.acquire.source, config.acquire.split))
     shards = shards_folder(store, result.source, config)
     if index_path:
@@ -81,7 +93,7 @@ def validate(params: Params, report_dir: str, manifest: str | None = None,
     """The gate; a failure raises :class:`~cloob_core.data.validate.GateFailed`, so the run stops here."""
     from cloob_core.data.validate import run_gate
 
-    report = run_gate(_config(params), manifest=manifest, shards=shards_dir, report_dir=report_dir)
+    report = run_gate(_spilling_config(params), manifest=manifest, shards=shards_dir, report_dir=report_dir)
     log.info("%s", report.text())
     return {"passed": report.passed, "checks": len(report.checks)}
 
@@ -173,7 +185,7 @@ def curate(params: Params, shards: str, parts: Sequence[dict[str, Any]], report_
     if len(folders) != 1:
         raise StageError(f"the scoring partitions wrote {len(folders)} scores folders ({', '.join(folders)}): each "
                          "loaded another model (did production move during the run?); run again")
-    config = _config(params)
+    config = _spilling_config(params)
     output = curated_location(shards)
     result = curate_stage(shards, folders[0], output, config, scorer_source(config))
     for line in result.lines:
@@ -286,6 +298,17 @@ def train_multinode(params: Params, shards: str, output_dir: str, job: str, run_
     if not settings.keep_checkpoints:
         _delete_checkpoints(storage.join(workdir, "checkpoints"))
     return _record_training(storage.read_json(Path(output_dir) / "metrics.json"), shards, model, metrics)
+
+
+def end_training_job(job: str, run_id: str) -> str:
+    """The run's multi-node training job deleted if it is still there (the run has ended: nothing watches it any
+    more); what was done, as a line."""
+    from cloob_core.config.cluster import ClusterSettings
+    from cloob_core.ops import trainjob
+
+    line = trainjob.end_job(ClusterSettings.from_json(job), trainjob.job_name(run_id))
+    log.info("%s", line)
+    return line
 
 
 def plan_evaluation(params: Params) -> list[str]:

@@ -71,9 +71,11 @@ WORKFLOW_ENV = "CLOOB_WORKFLOW"
 WORKFLOW_LABEL = "workflows.argoproj.io/workflow"  # Argo labels every pod of a workflow with its name
 WORKFLOW_API = ("argoproj.io", "v1alpha1", "workflows")
 ENDED_PHASES = frozenset({"Succeeded", "Failed", "Error"})
-# The watcher pod is not to be evicted by Karpenter's or the cluster autoscaler's consolidation: moving it only
-# costs a retry, but each retry is one of the step's few.
-WATCHER_ANNOTATIONS = {"karpenter.sh/do-not-disrupt": "true", "cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}
+# What Karpenter and the cluster autoscaler read as "do not move this pod voluntarily" (consolidation, drift,
+# scale-down): on every training pod (a job's, the one-node step's), the job's watcher and the long CPU steps. A
+# drain (kubectl drain, a managed node upgrade) ignores them: docs/kubernetes.md, "Disruptions".
+DO_NOT_DISRUPT = {"karpenter.sh/do-not-disrupt": "true", "cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}
+BUDGET_API = ("policy", "v1", "poddisruptionbudgets")
 # Trainer's torch runtimes: the replicated job of the training nodes and its container, which the job's
 # overrides (v2.1) or patches (v2.3) name; and this project's key among a TrainJob's runtimePatches.
 # The label each operator puts on a job's pods (the Training Operator's; Trainer's JobSet's), and how many of each
@@ -215,7 +217,7 @@ def _pytorchjob_spec(settings: ClusterSettings, command: list[str], env: list[di
                  "env": env, "resources": _resources(settings), "volumeMounts": mounts,
                  "securityContext": dict(CONTAINER_SECURITY),
                  "ports": [{"name": "metrics", "containerPort": settings.metrics_port}]}
-    template = {"metadata": settings.job_pod_metadata(PART_OF),
+    template = {"metadata": settings.job_pod_metadata(PART_OF, DO_NOT_DISRUPT),
                 "spec": {"containers": [container], "volumes": volumes, "securityContext": dict(POD_SECURITY),
                          **_placement(settings), **_pod_scheduling(settings)}}
     replicas = {"Master": {"replicas": 1, "restartPolicy": "ExitCode", "template": template}}
@@ -249,12 +251,13 @@ def _trainjob_spec(settings: ClusterSettings, command: list[str], env: list[dict
     if settings.trainer_release == "v2.1":  # no deadline (the watcher's alone) and no security context
         pod["containers"] = [{"name": TRAINER_CONTAINER, "volumeMounts": mounts}]
         spec["podTemplateOverrides"] = [{"targetJobs": [{"name": TRAINER_JOB}],
-                                         "metadata": settings.job_pod_metadata(PART_OF), "spec": pod}]
+                                         "metadata": settings.job_pod_metadata(PART_OF, DO_NOT_DISRUPT),
+                                         "spec": pod}]
         return spec
     pod.update(securityContext=dict(POD_SECURITY), containers=[
         {"name": TRAINER_CONTAINER, "volumeMounts": mounts, "securityContext": dict(CONTAINER_SECURITY)}])
-    node = {"name": TRAINER_JOB, "template": {"spec": {"template": {"metadata": settings.job_pod_metadata(PART_OF),
-                                                                    "spec": pod}}}}
+    node = {"name": TRAINER_JOB, "template": {"spec": {"template": {
+        "metadata": settings.job_pod_metadata(PART_OF, DO_NOT_DISRUPT), "spec": pod}}}}
     spec["activeDeadlineSeconds"] = math.ceil(settings.job_timeout_s)  # the job ends itself then, watched or not
     spec["runtimePatches"] = [{"manager": PATCH_MANAGER,
                                "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [node]}}}}]
@@ -442,6 +445,8 @@ class _Watch:
             log.info("%s exists (an earlier try of this step created it): watching it", where)
             if owner:
                 self._add_owner(owner)
+        if settings.job_disruption_budget:
+            self._budget(created)
         last, faults, checked = "", 0, False
         pending_since: float | None = None
         queued_since: float | None = None
@@ -566,6 +571,24 @@ class _Watch:
             log.warning("could not add workflow %s as an owner of %s: %s", owner["name"], self.where,
                         _describe(err))
 
+    def _budget(self, job: dict[str, Any] | None) -> None:
+        """The job's own PodDisruptionBudget (``job_disruption_budget``), owned by the job so that it goes with it;
+        an adopted job's is there already. Best effort: the job runs without one rather than not at all."""
+        try:
+            if job is None:
+                job = self.retried(lambda timeout: self.api.get_namespaced_custom_object(
+                    self.group, self.version, self.namespace, self.plural, self.name, _request_timeout=timeout),
+                    f"reading {self.name}")
+            body = disruption_budget(self.settings, job)
+            self.retried(lambda timeout: _policy_api(self.api).create_namespaced_pod_disruption_budget(
+                self.namespace, body, _request_timeout=timeout, field_validation=FIELD_VALIDATION),
+                f"creating the disruption budget of {self.name}")
+            log.info("%s: PodDisruptionBudget %s (minAvailable %d): a drain waits for the job", self.where,
+                     self.name, self.settings.nodes)
+        except Exception as err:
+            if _status_code(err) != 409:
+                log.warning("%s runs without its PodDisruptionBudget: %s", self.where, _describe(err))
+
     def _delete(self) -> None:
         try:
             self.retried(lambda timeout: self.api.delete_namespaced_custom_object(
@@ -576,6 +599,45 @@ class _Watch:
             if _status_code(err) != 404:
                 log.warning("could not delete %s (its activeDeadlineSeconds, and the run's exit handler when the "
                             "run ends, still end it): %s", self.where, _describe(err))
+
+
+def disruption_budget(settings: ClusterSettings, job: dict[str, Any]) -> dict[str, Any]:
+    """A PodDisruptionBudget for ``job``'s pods alone: an integer ``minAvailable`` of all of them (for pods no
+    built-in controller owns, Kubernetes takes only that: docs "Arbitrary Controllers and Selectors"), so a drain
+    evicts none while they all run; owned by the job, so the garbage collector deletes it with the job."""
+    meta = job["metadata"]
+    owner = {"apiVersion": job["apiVersion"], "kind": job["kind"], "name": meta["name"], "uid": meta["uid"],
+             "controller": False, "blockOwnerDeletion": False}
+    return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": meta["name"], "labels": dict(PART_OF), "ownerReferences": [owner]},
+            "spec": {"minAvailable": settings.nodes,
+                     "selector": {"matchLabels": {POD_JOB_LABEL[settings.job_kind]: meta["name"]}}}}
+
+
+def _policy_api(api: Any) -> Any:
+    from kubernetes import client
+
+    return client.PolicyV1Api(api.api_client)
+
+
+def end_job(settings: ClusterSettings, name: str, api: Any = None) -> str:
+    """Delete the run's job ``name`` if it is still there: the run has ended (an exit handler's step), so nothing
+    watches it any more. What was done, as a line."""
+    group, version, plural, kind = KINDS[settings.job_kind]
+    if api is None:
+        api, _ = _apis()
+    namespace = settings.job_namespace or current_namespace()
+    try:
+        _retried(lambda timeout: api.delete_namespaced_custom_object(
+            group, version, namespace, plural, name, body={"propagationPolicy": "Foreground"},
+            _request_timeout=timeout), f"deleting {name}", settings)
+    except Exception as err:
+        if _status_code(err) == 404:
+            return f"{kind} {namespace}/{name}: none left to end"
+        raise JobFailed(f"could not delete {kind} {namespace}/{name} at the run's end ({_describe(err)}): its "
+                        f"activeDeadlineSeconds ({settings.job_timeout_s:.0f} s) still ends it; delete it with "
+                        f"kubectl -n {namespace} delete {plural} {name}") from None
+    return f"{kind} {namespace}/{name}: deleted at the run's end (nothing watches it any more)"
 
 
 def create_job(api: Any, body: dict[str, Any], namespace: str, settings: ClusterSettings, dry_run: bool = False,
