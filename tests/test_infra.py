@@ -104,11 +104,14 @@ def test_the_pod_monitor_selects_the_training_pods_and_their_metrics_port(render
     selector = monitor["spec"]["selector"]["matchLabels"]
     settings = ClusterSettings(image="i", job_workdir="s3://w", nodes=2)
     config = trainjob.job_config(CloobConfig(), "s3://d", "s3://w")
-    # a TrainJob's pods carry the labels and serve on the default port, which cloob-trainjob scrapes by number
+    # a TrainJob's pods carry the labels and serve on the default port, to which cloob-trainjob rewrites rank 0's
+    # address (the Prometheus test below shows the target)
     trainer = monitors["cloob-trainjob"]
-    assert trainer["spec"]["podMetricsEndpoints"][0]["portNumber"] == ClusterSettings().metrics_port
+    (address,) = [rule for rule in trainer["spec"]["podMetricsEndpoints"][0]["relabelings"]
+                  if rule.get("targetLabel") == "__address__"]
+    assert address["replacement"] == f"${{1}}:{ClusterSettings().metrics_port}"
     assert config.train.metrics_port == ClusterSettings().metrics_port
-    for release in ("v2.1", "v2.3"):
+    for release in ("v2.1", "v2.2", "v2.3"):
         body = trainjob.manifest(settings.model_copy(update={"job_kind": "trainjob", "trainer_release": release}),
                                  "n", config, "s3://w")
         patches = body["spec"].get("podTemplateOverrides") or [
@@ -412,3 +415,50 @@ def test_a_drain_does_not_evict_a_running_training_pod(rendered):
         text = json.dumps(body["spec"])
         assert all(f'"{key}": "{value}"' in text for key, value in selector.items()), kind
     assert selector.items() <= trainjob.PART_OF.items()  # the one-node training pod's labels (pipelines/pretrain.py)
+
+
+@pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus is not installed")
+def test_prometheus_discovers_rank_0_of_a_trainjob_and_a_pytorchjob_master_through_the_monitors(rendered, tmp_path):
+    """The rendered PodMonitors, as the Prometheus Operator turns them into scrape configurations, run by the real
+    Prometheus on a TrainJob's and a PyTorchJob's pods as their operators make them (their targets as its pod
+    discovery makes them: tests/pod_discovery.py). A TrainJob's node container declares only Trainer's port 29500
+    (its torch plugin): before, cloob-trainjob's `portNumber: 9401` kept no target, so every cloob_train_* alert
+    was blind on TrainJob runs."""
+    from pod_discovery import active_targets, pod, scrape_config, target_groups
+
+    monitors = {doc["metadata"]["name"]: doc for doc in by_kind(rendered[1], "PodMonitor")}
+    train, operator_label = dict(trainjob.PART_OF), trainjob.POD_JOB_LABEL["pytorchjob"]
+    node = {"name": "node", "image": "cloob:cuda", "ports": [{"containerPort": 29500, "protocol": "TCP"}]}
+    pods = [  # Trainer's JobSet: the node job's pods, rank = completion index; an initializer's init container
+        pod("cloob-train-r-node-0-0-x7k2p", "team-a", "10.4.0.7",
+            {**train, "jobset.sigs.k8s.io/jobset-name": "cloob-train-r", "batch.kubernetes.io/job-completion-index":
+             "0"}, [node], {"batch.kubernetes.io/job-completion-index": "0"},
+            init_containers=[{"name": "wait", "image": "busybox"}]),
+        pod("cloob-train-r-node-0-1-q9z4m", "team-a", "10.4.0.8",
+            {**train, "jobset.sigs.k8s.io/jobset-name": "cloob-train-r"}, [node],
+            {"batch.kubernetes.io/job-completion-index": "1"}),
+        # the Training Operator's PyTorchJob: the Master declares the metrics port, a Worker none
+        pod("cloob-train-p-master-0", "team-a", "10.4.1.2", {**train, operator_label: "cloob-train-p"},
+            [{"name": "pytorch", "image": "cloob:cuda",
+              "ports": [{"name": "metrics", "containerPort": 9401, "protocol": "TCP"},
+                        {"name": "pytorchjob-port", "containerPort": 23456, "protocol": "TCP"}]}]),
+        pod("cloob-train-p-worker-0", "team-a", "10.4.1.3", {**train, operator_label: "cloob-train-p"},
+            [{"name": "pytorch", "image": "cloob:cuda"}]),
+    ]
+    before = json.loads(json.dumps(monitors["cloob-trainjob"]))  # the monitor as it was
+    before["metadata"]["name"] = "cloob-trainjob-before"
+    rank_0 = before["spec"]["podMetricsEndpoints"][0]["relabelings"][:1]
+    before["spec"]["podMetricsEndpoints"][0] = {"portNumber": 9401, "path": "/metrics", "interval": "30s",
+                                                "relabelings": rank_0}
+    discovered = tmp_path / "pods.json"
+    discovered.write_text(json.dumps(target_groups(pods)))
+    configs = [scrape_config(monitor, discovered) for monitor in
+               (monitors["cloob-trainjob"], monitors["cloob-training"], before)]
+    found = active_targets(configs, tmp_path, expect={configs[0]["job_name"], configs[1]["job_name"]})
+    (trainjob_target,) = found[configs[0]["job_name"]]
+    assert trainjob_target["scrapeUrl"] == f"http://10.4.0.7:{ClusterSettings().metrics_port}/metrics"
+    assert trainjob_target["labels"]["pod"] == "cloob-train-r-node-0-0-x7k2p"
+    assert trainjob_target["labels"]["container"] == "node" and trainjob_target["labels"]["namespace"] == "team-a"
+    (master,) = found[configs[1]["job_name"]]
+    assert master["scrapeUrl"] == "http://10.4.1.2:9401/metrics" and master["labels"]["endpoint"] == "metrics"
+    assert found[configs[2]["job_name"]] == []  # the monitor before: blind
