@@ -65,7 +65,12 @@ def test_overlays_render_and_every_core_resource_validates_strictly(rendered):
     kinds = {doc["kind"] for doc in documents}
     assert {"ServiceAccount", "Role", "RoleBinding", "PodMonitor", "PrometheusRule", "Deployment",
             "ServiceMonitor"} <= kinds
-    assert ("PersistentVolumeClaim" in kinds) == (overlay == "standalone")  # MinIO only where there is no S3
+    claims = {doc["metadata"]["name"] for doc in documents if doc["kind"] == "PersistentVolumeClaim"}
+    assert claims == {"cloob-pushgateway", *(["cloob-minio"] if overlay == "standalone" else [])}  # MinIO: no S3 there
+    gateway = next(doc for doc in documents if doc["kind"] == "Deployment" and doc["metadata"]["name"] ==
+                   "cloob-pushgateway")
+    assert gateway["spec"]["template"]["spec"]["volumes"] == [  # its pushes outlive a restart
+        {"name": "data", "persistentVolumeClaim": {"claimName": "cloob-pushgateway"}}]
     namespace = {doc["metadata"].get("namespace") for doc in documents}
     assert len(namespace) == 1 and None not in namespace
 
@@ -401,20 +406,24 @@ def test_every_monitoring_resource_carries_the_label_prometheus_selects_by(rende
     assert all(doc["metadata"]["labels"]["release"] == "kube-prometheus-stack" for doc in monitoring)
 
 
-def test_a_drain_does_not_evict_a_running_training_pod(rendered):
-    """A drain or a consolidation evicts through the eviction API, which a PodDisruptionBudget of maxUnavailable 0
-    refuses for the pods it selects: every training pod (the one-node step's and every job pod) is selected."""
+@pytest.mark.parametrize("kind, release", [("pytorchjob", "v2.3"), ("trainjob", "v2.1"), ("trainjob", "v2.3")])
+def test_no_namespace_wide_budget_blocks_drains_and_every_training_pod_keeps_consolidation_away(rendered, kind,
+                                                                                                 release):
+    """Before, the PodDisruptionBudget cloob-training (maxUnavailable 0) selected every training pod: for pods no
+    built-in controller owns Kubernetes takes only an integer minAvailable, so a PyTorchJob's budget followed its
+    Worker replicas and the Argo- and Job-owned pods' budget failed its sync, which allows no eviction and blocked
+    drains and node upgrades for up to 7 days. Now the pods carry Karpenter's and the cluster autoscaler's
+    do-not-disrupt annotations, and a budget is per job, on request (tests/test_trainjob.py)."""
     _, documents = rendered
-    (budget,) = by_kind(documents, "PodDisruptionBudget")
-    assert budget["spec"]["maxUnavailable"] == 0
-    selector = budget["spec"]["selector"]["matchLabels"]
-    settings = ClusterSettings(image="i", job_workdir="s3://w", nodes=2)
-    config = trainjob.job_config(CloobConfig(), "s3://d", "s3://w")
-    for kind in trainjob.KINDS:
-        body = trainjob.manifest(settings.model_copy(update={"job_kind": kind}), "n", config, "s3://w")
-        text = json.dumps(body["spec"])
-        assert all(f'"{key}": "{value}"' in text for key, value in selector.items()), kind
-    assert selector.items() <= trainjob.PART_OF.items()  # the one-node training pod's labels (pipelines/pretrain.py)
+    assert not by_kind(documents, "PodDisruptionBudget")
+    settings = ClusterSettings(image="i", job_workdir="s3://w", nodes=2, job_kind=kind, trainer_release=release)
+    body = trainjob.manifest(settings, "n", trainjob.job_config(CloobConfig(), "s3://d", "s3://w"), "s3://w")
+    spec = body["spec"]
+    metas = [replica["template"]["metadata"] for replica in spec.get("pytorchReplicaSpecs", {}).values()] + \
+        [override["metadata"] for override in spec.get("podTemplateOverrides", [])] + \
+        [job["template"]["spec"]["template"]["metadata"] for patch in spec.get("runtimePatches", [])
+         for job in patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]]
+    assert metas and all(meta["annotations"].items() >= trainjob.DO_NOT_DISRUPT.items() for meta in metas)
 
 
 @pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus is not installed")
