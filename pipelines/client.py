@@ -81,19 +81,37 @@ def training_bound_s(package: str) -> float | None:
     return settings.job_timeout_s if settings is not None else None
 
 
+def run_bound_s(package: str) -> float | None:
+    """The longest a run of a compiled pipeline may take: its own deadline (``run_timeout_s``), else its training
+    bound; None for a package with neither."""
+    deadline = _pipeline_config(package).get("activeDeadlineSeconds")
+    return float(deadline) if deadline else training_bound_s(package)
+
+
+def _pipeline_config(package: str) -> dict[str, Any]:
+    import yaml
+
+    documents = [doc for doc in yaml.safe_load_all(Path(package).read_text("utf-8")) if doc]
+    return next((doc["platforms"]["kubernetes"]["pipelineConfig"] for doc in documents[1:]
+                 if "pipelineConfig" in doc.get("platforms", {}).get("kubernetes", {})), {})
+
+
 def check_schedule_fits(package: str, cron: str) -> None:
     """A recurring run runs one at a time and does not catch up: a run that may outlast the schedule's period would
-    skip the runs in between without a word, for as long as it hangs. So the package's training bound must be
-    shorter than the period."""
+    skip the runs in between without a word, for as long as it hangs. So the package's bounds, its training's and
+    the whole run's, must be shorter than the period."""
     from cloob_core.config import ConfigError
     from cloob_core.ops.cluster import cron_period_s
 
-    period, bound = cron_period_s(cron), training_bound_s(package)
-    if bound is not None and bound >= period:
-        raise ConfigError(f"a run of {package} may train for up to {bound / 3600:.1f} h (its job_timeout_s), as long "
-                          f"as or longer than the schedule's period of {period / 3600:.1f} h ({cron}): with one run "
-                          "at a time and no catch-up, a hung run would skip the runs in between without a word; "
-                          f"compile with --job-timeout-s below {period:.0f}")
+    period = cron_period_s(cron)
+    for bound, what, flag in ((training_bound_s(package), "train", "--job-timeout-s"),
+                              (run_bound_s(package), "run", "--run-timeout-s")):
+        if bound is not None and bound >= period:
+            raise ConfigError(f"a run of {package} may {what} for up to {bound / 3600:.1f} h (its "
+                              f"{flag.removeprefix('--').replace('-', '_')}), as long as or longer than the "
+                              f"schedule's period of {period / 3600:.1f} h ({cron}): with one run at a time and no "
+                              "catch-up, a hung run would skip the runs in between without a word; compile with "
+                              f"{flag} below {period:.0f}")
 
 
 class EndpointError(StageError):

@@ -309,6 +309,7 @@ def evaluate_and_report(params: str, model: Any, settings: ClusterSettings) -> d
     data set x task on them (CPU pods; retried: they only read), the task results collected per data set; then
     the report over all data sets."""
     planned = on_cluster(small(steps.plan_evaluation(params=params)), settings)
+    planned.set_caching_options(False)  # it checks that each entry's source is there now; a cache hit would not
     with dsl.ParallelFor(items=planned.output) as dataset:
         features = steps.prepare_features(params=params, dataset=dataset, model=model)
         features.set_display_name("eval features")

@@ -394,7 +394,10 @@ class FakeTrainingCluster(JsonApiServer):
         if method == "DELETE":
             self.waiting.pop(key, None)
             if plural in SUCCESS:  # the job goes once its pods have (propagationPolicy Foreground)
-                del self.objects[key]
+                uid = self.objects.pop(key)["metadata"].get("uid")
+                for owned in [k for k, o in self.objects.items()  # the garbage collector: what the job owned
+                              if any(ref.get("uid") == uid for ref in o["metadata"].get("ownerReferences", []))]:
+                    del self.objects[owned]
             for process in self.pods.pop(key, []):
                 if process.poll() is None:
                     process.kill()

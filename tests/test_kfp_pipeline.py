@@ -294,7 +294,7 @@ def package(tmp_path_factory) -> Path:
 
     path = tmp_path_factory.mktemp("package") / "pipeline.yaml"
     # bounded below a day: the nightly schedules below would otherwise be refused (check_schedule_fits)
-    assert main(["compile", "--output", str(path), "--job-timeout-s", "72000"]) == 0
+    assert main(["compile", "--output", str(path), "--job-timeout-s", "72000", "--run-timeout-s", "82800"]) == 0
     return path
 
 
@@ -367,8 +367,9 @@ def test_no_data_gate_is_skipped_by_kfps_cache(tmp_path, data):
     tasks = tasks_of(compile_with(tmp_path, *extra)["spec"])
     gates = [name for name in tasks if name.startswith("validate-")]
     assert gates == (["validate-manifest", "validate-shards"] if data == "acquire" else ["validate-shards"])
-    for name in gates:
+    for name in [*gates, "plan-evaluation"]:  # the evaluation plan checks that each entry's source is there now
         assert not tasks[name].get("cachingOptions", {}).get("enableCache"), name
+    assert tasks["report"]["cachingOptions"]["enableCache"]  # what may be cached is
 
 
 def test_a_registry_and_an_image_variable_together_are_refused_not_one_silently_dropped(tmp_path, monkeypatch,
@@ -718,13 +719,9 @@ def test_every_step_requests_cpu_and_memory(tmp_path, options):
     assert download["resources"]["resourceCpuRequest"] == "8"
     assert download["resources"]["resourceMemoryRequest"] == download["resources"]["resourceMemoryLimit"] == "2Gi"
     assert {"name": "LOKY_MAX_CPU_COUNT", "value": "8"} in download["env"]
-    acquire = executors["exec-acquire"]["container"]
-    assert acquire["resources"]["resourceMemoryRequest"] == "2Gi" and {"name": "CLOOB_SPILL_DIR", "value": "/spill"} \
-        in acquire["env"]
-    (spill,) = compiled["platform"]["exec-acquire"]["genericEphemeralVolume"]
-    assert spill["mountPath"] == "/spill" and spill["size"] == "40Gi"
-    without = compile_with(tmp_path, "--acquire-disk", "", "--download-memory", "3Gi")
-    assert "genericEphemeralVolume" not in without["platform"].get("exec-acquire", {})
+    assert executors["exec-acquire"]["container"]["resources"]["resourceMemoryRequest"] == "2Gi"
+    without = compile_with(tmp_path, "--spill-disk", "", "--download-memory", "3Gi")
+    assert not any("genericEphemeralVolume" in executor for executor in without["platform"].values())
     assert without["spec"]["deploymentSpec"]["executors"]["exec-download-partition"]["container"]["resources"][
         "resourceMemoryLimit"] == "3Gi"
 
@@ -747,6 +744,50 @@ def test_settings_a_cluster_would_refuse_are_refused_at_compile_time(tmp_path, c
     assert "\n" not in err and named in err, err
 
 
+@pytest.mark.parametrize("options", [[], ["--curation", "--nodes", "2", "--gpus", "8", "--job-kind", "trainjob"]],
+                         ids=["one-node", "multinode-curation"])
+def test_every_step_that_spills_has_a_disk_and_the_long_steps_survive_what_a_cluster_does(tmp_path, options):
+    """Before, curate had no disk for its spill (20 GB to 1 TB at scale) where acquire had 40 GiB; the long CPU
+    steps had no retry and no do-not-disrupt; only the watcher kept consolidation away from training; a deleted
+    watcher pod (its node ends Error, which KFP's retry without a retryPolicy does not cover) left its job holding
+    GPUs to the job's deadline; a training pod never scheduled waited for ever."""
+    compiled = compile_with(tmp_path, "--spill-disk", "200Gi", *options)
+    spec, platform = compiled["spec"], compiled["platform"]
+    executors = spec["deploymentSpec"]["executors"]
+    spilling = {"exec-acquire", "exec-validate-manifest"} | ({"exec-curate"} if "--curation" in options else set())
+    for name in spilling:
+        (volume,) = platform[name]["genericEphemeralVolume"]
+        assert volume["mountPath"] == "/spill" and volume["size"] == "200Gi", name
+        assert {"name": "CLOOB_SPILL_DIR", "value": "/spill"} in executors[name]["container"]["env"], name
+    assert {name for name, executor in platform.items() if "genericEphemeralVolume" in executor} == spilling
+    tasks = tasks_of(spec)
+    long_steps = {"acquire", "validate-manifest", "merge-shards", "validate-shards"} | (
+        {"curate"} if "--curation" in options else set())
+    for task in long_steps:
+        assert tasks[task]["retryPolicy"]["maxRetryCount"] == 2, task
+    training = "train-multinode" if "--nodes" in options else "train"
+    for step in {f"exec-{task}" for task in long_steps} | {f"exec-{training}"}:
+        annotations = platform[step]["podMetadata"]["annotations"]
+        assert annotations["karpenter.sh/do-not-disrupt"] == "true", step
+        assert annotations["cluster-autoscaler.kubernetes.io/safe-to-evict"] == "false", step
+    assert documents_config(tmp_path)["activeDeadlineSeconds"] == 30 * 86400  # the run's own deadline
+    if "--nodes" not in options:
+        assert "end-training-job" not in tasks
+        return
+    ending = spec["root"]["dag"]["tasks"]["end-training-job"]
+    assert ending["triggerPolicy"]["strategy"] == "ALL_UPSTREAM_TASKS_COMPLETED"  # however the run ends
+    assert ending["dependentTasks"] == ["exit-handler-1"] and set(spec["root"]["dag"]["tasks"]) == {
+        "end-training-job", "exit-handler-1"}  # every other task inside the handler's scope
+    job = json.loads(ending["inputs"]["parameters"]["job"]["runtimeValue"]["constant"])
+    assert (job["job_kind"], job["nodes"]) == ("trainjob", 2)
+
+
+def documents_config(tmp_path: Path) -> dict:
+    """The compiled package's pipeline-level Kubernetes settings (kfp's PipelineConfig)."""
+    documents = list(yaml.safe_load_all((tmp_path / "pipeline.yaml").read_text()))
+    return documents[1]["platforms"]["kubernetes"]["pipelineConfig"]
+
+
 def test_only_the_multi_node_step_holds_the_training_accounts_token(tmp_path):
     """The Role over PyTorchJobs and TrainJobs is bound to cloob-pipeline alone; the watcher mounts its token, so
     the account every step runs as (pipeline-runner, shared by every pipeline in the namespace) needs no rights
@@ -757,9 +798,10 @@ def test_only_the_multi_node_step_holds_the_training_accounts_token(tmp_path):
     mounted = {name for name, executor in platform.items()
                if any(secret.get("secretName") == "cloob-training-token" or secret.get("secretNameParameter")
                       for secret in executor.get("secretAsVolume", []))}
-    assert mounted == {"exec-train-multinode"}
-    (volume,) = platform["exec-train-multinode"]["secretAsVolume"]
-    assert volume["mountPath"] == str(TOKEN_MOUNT) and volume["optional"] is False
+    assert mounted == {"exec-train-multinode", "exec-end-training-job"}  # the watcher, the run's exit handler
+    for step in mounted:
+        (volume,) = platform[step]["secretAsVolume"]
+        assert volume["mountPath"] == str(TOKEN_MOUNT) and volume["optional"] is False
     without = compile_with(tmp_path, "--nodes", "2", "--gpus", "8", "--job-token-secret", "")["platform"]
     assert "secretAsVolume" not in without["exec-train-multinode"]
 
@@ -786,7 +828,13 @@ def test_a_schedule_whose_runs_may_outlast_its_period_is_refused(tmp_path, capsy
     with pytest.raises(Exception, match=r"may train for up to 168.0 h .* period of 24.0 h \(0 0 3 \* \* \*\).* "
                                         r"compile with --job-timeout-s below 86400"):
         client.check_schedule_fits(str(package), "0 0 3 * * *")
-    client.check_schedule_fits(str(package), "@monthly")  # 28 days at the shortest: fits
+    # the whole run's deadline too: a data step that hangs (a pod never scheduled) blocks the schedule as long
+    with pytest.raises(Exception, match=r"may run for up to 720.0 h \(its run_timeout_s\).* period of 672.0 h"):
+        client.check_schedule_fits(str(package), "@monthly")  # 28 days at the shortest
+    nightly = tmp_path / "nightly.yaml"
+    assert main(["compile", "--output", str(nightly), "--job-timeout-s", "72000", "--run-timeout-s", "82800"]) == 0
+    client.check_schedule_fits(str(nightly), "0 0 3 * * *")
+    assert client.run_bound_s(str(nightly)) == 82800
     multi = tmp_path / "multi.yaml"
     assert main(["compile", "--output", str(multi), "--nodes", "2", "--gpus", "8", "--job-timeout-s", "3600"]) == 0
     assert client.training_bound_s(str(multi)) == 3600

@@ -1101,3 +1101,44 @@ def test_submit_refuses_a_package_whose_job_settings_this_version_cannot_run(tra
         with pytest.raises(Exception, match=rf"edited.yaml: its training job's settings are not this version's "
                                             rf"\(invalid job settings: {said}.*compile it again"):
             client.run_parameters("params.yaml", ["promote.store=s3://cloob/registry"], package=str(edited))
+
+
+def test_a_job_may_have_a_disruption_budget_of_its_own_that_goes_with_it(tmp_path, monkeypatch):
+    """job_disruption_budget: a PodDisruptionBudget for the job's pods alone, an integer minAvailable of all of them
+    (what Kubernetes takes for pods no built-in controller owns), owned by the job, so the garbage collector deletes
+    it with the job; a retried watcher finds it there."""
+    with FakeTrainingCluster(extra_env=_stub_python(tmp_path / "bin", "sleep 0.5\nexit 0\n")) as cluster:
+        monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig(tmp_path / "kubeconfig")))
+        monkeypatch.setattr(trainjob, "_apis", _kubeconfig_apis)
+        job = settings(job_kind="trainjob", nodes=3, gpus=0, job_poll_s=0.05, job_namespace="team-a", s3_secret="",
+                       job_disruption_budget=True)
+        body = trainjob.manifest(job, "cloob-train-pdb", job_config(), "s3://w")
+        assert trainjob.run(body, job).startswith("Complete")
+        (created,) = cluster.calls("POST", "/apis/policy/v1/namespaces/team-a/poddisruptionbudgets")
+        budget = created["body"]
+        assert "fieldValidation=Strict" in created["query"]
+        assert budget["spec"] == {"minAvailable": 3,
+                                  "selector": {"matchLabels": {"jobset.sigs.k8s.io/jobset-name": "cloob-train-pdb"}}}
+        (owner,) = budget["metadata"]["ownerReferences"]
+        stored = cluster.objects[("team-a", "trainjobs", "cloob-train-pdb")]
+        assert (owner["kind"], owner["name"], owner["uid"]) == ("TrainJob", "cloob-train-pdb", stored["metadata"]["uid"])
+        assert trainjob.run(body, job).startswith("Complete")  # adopted: its budget is there already, no error
+        trainjob.end_job(job, "cloob-train-pdb")
+        assert ("team-a", "poddisruptionbudgets", "cloob-train-pdb") not in cluster.objects  # gone with its job
+
+
+def test_the_runs_exit_handler_deletes_the_job_left_and_says_so(tmp_path, monkeypatch):
+    """A watcher pod deleted by a drain ends its step as Error, which KFP's retry does not cover: the run fails and
+    nothing watches the job. The run's exit handler deletes it; when none is left it says so."""
+    with FakeTrainingCluster(extra_env=_stub_python(tmp_path / "bin", "sleep 30\nexit 0\n")) as cluster:
+        monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig(tmp_path / "kubeconfig")))
+        monkeypatch.setattr(trainjob, "_apis", _kubeconfig_apis)
+        job = settings(nodes=2, gpus=0, job_namespace="team-a", s3_secret="")
+        name = trainjob.job_name("run-77")
+        trainjob.create_job(_kubeconfig_apis()[0], trainjob.manifest(job, name, job_config(), "s3://w"), "team-a",
+                            job)
+        assert cluster.pods[("team-a", "pytorchjobs", name)]
+        assert kubeflow.end_training_job(job.to_json(), "run-77") == \
+            f"PyTorchJob team-a/{name}: deleted at the run's end (nothing watches it any more)"
+        assert not cluster.pods and ("team-a", "pytorchjobs", name) not in cluster.objects
+        assert kubeflow.end_training_job(job.to_json(), "run-77") == f"PyTorchJob team-a/{name}: none left to end"
