@@ -139,7 +139,7 @@ def test_the_pod_monitor_selects_the_training_pods_and_their_metrics_port(render
 @pytest.mark.parametrize("kind, release", [("pytorchjob", "v2.3"), ("trainjob", "v2.1"), ("trainjob", "v2.3")])
 def test_training_job_pod_templates_are_valid_kubernetes(kind, release):
     """The operators copy these into pods: as a core PodTemplate they must validate strictly (the job APIs'
-    own fields: tests/test_trainjob.py, against infra/training/crd_schemas.yaml)."""
+    own fields: tests/test_trainjob.py, against the operators' CRDs in tests/crds)."""
     kv = validator()
     settings = ClusterSettings(image="reg/cloob:cuda", job_workdir="s3://w", job_kind=kind, nodes=3,
                                trainer_release=release, node_selector={"pool": "a100"},

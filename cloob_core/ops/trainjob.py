@@ -10,16 +10,26 @@ Kubernetes secret, by reference).
 
 The caller needs RBAC to create, get, patch and delete the job kind in its namespace: infra/k8s/base/rbac.yaml.
 
+Every create goes with strict field validation: a field the installed CRD lacks is the API server's refusal (HTTP
+400), never a silent prune; a refusal (the schema, an admission webhook such as Trainer's validator, RBAC, a
+quota) is one permanent line in the server's words (:func:`create_job`, and :mod:`cloob_core.ops.preflight`'s
+dry run of the same body before a run).
+
 The watcher survives its API: a status poll that times out, is reset or answers 5xx/429 is retried with backoff
-and never ends the job. It deletes the job only when it saw it fail, when the job's time is up, or when the
-pipeline run itself was stopped. A stop signal alone is not that: a node drain, an autoscaler's or Karpenter's
-consolidation and a spot reclaim of the watcher's small CPU pod all send SIGTERM while the run goes on. So on
-SIGTERM the watcher asks the run's Argo Workflow (named by its pod's ``workflows.argoproj.io/workflow`` label):
-terminated by KFP (``spec.activeDeadlineSeconds: 0``) or Argo (``spec.shutdown``), ended, being deleted or gone
-means stopped, and the job is deleted; otherwise, or when it cannot tell, the job is left running and the step's
-next try adopts it (same name). The job's owner is that Workflow (same namespace only: Kubernetes forbids
-cross-namespace owners), not the watcher pod, so an evicted watcher does not take the job with it, and deleting
-the run deletes the job; the job's own ``activeDeadlineSeconds`` (the job timeout) bounds an orphan's life.
+and never ends the job. It deletes the job only on the outcomes that call for it: seen failing, past its deadline
+(or its pending or queue deadline), its fields pruned, its pipeline run stopped; not on an API fault and not on a
+bug of its own. A stop signal alone is not that: a node drain, an autoscaler's or Karpenter's consolidation and a
+spot reclaim of the watcher's small CPU pod all send SIGTERM while the run goes on. So on SIGTERM the watcher asks
+the run's Argo Workflow (named by its pod's ``workflows.argoproj.io/workflow`` label, read in the pod's own
+namespace, which a ``job_namespace`` may not be), within ``job_stop_grace_s`` of the pod's grace: terminated by
+KFP (``spec.activeDeadlineSeconds: 0``) or Argo (``spec.shutdown``), ended, being deleted or gone (once seen) means
+stopped, and the job is deleted; otherwise, or when it cannot tell in time, the job is left running, the step ends
+in one line and its next try adopts the job (same name). Later signals change nothing. A job that a queue holds
+suspended (Kueue) is queued, not pending: the watcher says where it stands and waits up to
+``job_queue_timeout_s``. The job's owner is that Workflow (same namespace only: Kubernetes forbids cross-namespace
+owners), not the watcher pod, so an evicted watcher does not take the job with it, and deleting the run deletes
+the job; the run's exit handler (:func:`end_job`) deletes a job that is left when the run ends, and the job's own
+``activeDeadlineSeconds`` (the job timeout) bounds an orphan's life.
 """
 
 from __future__ import annotations
@@ -192,7 +202,8 @@ def _pod_scheduling(settings: ClusterSettings) -> dict[str, Any]:
 
 def manifest(settings: ClusterSettings, name: str, config: CloobConfig, workdir: str) -> dict[str, Any]:
     """The PyTorchJob or TrainJob resource for this run; ``config``: what :func:`job_config` gives. Each body holds
-    only fields of its API's schema (infra/training/crd_schemas.yaml): an API server prunes any other in silence."""
+    only fields of its operator's CRD (tests/crds holds them, per release); every create is sent with strict field
+    validation, so a server refuses any other field rather than prune it."""
     group, version, _, kind = KINDS[settings.job_kind]
     metadata: dict[str, Any] = {"name": name, "labels": {**dict(PART_OF), **(
         {KUEUE_QUEUE_LABEL: settings.kueue_queue} if settings.kueue_queue else {})}}
