@@ -276,7 +276,7 @@ def test_metrics_are_pushed_to_a_pushgateway(shards, tmp_path, pushgateway):
     train(config, tmp_path, progress=False)
     assert len(received) == 3  # two checkpoints and the end
     path, body = received[-1]
-    assert "cloob_train_steps_total 4.0" in body
+    assert "cloob_train_steps_total 4.0" in body and "cloob_train_failed 0.0" in body
     # grouped by run and rank: concurrent runs keep their own series on the gateway
     assert re.fullmatch(r"/metrics/job/cloob-train/rank/0/run/[A-Za-z0-9_.-]+-[0-9a-f]{8}", path), path
     other = load_config(overrides=[f"train.shards={shards}", "train.steps=2", "train.batch_size=32",
@@ -304,6 +304,9 @@ def test_a_diverging_run_records_its_loss_and_divergence_before_it_ends(shards, 
     assert "cloob_train_diverged 1.0" in last
     loss = re.search(r"^cloob_train_loss (\S+)$", last, re.M).group(1)
     assert loss in ("NaN", "+Inf", "-Inf"), loss
+    # the run ended by a failure of its own: its group stays, marked, so the stalled and checkpoint alerts leave it
+    # (before, both fired until someone deleted the group); a run that reached its end is never marked
+    assert "cloob_train_failed 1.0" in last and all("cloob_train_failed 1.0" not in body for body in bodies[:-1])
 
 
 def test_a_restricted_negative_run_resumes_exactly_with_its_schedule_and_queue(shards, tmp_path):

@@ -1121,7 +1121,8 @@ def test_a_job_may_have_a_disruption_budget_of_its_own_that_goes_with_it(tmp_pat
                                   "selector": {"matchLabels": {"jobset.sigs.k8s.io/jobset-name": "cloob-train-pdb"}}}
         (owner,) = budget["metadata"]["ownerReferences"]
         stored = cluster.objects[("team-a", "trainjobs", "cloob-train-pdb")]
-        assert (owner["kind"], owner["name"], owner["uid"]) == ("TrainJob", "cloob-train-pdb", stored["metadata"]["uid"])
+        uid = stored["metadata"]["uid"]
+        assert (owner["kind"], owner["name"], owner["uid"]) == ("TrainJob", "cloob-train-pdb", uid)
         assert trainjob.run(body, job).startswith("Complete")  # adopted: its budget is there already, no error
         trainjob.end_job(job, "cloob-train-pdb")
         assert ("team-a", "poddisruptionbudgets", "cloob-train-pdb") not in cluster.objects  # gone with its job

@@ -96,6 +96,9 @@ class Monitor:
                                registry=registry),
             "diverged": Gauge("cloob_train_diverged", "1 once the loss or the parameters stopped being finite (the "
                               "run then ends)", registry=registry),
+            "failed": Gauge("cloob_train_failed", "1 once the run ended before its last step by a failure of its "
+                            "own (not a signal): the stalled and checkpoint alerts leave its pushed group alone",
+                            registry=registry),
         }
         if self.metrics_port:
             self._server, _thread = start_http_server(self.metrics_port, addr=self.metrics_host, registry=registry)
@@ -186,6 +189,8 @@ class Monitor:
             self._bar.close()
         if self._writer is not None:
             self._writer.close()
+        if self._metrics and not ended and linger:  # a failure (a signal's stop does not linger): its group stays
+            self._metrics["failed"].set(1)  # for its alerts, but a run that ended is neither stalled nor overdue
         self.push()
         self._ended = ended
         if linger and self.linger_s > 0 and (self._server is not None or (ended and self._registry is not None)):
