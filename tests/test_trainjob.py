@@ -903,7 +903,8 @@ def test_job_pods_carry_the_settings_labels_and_annotations_and_keep_istio_out(k
              if kind == "pytorchjob" else [o["metadata"] for o in spec.get("podTemplateOverrides", [])] or
              [job["template"]["spec"]["template"]["metadata"] for patch in spec["runtimePatches"]
               for job in patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]])
-    assert metas and all(meta["annotations"] == {"sidecar.istio.io/inject": "false"} for meta in metas)
+    assert metas and all(meta["annotations"] == {"sidecar.istio.io/inject": "false", **trainjob.DO_NOT_DISRUPT}
+                         for meta in metas)  # out of the mesh, and no consolidation moves a training pod
     assert all(meta["labels"]["app.kubernetes.io/component"] == "train" for meta in metas)
     labelled = trainjob.manifest(settings(job_kind=kind, trainer_release=release, pod_labels={"team": "vision"},
                                           pod_annotations={"example.com/owner": "ml"}, job_pod_annotations={}),
