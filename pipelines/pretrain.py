@@ -20,9 +20,11 @@ from cloob_core.ops.trainjob import (
     DO_NOT_DISRUPT,
     ENDPOINT_KEY,
     IMAGE_UID,
+    JOB_ACCOUNT_ENV,
     KUEUE_QUEUE_LABEL,
     PART_OF,
-    TOKEN_MOUNT,
+    POD_NAME_ENV,
+    POD_UID_ENV,
     WORKFLOW_ENV,
     WORKFLOW_LABEL,
 )
@@ -181,7 +183,7 @@ def train_task(params: str, shards: Any, settings: ClusterSettings) -> dsl.Pipel
         # the run's Argo Workflow (ops/trainjob.py): the job's owner, and what tells a stopped run from a drain
         kubernetes.use_field_path_as_env(watcher, env_name=WORKFLOW_ENV,
                                          field_path=f"metadata.labels['{WORKFLOW_LABEL}']")
-        with_job_token(watcher, settings)
+        with_job_account(watcher, settings)
         not_disrupted(watcher)  # not moved by a consolidation while it watches GPUs
         watcher.set_retry(num_retries=settings.train_retries, backoff_duration=f"{settings.train_retry_backoff_s}s")
         return watcher.set_cpu_request("500m").set_memory_request("1Gi")
@@ -203,12 +205,13 @@ def train_task(params: str, shards: Any, settings: ClusterSettings) -> dsl.Pipel
     return trained
 
 
-def with_job_token(task: dsl.PipelineTask, settings: ClusterSettings) -> dsl.PipelineTask:
-    """The training account's token (its rights over jobs), mounted where ops/trainjob.py reads it; no other step
-    has it."""
-    if settings.job_token_secret:
-        kubernetes.use_secret_as_volume(task, secret_name=settings.job_token_secret, mount_path=str(TOKEN_MOUNT),
-                                        optional=False)
+def with_job_account(task: dsl.PipelineTask, settings: ClusterSettings) -> dsl.PipelineTask:
+    """The training account (``job_account``) the step talks to the API as, with short-lived tokens it requests
+    bound to its own pod (ops/trainjob.py: TrainingToken); no other step talks as it."""
+    if settings.job_account:
+        task.set_env_variable(JOB_ACCOUNT_ENV, settings.job_account)
+        kubernetes.use_field_path_as_env(task, env_name=POD_NAME_ENV, field_path="metadata.name")
+        kubernetes.use_field_path_as_env(task, env_name=POD_UID_ENV, field_path="metadata.uid")
     return task
 
 
@@ -242,7 +245,7 @@ def ended_by(settings: ClusterSettings):
         return
     ending = steps.end_training_job(job=settings.to_json(), run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
     ending.set_display_name("end training job")
-    on_cluster(small(with_job_token(ending, settings)), settings, s3=False)
+    on_cluster(small(with_job_account(ending, settings)), settings, s3=False)
     with dsl.ExitHandler(ending, name="the run"):
         yield
 

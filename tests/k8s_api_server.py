@@ -24,6 +24,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import parse_qs
@@ -43,6 +44,7 @@ _VISIBILITY = re.compile(r"/apis/visibility\.kueue\.x-k8s\.io/v1beta1/namespaces
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 _EVENTS = re.compile(r"/api/v1/namespaces/(?P<ns>[^/]+)/events")
 _PODS = re.compile(r"/api/v1/namespaces/(?P<ns>[^/]+)/pods(?:/(?P<pod>[^/]+)/log)?")
+_TOKENS = re.compile(r"/api/v1/namespaces/(?P<ns>[^/]+)/serviceaccounts/(?P<account>[^/]+)/token")
 # each operator's label on a job's pods, and its pods' names and container (what cloob_core.ops.trainjob reads)
 POD_LABEL = {"pytorchjobs": "training.kubeflow.org/job-name", "trainjobs": "jobset.sigs.k8s.io/jobset-name"}
 CONTAINER = {"pytorchjobs": "pytorch", "trainjobs": "node"}
@@ -66,6 +68,8 @@ class FakeTrainingCluster(JsonApiServer):
         self.admission = admission  # another validating webhook: (plural, body) -> why it denies, or None
         self.kueue = kueue
         self.workloads: dict[tuple[str, str, str], dict] = {}  # Kueue's Workload per job that names a queue
+        self.tokens: list[dict] = []  # the TokenRequests answered, in order: their account, lifetime and token
+        self.token_requesters: set[str] | None = None  # bearer tokens that may request them (None: any)
         self.unschedulable = unschedulable  # the scheduler's FailedScheduling message: no pod of any job starts
         self.events: list[dict] = []
         self.status_faults = list(status_faults or [])  # injected, one per GET of a job, in order
@@ -337,7 +341,25 @@ class FakeTrainingCluster(JsonApiServer):
                 "metadata": {}, "items": items}
 
     # -- HTTP ---------------------------------------------------------------------------------------------------
+    def _token(self, ns: str, account: str, body: dict, bearer: str | None) -> tuple[int, dict]:
+        """A TokenRequest (authentication.k8s.io/v1), as the API server answers it: the token, its expiry."""
+        if self.token_requesters is not None and bearer not in self.token_requesters:
+            return 403, _status(403, "Forbidden", f'serviceaccounts "{account}" is forbidden: User '
+                                f'"system:serviceaccount:{ns}:pipeline-runner" cannot create resource '
+                                f'"serviceaccounts/token" in API group "" in the namespace "{ns}"')
+        lifetime = int(body.get("spec", {}).get("expirationSeconds", 3600))
+        token = f"minted-{len(self.tokens) + 1}"
+        self.tokens.append({"account": f"{ns}/{account}", "lifetime": lifetime, "token": token,
+                            "bound": body.get("spec", {}).get("boundObjectRef"), "by": bearer})
+        expiry = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + lifetime))
+        spec = {"audiences": ["https://kubernetes.default.svc.cluster.local"], **body.get("spec", {})}  # the default
+        return 201, {"kind": "TokenRequest", "apiVersion": "authentication.k8s.io/v1", "metadata": {},
+                     "spec": spec, "status": {"token": token, "expirationTimestamp": expiry}}
+
     def _answer(self, method: str, path: str, query: str, body: dict) -> tuple[int, dict | str]:
+        tokens = _TOKENS.fullmatch(path)
+        if tokens and method == "POST":
+            return self._token(tokens["ns"], tokens["account"], body, self.requests[-1]["authorization"])
         pods = _PODS.fullmatch(path)
         if pods and method == "GET":
             return self._pods(pods["ns"], pods["pod"], query)

@@ -85,21 +85,27 @@ def test_a_bad_field_is_caught_by_the_validator():
 
 
 def test_rbac_lets_only_the_training_account_run_training_jobs(rendered):
-    _, documents = rendered
-    (role,) = by_kind(documents, "Role")
+    overlay, documents = rendered
+    roles = {doc["metadata"]["name"]: doc for doc in by_kind(documents, "Role")}
+    bindings = {doc["metadata"]["name"]: doc for doc in by_kind(documents, "RoleBinding")}
+    role = roles["cloob-training-jobs"]
     granted = {(group, resource): set(rule["verbs"]) for rule in role["rules"] for group in rule["apiGroups"]
                for resource in rule["resources"]}
     for kind in trainjob.KINDS.values():  # what trainjob.run calls: create, get, delete
         assert {"create", "get", "delete"} <= granted[(kind[0], kind[2])]
-    (binding,) = by_kind(documents, "RoleBinding")
-    # only the training account, whose token the multi-node step alone mounts: not the account every step of
-    # every pipeline in the namespace runs as (before: pipeline-runner, default-editor could delete any job)
-    assert [subject["name"] for subject in binding["subjects"]] == ["cloob-pipeline"]
+    # only the training account, as which the multi-node step and the exit handler alone talk: not the account
+    # every step of every pipeline in the namespace runs as (before: pipeline-runner could delete any job)
+    binding = bindings["cloob-training-jobs"]
+    assert [subject["name"] for subject in binding["subjects"]] == [ClusterSettings().job_account]
     assert all(subject.get("namespace") == binding["metadata"]["namespace"] for subject in binding["subjects"])
-    (token,) = [doc for doc in by_kind(documents, "Secret") if doc["metadata"]["name"] == "cloob-training-token"]
-    assert token["type"] == "kubernetes.io/service-account-token"
-    assert token["metadata"]["annotations"] == {"kubernetes.io/service-account.name": "cloob-pipeline"}
-    assert ClusterSettings().job_token_secret == "cloob-training-token"
+    # and no long-lived token of it (before: a legacy service-account-token Secret): the steps' own account may
+    # request short-lived ones of it alone
+    assert not [doc for doc in by_kind(documents, "Secret") if doc.get("type") == "kubernetes.io/service-account-token"]
+    (rule,) = roles["cloob-training-token"]["rules"]
+    assert (rule["resources"], rule["resourceNames"], rule["verbs"]) == (["serviceaccounts/token"],
+                                                                        ["cloob-pipeline"], ["create"])
+    steps_account = "pipeline-runner" if overlay == "standalone" else "default-editor"
+    assert [s["name"] for s in bindings["cloob-training-token"]["subjects"]] == [steps_account]
 
 
 def test_the_pod_monitor_selects_the_training_pods_and_their_metrics_port(rendered):

@@ -788,22 +788,25 @@ def documents_config(tmp_path: Path) -> dict:
     return documents[1]["platforms"]["kubernetes"]["pipelineConfig"]
 
 
-def test_only_the_multi_node_step_holds_the_training_accounts_token(tmp_path):
-    """The Role over PyTorchJobs and TrainJobs is bound to cloob-pipeline alone; the watcher mounts its token, so
-    the account every step runs as (pipeline-runner, shared by every pipeline in the namespace) needs no rights
-    over training jobs."""
-    from cloob_core.ops.trainjob import TOKEN_MOUNT
+def test_only_the_multi_node_steps_talk_as_the_training_account(tmp_path):
+    """The Role over PyTorchJobs and TrainJobs is bound to cloob-pipeline alone; the watcher and the run's exit
+    handler talk as it, with short-lived tokens bound to their pod (before: a legacy token Secret mounted), so the
+    account every step runs as (pipeline-runner, shared by every pipeline in the namespace) needs no rights over
+    training jobs."""
+    from cloob_core.ops.trainjob import JOB_ACCOUNT_ENV, POD_NAME_ENV, POD_UID_ENV
 
-    platform = compile_with(tmp_path, "--nodes", "2", "--gpus", "8")["platform"]
-    mounted = {name for name, executor in platform.items()
-               if any(secret.get("secretName") == "cloob-training-token" or secret.get("secretNameParameter")
-                      for secret in executor.get("secretAsVolume", []))}
-    assert mounted == {"exec-train-multinode", "exec-end-training-job"}  # the watcher, the run's exit handler
-    for step in mounted:
-        (volume,) = platform[step]["secretAsVolume"]
-        assert volume["mountPath"] == str(TOKEN_MOUNT) and volume["optional"] is False
-    without = compile_with(tmp_path, "--nodes", "2", "--gpus", "8", "--job-token-secret", "")["platform"]
-    assert "secretAsVolume" not in without["exec-train-multinode"]
+    compiled = compile_with(tmp_path, "--nodes", "2", "--gpus", "8")
+    executors, platform = compiled["spec"]["deploymentSpec"]["executors"], compiled["platform"]
+    talking = {name for name, executor in executors.items()
+               if {"name": JOB_ACCOUNT_ENV, "value": "cloob-pipeline"} in executor["container"].get("env", [])}
+    assert talking == {"exec-train-multinode", "exec-end-training-job"}
+    for step in talking:
+        fields = {entry["name"]: entry["fieldPath"] for entry in platform[step]["fieldPathAsEnv"]}
+        assert fields[POD_NAME_ENV] == "metadata.name" and fields[POD_UID_ENV] == "metadata.uid"  # tokens bound to it
+    assert not any("secretAsVolume" in executor for executor in platform.values())
+    without = compile_with(tmp_path, "--nodes", "2", "--gpus", "8", "--job-account", "")["spec"]
+    assert not any(entry["name"] == JOB_ACCOUNT_ENV for executor in without["deploymentSpec"]["executors"].values()
+                   for entry in executor["container"].get("env", []))
 
 
 def test_every_step_carries_the_settings_pod_labels_and_annotations(tmp_path):

@@ -866,20 +866,38 @@ def test_efa_pods_ask_for_their_devices_and_nccl_uses_libfabric():
         settings(nodes=1, efa_devices=4)
 
 
-def test_the_watcher_talks_as_the_training_account_whose_token_it_mounts(tmp_path, monkeypatch):
-    """In a pod, the mounted token of cloob-pipeline (the Role's only subject) is the watcher's identity, not the
-    pod's own account; without the Role the create fails in one line that names it."""
-    from kubernetes import client
+def test_the_watcher_talks_as_the_training_account_with_short_lived_tokens_bound_to_its_pod(tmp_path, monkeypatch):
+    """Before, the step mounted a legacy token Secret of cloob-pipeline, which never expires. Now the step's own
+    account requests tokens of cloob-pipeline (TokenRequest, an hour each, bound to the step's pod) and the watcher
+    talks as it, renewing a token before it runs out; a step account without the right to request them, and a
+    training account without the Role, are each one line naming the Role."""
+    from kubernetes import config
 
-    (tmp_path / "token").write_text("training-token")
-    (tmp_path / "ca.crt").write_text("not a real certificate")
-    monkeypatch.setattr(trainjob, "TOKEN_MOUNT", tmp_path)
-    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
-    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
-    trainjob._apis()
-    configuration = client.Configuration.get_default_copy()
-    assert configuration.host == "https://10.0.0.1:443"
-    assert configuration.api_key["authorization"] == "bearer training-token"
+    namespace_file = tmp_path / "namespace"
+    namespace_file.write_text("team-a")
+    monkeypatch.setattr(trainjob, "_NAMESPACE_FILE", namespace_file)
+    monkeypatch.setenv(trainjob.POD_NAME_ENV, "run-abc-train-multinode-1")
+    monkeypatch.setenv(trainjob.POD_UID_ENV, "uid-watcher-pod")
+    with FakeTrainingCluster(extra_env=_stub_python(tmp_path / "bin", "sleep 1\nexit 0\n")) as cluster:
+        config.load_kube_config(config_file=str(cluster.kubeconfig(tmp_path / "kubeconfig")))  # the pod's identity
+        api, core = trainjob.clients("cloob-pipeline")
+        job = settings(nodes=2, gpus=0, job_poll_s=0.05, job_namespace="team-a", s3_secret="")
+        monkeypatch.setattr(trainjob, "TOKEN_RENEW_S", 3600 - 1.5)  # a token "runs out" after 1.5 s
+        assert trainjob.run(trainjob.manifest(job, "cloob-train-tok", job_config(), "s3://w"), job, api=api,
+                            core=core).startswith("Succeeded")
+        first, *renewed = cluster.tokens
+        assert first == {"account": "team-a/cloob-pipeline", "lifetime": 3600, "token": "minted-1",
+                         "by": "Bearer not-a-secret", "bound": {"apiVersion": "v1", "kind": "Pod",
+                                                                "name": "run-abc-train-multinode-1",
+                                                                "uid": "uid-watcher-pod"}}
+        assert renewed and all(token["by"] == "Bearer not-a-secret" for token in renewed)  # asked as the pod
+        jobs = [r for r in cluster.requests if "/pytorchjobs" in r["path"]]
+        assert jobs[0]["authorization"] == "Bearer minted-1"  # the job's calls as the training account
+        assert jobs[-1]["authorization"] == f"Bearer {renewed[-1]['token']}"
+        cluster.token_requesters = {"Bearer someone-else"}
+        with pytest.raises(JobFailed, match=r"this step's account may not request tokens of the training account "
+                                            r"team-a/cloob-pipeline \(HTTP 403\): bind the Role cloob-training-token"):
+            trainjob.clients("cloob-pipeline")
 
     class Forbidden(_FlakyApi):
         def create_namespaced_custom_object(self, *args, **kwargs):

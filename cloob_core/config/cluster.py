@@ -219,10 +219,12 @@ class ClusterSettings(BaseModel):
                                           "which every pod pulls its image from a private registry.")
     service_account: str | None = Field(None, description="Service account of the multi-node job's pods (the "
                                         "pipeline's own steps run as the run's: `submit --service-account`).")
-    job_token_secret: str | None = Field(
-        "cloob-training-token", description="Secret with the cloob-pipeline account's token (infra/k8s), which the "
-        "multi-node training step alone mounts to create, watch and delete its job: the account every step runs as "
-        "needs no rights over training jobs. '' for none (the run's own account must then hold the Role).")
+    job_account: str | None = Field(
+        "cloob-pipeline", description="Service account (infra/k8s) the multi-node training step and the run's exit "
+        "handler talk to the API as, to create, watch and delete the job: they request short-lived tokens of it "
+        "(TokenRequest: an hour each, bound to the step's pod, renewed), so no long-lived token is stored and the "
+        "account every step runs as holds only the right to request them (Role cloob-training-token), no rights over "
+        "training jobs. '' for none (the run's own account must then hold the Role cloob-training-jobs).")
     job_kind: Literal["pytorchjob", "trainjob"] = Field(
         "pytorchjob", description="pytorchjob (Training Operator v1) or trainjob (Kubeflow Trainer v2).")
     job_workdir: str = Field("s3://cloob/jobs", description="s3:// prefix where a training run keeps what must "
@@ -364,7 +366,7 @@ class ClusterSettings(BaseModel):
                              f"({', '.join(sorted(NODE_AFFINITY_FIELDS))})")
         return value or None
 
-    @field_validator("gpu_taint", "s3_secret", "service_account", "job_namespace", "job_token_secret",
+    @field_validator("gpu_taint", "s3_secret", "service_account", "job_namespace", "job_account",
                      "priority_class", "scheduler_name", "kueue_queue", "run_timeout_s", mode="before")
     @classmethod
     def _empty_is_none(cls, value: Any) -> Any:

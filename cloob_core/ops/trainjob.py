@@ -102,8 +102,12 @@ PATCH_MANAGER = "cloob-pipelines.io/train"
 # not a field pruned without a word (fieldValidation, GA in Kubernetes 1.27; an older server ignores it, and the
 # read-back after create still finds what it dropped).
 FIELD_VALIDATION = "Strict"
-# Where the multi-node step mounts the training account's token secret (ClusterSettings.job_token_secret).
-TOKEN_MOUNT = Path("/var/run/secrets/cloob-training")
+# The training account the multi-node step talks to the API as (ClusterSettings.job_account), and the step's own pod,
+# which its short-lived tokens of that account are bound to (pipelines/pretrain.py sets them from the downward API).
+JOB_ACCOUNT_ENV = "CLOOB_JOB_ACCOUNT"
+POD_NAME_ENV, POD_UID_ENV = "CLOOB_POD_NAME", "CLOOB_POD_UID"
+TOKEN_LIFETIME_S = 3600  # each token's life (the API server's minimum is 10 minutes)
+TOKEN_RENEW_S = 600  # a token is renewed once less than this is left
 _NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
@@ -289,33 +293,75 @@ def outcome(kind: str, status: dict[str, Any] | None) -> tuple[str | None, str]:
 
 
 def _apis() -> tuple[Any, Any]:
-    """The custom-objects and core APIs. In a pod: the training account's token where the step mounts it
-    (:data:`TOKEN_MOUNT`), else the pod's own service account. Elsewhere: the kubeconfig (KUBECONFIG or
-    ~/.kube/config)."""
+    """The custom-objects and core APIs. In a pod: as the training account (``CLOOB_JOB_ACCOUNT``), with
+    short-lived tokens of it requested with the pod's own identity (:class:`TrainingToken`), else as the pod's own
+    service account. Elsewhere: the kubeconfig (KUBECONFIG or ~/.kube/config)."""
     from kubernetes import config
-    from kubernetes.config.incluster_config import InClusterConfigLoader
 
     try:
-        if (TOKEN_MOUNT / "token").is_file():
-            InClusterConfigLoader(token_filename=str(TOKEN_MOUNT / "token"),
-                                  cert_filename=str(TOKEN_MOUNT / "ca.crt")).load_and_set()
-        else:
-            config.load_incluster_config()
+        config.load_incluster_config()
     except config.ConfigException:
         config.load_kube_config(config_file=_kubeconfig())
-    return clients()
+    account = os.environ.get(JOB_ACCOUNT_ENV)
+    return clients(account if account and _pod_namespace() else None)
 
 
-def clients() -> tuple[Any, Any]:
+def clients(account: str | None = None) -> tuple[Any, Any]:
     """The custom-objects and core APIs of the loaded configuration, without urllib3's own retries: the watcher
     tries again itself, within its deadlines (job_api_timeout_s, a stop signal's grace), which urllib3's hidden
-    retries of a read that timed out would multiply."""
+    retries of a read that timed out would multiply. With ``account``, they talk as that service account of the
+    pod's namespace (:class:`TrainingToken`)."""
     from kubernetes import client
 
     configuration = client.Configuration.get_default_copy()
     configuration.retries = False
+    if account:
+        own = client.Configuration.get_default_copy()  # the pod's own identity asks for the account's tokens
+        own.retries = False
+        TrainingToken(account, _pod_namespace() or "default", client.CoreV1Api(client.ApiClient(own))).install(
+            configuration)
     api_client = client.ApiClient(configuration)
     return client.CustomObjectsApi(api_client), client.CoreV1Api(api_client)
+
+
+class TrainingToken:
+    """Tokens of the training account, requested from the API server (TokenRequest) by the step's own account, each
+    valid :data:`TOKEN_LIFETIME_S` and bound to the step's pod (void once the pod is gone), renewed before each call
+    once less than :data:`TOKEN_RENEW_S` is left: no long-lived token is stored anywhere, and the account every step
+    runs as holds only the right to request these (the Role cloob-training-token), no rights over jobs."""
+
+    def __init__(self, account: str, namespace: str, core: Any) -> None:
+        self.account, self.namespace, self.core = account, namespace, core
+        self.expires = 0.0
+
+    def install(self, configuration: Any) -> None:
+        """The first token into ``configuration``, and the hook that renews it (the client calls it before every
+        request); refused in one line naming the Role when the step's account may not request one."""
+        try:
+            self.refresh(configuration)
+        except Exception as err:
+            if _status_code(err) == 403:
+                raise JobRefused(f"this step's account may not request tokens of the training account "
+                                 f"{self.namespace}/{self.account} (HTTP 403): bind the Role cloob-training-token to "
+                                 f"it (infra/k8s/base/rbac.yaml): {api_message(err)}", 403, api_message(err)) from None
+            raise
+        configuration.refresh_api_key_hook = self.refresh
+
+    def refresh(self, configuration: Any) -> None:
+        if self.expires - time.time() > TOKEN_RENEW_S:
+            return
+        spec: dict[str, Any] = {"expirationSeconds": TOKEN_LIFETIME_S}
+        pod, uid = os.environ.get(POD_NAME_ENV), os.environ.get(POD_UID_ENV)
+        if pod and uid:
+            spec["boundObjectRef"] = {"apiVersion": "v1", "kind": "Pod", "name": pod, "uid": uid}
+        answer = self.core.create_namespaced_service_account_token(
+            self.account, self.namespace, {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                                           "spec": spec}, _request_timeout=30)
+        configuration.api_key["authorization"] = answer.status.token
+        configuration.api_key_prefix["authorization"] = "Bearer"
+        self.expires = answer.status.expiration_timestamp.timestamp()
+        log.info("talking to the API as %s/%s (a token valid until %s)", self.namespace, self.account,
+                 time.strftime("%H:%M:%S UTC", time.gmtime(self.expires)))
 
 
 def _kubeconfig() -> str | None:
@@ -701,8 +747,8 @@ def refusal(err: BaseException, body: dict[str, Any], namespace: str, settings: 
     said = api_message(err)
     if code == 403 and " cannot create resource " in said:  # RBAC's wording; a webhook's says "admission webhook"
         message = (f"the API refused creating {what} (HTTP 403): this step's account lacks the Role "
-                   "cloob-training-jobs (infra/k8s/base/rbac.yaml, bound to cloob-pipeline, whose token the step "
-                   f"mounts: cluster setting job_token_secret): {said}")
+                   "cloob-training-jobs (infra/k8s/base/rbac.yaml, bound to cloob-pipeline, as which the step talks: "
+                   f"cluster setting job_account): {said}")
     elif code == 404:
         group, version, plural, _ = KINDS[settings.job_kind]
         message = (f"the cluster has no {plural}.{group}/{version} to create {what} in (HTTP 404: {said}). "
