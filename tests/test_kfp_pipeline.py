@@ -773,6 +773,13 @@ def test_every_step_that_spills_has_a_disk_and_the_long_steps_survive_what_a_clu
     assert documents_config(tmp_path)["activeDeadlineSeconds"] == 30 * 86400  # the run's own deadline
     if "--nodes" not in options:
         assert "end-training-job" not in tasks
+        compile_with(tmp_path, "--run-timeout-s", "0")  # none
+        assert documents_config(tmp_path) == {}
+        from cloob_core.config import ConfigError
+        from cloob_core.config.cluster import ClusterSettings
+
+        with pytest.raises(ConfigError, match=r"run_timeout_s \(3600\) must be above job_timeout_s \(7200\)"):
+            ClusterSettings.from_flags({"run_timeout_s": 3600, "job_timeout_s": 7200})
         return
     ending = spec["root"]["dag"]["tasks"]["end-training-job"]
     assert ending["triggerPolicy"]["strategy"] == "ALL_UPSTREAM_TASKS_COMPLETED"  # however the run ends
@@ -785,7 +792,7 @@ def test_every_step_that_spills_has_a_disk_and_the_long_steps_survive_what_a_clu
 def documents_config(tmp_path: Path) -> dict:
     """The compiled package's pipeline-level Kubernetes settings (kfp's PipelineConfig)."""
     documents = list(yaml.safe_load_all((tmp_path / "pipeline.yaml").read_text()))
-    return documents[1]["platforms"]["kubernetes"]["pipelineConfig"]
+    return documents[1]["platforms"]["kubernetes"].get("pipelineConfig", {})
 
 
 def test_only_the_multi_node_steps_talk_as_the_training_account(tmp_path):

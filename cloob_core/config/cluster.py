@@ -162,10 +162,10 @@ class ClusterSettings(BaseModel):
                                    "their engine.spill_dir and temporary folder. Size it for the largest: acquire's "
                                    "URL dedup is about the manifest's URL column (35 GB for LAION-400M), curation's "
                                    "20 GB to 1 TB (docs/scale.md); '' for none (the container's own disk).")
-    run_timeout_s: float | None = Field(
-        30 * 86400.0, gt=0, description="Seconds a whole run may take (its Argo Workflow's activeDeadlineSeconds): "
+    run_timeout_s: float = Field(
+        30 * 86400.0, ge=0, description="Seconds a whole run may take (its Argo Workflow's activeDeadlineSeconds): "
         "what ends a step whose pod is never scheduled (a pod's own deadline counts from its start); above "
-        "job_timeout_s, as data steps run before training. '' for none.")
+        "job_timeout_s, as data steps run before training. 0 for none.")
     shm: str = Field("16Gi", description="Size of the training pods' memory-backed /dev/shm (DataLoader workers).")
     node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels the training pods need.")
     pod_labels: dict[str, str] = Field(default_factory=dict, description="Labels of every pod: each step's and each "
@@ -367,7 +367,7 @@ class ClusterSettings(BaseModel):
         return value or None
 
     @field_validator("gpu_taint", "s3_secret", "service_account", "job_namespace", "job_account",
-                     "priority_class", "scheduler_name", "kueue_queue", "run_timeout_s", mode="before")
+                     "priority_class", "scheduler_name", "kueue_queue", mode="before")
     @classmethod
     def _empty_is_none(cls, value: Any) -> Any:
         return None if value == "" else value
@@ -381,7 +381,7 @@ class ClusterSettings(BaseModel):
 
     @model_validator(mode="after")
     def _a_run_outlasts_its_training(self) -> ClusterSettings:
-        if self.run_timeout_s is not None and self.run_timeout_s <= self.job_timeout_s:
+        if self.run_timeout_s and self.run_timeout_s <= self.job_timeout_s:
             raise ValueError(f"run_timeout_s ({self.run_timeout_s:.0f}) must be above job_timeout_s "
                              f"({self.job_timeout_s:.0f}): the run's deadline would end its training first")
         return self
