@@ -120,15 +120,19 @@ def test_acquire_spills_to_the_steps_volume_where_it_has_one(tmp_path, monkeypat
 
     seen = []
 
+    import tempfile
+
     def stage(config, folder):
-        seen.append(config.engine.spill_dir)
+        seen.append((config.engine.spill_dir, tempfile.gettempdir()))
         raise RuntimeError("stop here")
 
     monkeypatch.setattr(acquire_module, "acquire", stage)
     volume = tmp_path / "spill"
     volume.mkdir()
+    before = tempfile.gettempdir()
     for named in (volume, tmp_path / "absent"):
         monkeypatch.setenv(kubeflow.SPILL_ENV, str(named))
         with pytest.raises(RuntimeError, match="stop here"):
             kubeflow.acquire({}, str(tmp_path / "store"))
-    assert seen == [str(volume), None]
+    # the engine's spill and the stage's temporary files on the volume, while the stage runs, and only then
+    assert seen == [(str(volume), str(volume)), (None, before)] and tempfile.gettempdir() == before

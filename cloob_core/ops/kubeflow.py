@@ -15,12 +15,13 @@ does not import kfp and the steps run without it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,17 +53,22 @@ def _config(params: Params, values: Values | None = None) -> CloobConfig:
     return config_from_mapping(params, values=values)
 
 
-def _spilling_config(params: Params) -> CloobConfig:
+@contextlib.contextmanager
+def _spilling(params: Params) -> Iterator[CloobConfig]:
     """The run's parameters for a step that spills, on its spill volume where the pipeline gave it one
-    (``ClusterSettings.spill_disk``): the engine's spill (``engine.spill_dir``) and this process's temporary
-    files (SemDeDup's buckets, staging) go there. A kfp.local run has none, and spills where the params say."""
-    import tempfile
-
+    (``ClusterSettings.spill_disk``): the engine's spill (``engine.spill_dir``) and, while the stage runs, this
+    process's temporary files (SemDeDup's buckets, staging) go there. A kfp.local run has none, and spills where
+    the params say."""
     spill = os.environ.get(SPILL_ENV)
     if not (spill and Path(spill).is_dir()):
-        return _config(params)
-    tempfile.tempdir = spill  # this process only: not TMPDIR, which the launcher's own shell would need too
-    return _config(params, values={"engine": {"spill_dir": spill}})
+        yield _config(params)
+        return
+    before = tempfile.tempdir  # this process only: not TMPDIR, which the launcher's own shell would need too
+    tempfile.tempdir = spill
+    try:
+        yield _config(params, values={"engine": {"spill_dir": spill}})
+    finally:
+        tempfile.tempdir = before
 
 
 def acquire(params: Params, store: str, index_path: str | None = None) -> dict[str, Any]:
@@ -73,8 +79,8 @@ def acquire(params: Params, store: str, index_path: str | None = None) -> dict[s
     from cloob_core.data.acquire import acquire as acquire_stage
     from cloob_core.data.plan import manifest_folder, shards_folder
 
-    config = _spilling_config(params)
-    result = acquire_stage(config, manifest_folder(store, config.acquire.source, config.acquire.split))
+    with _spilling(params) as config:
+        result = acquire_stage(config, manifest_folder(store, config.acquire.source, config.acquire.split))
     shards = shards_folder(store, result.source, config)
     if index_path:
         from cloob_core import storage
@@ -93,7 +99,8 @@ def validate(params: Params, report_dir: str, manifest: str | None = None,
     """The gate; a failure raises :class:`~cloob_core.data.validate.GateFailed`, so the run stops here."""
     from cloob_core.data.validate import run_gate
 
-    report = run_gate(_spilling_config(params), manifest=manifest, shards=shards_dir, report_dir=report_dir)
+    with _spilling(params) as config:
+        report = run_gate(config, manifest=manifest, shards=shards_dir, report_dir=report_dir)
     log.info("%s", report.text())
     return {"passed": report.passed, "checks": len(report.checks)}
 
@@ -185,9 +192,9 @@ def curate(params: Params, shards: str, parts: Sequence[dict[str, Any]], report_
     if len(folders) != 1:
         raise StageError(f"the scoring partitions wrote {len(folders)} scores folders ({', '.join(folders)}): each "
                          "loaded another model (did production move during the run?); run again")
-    config = _spilling_config(params)
     output = curated_location(shards)
-    result = curate_stage(shards, folders[0], output, config, scorer_source(config))
+    with _spilling(params) as config:
+        result = curate_stage(shards, folders[0], output, config, scorer_source(config))
     for line in result.lines:
         log.info("%s", line)
     write_text(report_path, storage.read_bytes(storage.join(output, REPORT_MD)).decode())
