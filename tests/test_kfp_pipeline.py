@@ -608,7 +608,7 @@ def test_the_one_node_training_step_is_retried_and_resumes_from_the_runs_checkpo
     platform = multi["platform"]["exec-train-multinode"]
     fields = {entry["name"]: entry["fieldPath"] for entry in platform["fieldPathAsEnv"]}
     # the job's owner and what says whether the run was stopped: the run's Workflow, named by Argo's pod label
-    assert fields == {"CLOOB_WORKFLOW": "metadata.labels['workflows.argoproj.io/workflow']"}
+    assert fields["CLOOB_WORKFLOW"] == "metadata.labels['workflows.argoproj.io/workflow']"
     annotations = platform["podMetadata"]["annotations"]  # a consolidation does not evict it mid-watch
     assert annotations == {"karpenter.sh/do-not-disrupt": "true",
                            "cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}
