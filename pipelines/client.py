@@ -35,16 +35,19 @@ def unregistered_images(package: str) -> list[str]:
     return [image for image in images if "/" not in image]
 
 
-def _package_documents(package: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A compiled package's pipeline spec and its Kubernetes platform settings per executor."""
+def _package_documents(package: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """A compiled package's pipeline spec, its Kubernetes platform settings per executor, and its pipeline-level
+    Kubernetes settings (kfp's PipelineConfig), from one read."""
     import yaml
 
     documents = [doc for doc in yaml.safe_load_all(Path(package).read_text("utf-8")) if doc]
     platform: dict[str, Any] = {}
+    config: dict[str, Any] = {}
     for document in documents[1:]:
-        platform.update(document.get("platforms", {}).get("kubernetes", {}).get("deploymentSpec", {}).get(
-            "executors", {}))
-    return documents[0], platform
+        kubernetes = document.get("platforms", {}).get("kubernetes", {})
+        platform.update(kubernetes.get("deploymentSpec", {}).get("executors", {}))
+        config.update(kubernetes.get("pipelineConfig", {}))
+    return documents[0], platform, config
 
 
 def job_settings(package: str) -> ClusterSettings | None:
@@ -57,7 +60,7 @@ def job_settings(package: str) -> ClusterSettings | None:
     from cloob_core.config import ConfigError
     from cloob_core.config.base import describe
 
-    spec, _ = _package_documents(package)
+    spec, _, _ = _package_documents(package)
     for dag in (spec.get("root", {}), *spec.get("components", {}).values()):  # a loop body is a sub-DAG
         for task in dag.get("dag", {}).get("tasks", {}).values():
             job = task.get("inputs", {}).get("parameters", {}).get("job", {}).get("runtimeValue", {}).get("constant")
@@ -74,7 +77,7 @@ def job_settings(package: str) -> ClusterSettings | None:
 def training_bound_s(package: str) -> float | None:
     """The longest a run of a compiled pipeline may train: the one-node training step's deadline, or the
     multi-node job's ``job_timeout_s``; None for a pipeline that does not train."""
-    _, platform = _package_documents(package)
+    _, platform, _ = _package_documents(package)
     if "activeDeadlineSeconds" in platform.get("exec-train", {}):
         return float(platform["exec-train"]["activeDeadlineSeconds"])
     settings = job_settings(package)
@@ -84,16 +87,8 @@ def training_bound_s(package: str) -> float | None:
 def run_bound_s(package: str) -> float | None:
     """The longest a run of a compiled pipeline may take: its own deadline (``run_timeout_s``), else its training
     bound; None for a package with neither."""
-    deadline = _pipeline_config(package).get("activeDeadlineSeconds")
+    deadline = _package_documents(package)[2].get("activeDeadlineSeconds")
     return float(deadline) if deadline else training_bound_s(package)
-
-
-def _pipeline_config(package: str) -> dict[str, Any]:
-    import yaml
-
-    documents = [doc for doc in yaml.safe_load_all(Path(package).read_text("utf-8")) if doc]
-    return next((doc["platforms"]["kubernetes"]["pipelineConfig"] for doc in documents[1:]
-                 if "pipelineConfig" in doc.get("platforms", {}).get("kubernetes", {})), {})
 
 
 def check_schedule_fits(package: str, cron: str) -> None:
