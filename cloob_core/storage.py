@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import io
 import logging
 import os
 import random
@@ -114,11 +115,52 @@ def _filesystem(location: str | os.PathLike) -> Iterator[tuple[Any, str]]:
     except OSError as err:
         if str(location) in str(err):
             raise
-        code = getattr(err.__cause__, "response", {}).get("Error", {}).get("Code")
-        message = f"{location}: {err.strerror or err}" + (f" ({code})" if code else "")
-        named = type(err)(message)  # a message alone, so it reads as one line without "[Errno 16]" before it
-        named.errno = err.errno  # what callers test (a full disk, say) is kept
-        raise named from err
+        raise _named(err, location) from err
+
+
+def _named(err: OSError, location: str | os.PathLike) -> OSError:
+    """``err`` of s3fs as one line naming ``location`` and S3's error code."""
+    code = getattr(err.__cause__, "response", {}).get("Error", {}).get("Code")
+    message = f"{location}: {err.strerror or err}" + (f" ({code})" if code else "")
+    named = type(err)(message)  # a message alone, so it reads as one line without "[Errno 16]" before it
+    named.errno = err.errno  # what callers test (a full disk, say) is kept
+    return named
+
+
+class OverlappingLocations(StageError, ValueError):
+    """A stage's output that is one of its inputs, lies inside one, or holds one."""
+
+
+def _folder_of(location: str) -> str:
+    """The folder a location's files lie in, as one compares it with another: a brace pattern's folder, a file's
+    folder, a folder itself; local paths resolved (symlinks followed), S3 prefixes without their last slash."""
+    text = str(location)
+    if "{" in text:
+        text = text[:text.index("{")].rpartition("/")[0] or "."
+    elif text.endswith(".tar"):
+        text = text.rpartition("/")[0] or "."
+    if is_s3(text):
+        return text.rstrip("/")
+    return str(Path(text).resolve())
+
+
+def _within(inner: str, outer: str) -> bool:
+    return inner.startswith(outer.rstrip("/") + "/")
+
+
+def check_apart(output: tuple[str, str], *inputs: tuple[str, str]) -> None:
+    """Refuse an output (``(option, location)``) that is an input's folder, lies inside it, or holds it: a stage
+    that wrote there would replace what it reads. Local paths compare after their symlinks are followed."""
+    option, location = output
+    written = _folder_of(location)
+    for read_option, read in inputs:
+        source = _folder_of(read)
+        where = "is" if written == source else "lies inside" if _within(written, source) \
+            else "holds" if _within(source, written) else None
+        if where is not None:
+            raise OverlappingLocations(f"{option} {location} {where} the folder of {read_option} {read} ({written}): "
+                                       "writing there "
+                                       f"would replace what this stage reads; give {option} a folder of its own")
 
 
 def join(base: str | os.PathLike, *parts: str) -> str:
@@ -165,6 +207,22 @@ def _retry_environment() -> int | None:
     return int(value)
 
 
+class ReadFault(OSError):
+    """An object whose bytes storage did not give, after the tries: a network or storage fault, not a bad file."""
+
+
+def is_read_fault(err: BaseException) -> bool:
+    """Whether ``err``, met reading a file, says that storage did not give its bytes (an S3 answer of 503 or 500
+    after botocore's tries, a body cut short after ours, a local I/O error, a file gone), as opposed to bytes that
+    are there and wrong (tarfile's ``ReadError`` for a tar cut at rest, a bad image): a stage fails what it could not
+    read, for a later run to read again, rather than recording it as broken."""
+    return isinstance(err, OSError) or _transient(err)
+
+
+def _backoff(attempt: int) -> float:
+    return min(0.5 * 2 ** (attempt - 1), 8.0) * (0.5 + random.random() / 2)
+
+
 def _retried_read(location: str | os.PathLike, read: Callable[[], T]) -> T:
     """``read()`` of an object (idempotent), tried again with backoff when the body fails on the way; what
     remains after the tries is one error naming the object (an OSError: the user's storage, exit 2)."""
@@ -178,14 +236,19 @@ def _retried_read(location: str | os.PathLike, read: Callable[[], T]) -> T:
             if not _transient(err):
                 raise
             if attempt == attempts:
-                raise OSError(f"{location}: reading it failed {attempts} times, the last with "
-                              f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''} (a network "
-                              "or storage fault; AWS_MAX_ATTEMPTS sets the tries)") from err
-            delay = min(0.5 * 2 ** (attempt - 1), 8.0) * (0.5 + random.random() / 2)
+                raise _exhausted(location, attempts, err) from err
+            delay = _backoff(attempt)
             log.warning("%s: %s while reading (try %d of %d); again in %.1fs", location, type(err).__name__,
                         attempt, attempts, delay)
             time.sleep(delay)
     raise AssertionError("unreachable")
+
+
+def _exhausted(location: str | os.PathLike, attempts: int, err: BaseException, at: int | None = None) -> ReadFault:
+    where = "" if at is None else f" at byte {at:,}"
+    return ReadFault(f"{location}: reading it failed {attempts} times{where}, the last with {type(err).__name__}: "
+                     f"{str(err).splitlines()[0] if str(err) else ''} (a network or storage fault; AWS_MAX_ATTEMPTS "
+                     "sets the tries)")
 
 
 def read_bytes(location: str | os.PathLike) -> bytes:
@@ -395,8 +458,60 @@ def write_bytes(location: str | os.PathLike, data: bytes) -> None:
 
 
 def open_read(location: str) -> IO[bytes]:
-    """A reader of a file from start to end (a tar shard): local, or an S3 object fetched in large ranges."""
-    return _open(location, STREAM_BLOCK)
+    """A reader of a file from start to end (a tar shard): local, or an S3 object fetched in large ranges that
+    survives a body cut short (:class:`_ResumingRead`)."""
+    if not is_s3(location):
+        return open(location, "rb")
+    return _ResumingRead(location, _open(location, STREAM_BLOCK))
+
+
+class _ResumingRead(io.RawIOBase):
+    """An S3 object read front to back, opened again where the read stopped when its body is cut short (botocore
+    retries a request, not the body that follows it), as often in a row as a whole-object read tries; then a
+    :class:`ReadFault` naming the object and the byte. Any other S3 error is raised naming the object."""
+
+    def __init__(self, location: str, first: IO[bytes]):
+        self._location, self._file, self._offset = location, first, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        attempts = _read_attempts()
+        for attempt in range(1, attempts + 1):
+            try:
+                if self._file is None:
+                    self._file = _open(self._location, STREAM_BLOCK)
+                    self._file.seek(self._offset)
+                data = self._file.read(len(buffer))
+            except FileNotFoundError:
+                raise
+            except Exception as err:  # only the transient kinds are tried again; the rest named and raised
+                if not _transient(err):
+                    raise (_named(err, self._location) if isinstance(err, OSError)
+                           and self._location not in str(err) else err) from err
+                self._drop()
+                if attempt == attempts:
+                    raise _exhausted(self._location, attempts, err, self._offset) from err
+                delay = _backoff(attempt)
+                log.warning("%s: %s at byte %d (try %d of %d); reading on from there in %.1fs", self._location,
+                            type(err).__name__, self._offset, attempt, attempts, delay)
+                time.sleep(delay)
+                continue
+            buffer[:len(data)] = data
+            self._offset += len(data)
+            return len(data)
+        raise AssertionError("unreachable")
+
+    def _drop(self) -> None:
+        if self._file is not None:
+            with contextlib.suppress(Exception):
+                self._file.close()
+            self._file = None
+
+    def close(self) -> None:
+        self._drop()
+        super().close()
 
 
 def open_seekable(location: str) -> IO[bytes]:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import reprlib
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
 
 from cloob_core.errors import StageError
 
@@ -13,9 +14,42 @@ class ConfigError(StageError, ValueError):
     """A configuration that cannot run, with the offending key named."""
 
 
+# The largest magnitudes a setting may have, whatever its own bounds (a field may bound itself tighter): past them
+# the code's arithmetic fails where no one reads the setting's name: a factor of 1e308 times a step count is
+# infinity, which no step count is; an integer past 2**53 is not exact as a float, past 2**63 not a tensor's; a wait
+# past threading's TIMEOUT_MAX (about 292 years) is an OverflowError.
+MAX_FLOAT = 1e12
+MAX_INT = 2**53
+MAX_SECONDS = 1e9  # a setting in seconds (its name ends in _s): 31 years
+
+
 class _Section(BaseModel):
     # no NaN or infinity in any number: a NaN floor or tolerance compares false with everything and so holds nothing
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _computable(cls, value: Any, info: ValidationInfo) -> Any:
+        """Every number of every section, in lists and maps too, within what the code computes with."""
+        for number in _numbers(value):
+            bound = MAX_SECONDS if (info.field_name or "").endswith("_s") else \
+                MAX_INT if isinstance(number, int) else MAX_FLOAT
+            if abs(number) > bound:
+                most = f"{bound:g} seconds" if bound == MAX_SECONDS else f"{bound:g} in magnitude"
+                raise ValueError(f"{number!r} is past what the code computes with (at most {most})")
+        return value
+
+
+def _numbers(value: Any) -> list[int | float]:
+    if isinstance(value, bool):
+        return []
+    if isinstance(value, (int, float)):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [number for item in value for number in _numbers(item)]
+    if isinstance(value, dict):
+        return [number for item in value.values() for number in _numbers(item)]
+    return []
 
 
 def describe(err: ValidationError, what: str = "configuration") -> str:

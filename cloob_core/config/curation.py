@@ -62,8 +62,8 @@ class CurationConfig(_Section):
     target_split: str = Field("train", description="The split of target_images read (DataComp: ImageNet's train).")
     target_clusters: int | None = Field(None, ge=1, description="The target filter's k-means clusters (null: one "
                                         "per 1,000 samples; DataComp: 100,000 for 12.8M).")
-    seed: int = Field(0, description="The seed of the k-means fits and their samples: the same pool, settings and "
-                      "seed give the same kept set.")
+    seed: int = Field(0, ge=0, le=2**32 - 1, description="The seed of the k-means fits and their samples: the same "
+                      "pool, settings and seed give the same kept set (0 to 2**32 - 1, scikit-learn's range).")
 
     @field_validator("languages")
     @classmethod

@@ -48,8 +48,8 @@ class ObjectiveConfig(_Section):
         "on until a batch's loss is this fraction of the collapsed value below it (the run has left the collapsed "
         "value), for at most start_limit_factor times as many steps. 0: it ends at start_without_hopfield.")
     start_limit_factor: float = Field(
-        3.0, ge=1.0, allow_inf_nan=False, description="Hopfield objectives: the start without retrieval lasts at "
-        "most this many times start_without_hopfield's steps, whatever the margin.")
+        3.0, ge=1.0, le=1000.0, allow_inf_nan=False, description="Hopfield objectives: the start without retrieval "
+        "lasts at most this many times start_without_hopfield's steps, whatever the margin (at most 1000).")
     p_out: float = Field(0.1, gt=0.0, le=1.0, description="*_ring objectives (Wu et al.): each anchor keeps the "
                          "negatives ranked in its closest p_out fraction of candidates (BALL; paper: 10% on "
                          "CIFAR10, 0.3% on ImageNet).")
@@ -173,7 +173,8 @@ class TrainConfig(_Section):
                                  "after the first pass (docs/training.md, \"The sample cache\").")
     augment: bool = Field(True, description="open_clip's training transform (random resized crop) instead of "
                           "the evaluation one.")
-    seed: int = Field(0, description="Seed of initialisation, data order and augmentation.")
+    seed: int = Field(0, ge=0, le=2**32 - 1, description="Seed of initialisation, data order and augmentation "
+                      "(0 to 2**32 - 1, numpy's range).")
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
         "auto", description="Autocast precision; fp16 adds a GradScaler. auto: bf16 on a GPU that has it (fp16 on "
         "one without), fp32 on the CPU (where bf16 runs too, but slower).")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from cloob_core.curation.pool import ScoredPool
-from cloob_core.curation.score_table import read_part_embeddings
+from cloob_core.curation.score_table import read_part_rows
 from cloob_core.errors import StageError
 
 
@@ -24,13 +24,14 @@ def fit_centroids(pool: ScoredPool, clusters: int, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
     share = min(1.0, FIT_SAMPLE / pool.rows)
     sample = []
+    width = pool.index.embedding_width
     for part in pool.index.parts:
-        image, _ = read_part_embeddings(pool.scores, part)
+        image = read_part_rows(pool.scores, part, width).image
         chosen = rng.random(len(image)) < share
         sample.append(image[chosen].astype(np.float32))
-    points = np.concatenate(sample) if sample else np.zeros((0, pool.index.embedding_width), np.float32)
+    points = np.concatenate(sample) if sample else np.zeros((0, width), np.float32)
     if len(points) < clusters:  # a small pool's sample: take it whole
-        points = np.concatenate([read_part_embeddings(pool.scores, part)[0].astype(np.float32)
+        points = np.concatenate([read_part_rows(pool.scores, part, width).image.astype(np.float32)
                                  for part in pool.index.parts])
     fitted = KMeans(n_clusters=clusters, n_init=1, random_state=seed).fit(points)
     centroids = fitted.cluster_centers_.astype(np.float32)

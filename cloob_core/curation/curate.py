@@ -8,7 +8,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from cloob_core import lease, publish
+from cloob_core import lease, publish, storage
 from cloob_core.config import CloobConfig, ConfigError
 from cloob_core.curation.figures import contact_sheet_png, score_histogram_png
 from cloob_core.curation.filters import filters_of
@@ -19,7 +19,7 @@ from cloob_core.data.engine import connect
 from cloob_core.data.shard_files import CURATION_REPORT
 from cloob_core.errors import StageError
 from cloob_core.evaluation.inputs import ImageSet, load_images
-from cloob_core.io import json_bytes
+from cloob_core.io import write_json, write_text
 from cloob_core.model.source import ModelSource, load_model
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ class CurateResult:
 
 def _report(selection: Selection, config: CloobConfig, scores: str) -> dict[str, object]:
     return {"rows": selection.rows, "kept": selection.kept, "removed": selection.removed,
-            "removed_by": selection.removed_by,
+            "removed_by": selection.removed_by, "settings_of_reasons": selection.settings,
             "overlaps": [{"filters": list(pair), "removed": count} for pair, count in selection.overlaps.items()],
             "settings": config.curation.model_dump(), "scores": scores}
 
@@ -95,11 +95,18 @@ def target_set(config: CloobConfig) -> ImageSet | None:
                           f"({err})") from None
 
 
-@lease.holding("output")
 def curate(shards: str, scores: str, output: str, config: CloobConfig, model: ModelSource | None = None,
            workers: int = 0) -> CurateResult:
     """Apply ``config.curation``'s filters to the pool ``shards`` scored in ``scores``; write ``output``.
-    Decontamination embeds the evaluation sets with ``model``, the scoring model."""
+    Decontamination embeds the evaluation sets with ``model``, the scoring model. An ``output`` that is, lies in or
+    holds the pool or its scores is refused before anything is written there."""
+    storage.check_apart(("--output", output), ("--shards", shards), ("--scores", scores))
+    return _curate(shards, scores, output, config, model, workers)
+
+
+@lease.holding("output")
+def _curate(shards: str, scores: str, output: str, config: CloobConfig, model: ModelSource | None,
+            workers: int) -> CurateResult:
     sets, reference = evaluation_sets(config), target_set(config)
     embeds = "curation.decontaminate" if sets else "curation.target_images" if reference is not None else None
     if embeds and model is None:
@@ -111,17 +118,21 @@ def curate(shards: str, scores: str, output: str, config: CloobConfig, model: Mo
         log.warning("no curation filter is set: every sample is kept (set curation.* in params.yaml)")
     with connect(config.engine, [shards, scores]) as connection:
         pool = open_pool(shards, scores, connection)
+        if pool.rows == 0:
+            raise CurationError(f"the pool {shards} is empty: its scores ({scores}) hold no sample, since none of "
+                                "its images decoded (see the score stage's unreadable count); nothing to curate")
         selection = select(pool, filters)
         if selection.kept == 0:
-            worst = selection.most_removing()
-            raise CurationError(f"the curation keeps none of the {selection.rows:,} samples; curation.{worst} "
-                                f"removed the most ({selection.removed_by.get(worst or '', 0):,}): loosen it")
+            worst = selection.most_removing() or ""
+            raise CurationError(f"the curation keeps none of the {selection.rows:,} samples; "
+                                f"curation.{selection.settings[worst]} removed the most "
+                                f"({selection.removed_by[worst]:,}): loosen it")
         with publish.staged(output) as staging:
             folder = Path(staging)
-            summary = reshard(pool, folder, config.preprocess.shard_size)
+            summary = reshard(pool, folder, config.preprocess.shard_size, selection.kept)
             write_kept_table(pool, folder / KEPT_FILE)
-            (folder / REPORT_JSON).write_bytes(json_bytes(_report(selection, config, scores)))
-            (folder / REPORT_MD).write_text(_report_md(selection))
+            write_json(folder / REPORT_JSON, _report(selection, config, scores))
+            write_text(folder / REPORT_MD, _report_md(selection))
             score_histogram_png(pool, folder / HISTOGRAM)
             contact_sheet_png(pool, folder / CONTACT_SHEET)
     return CurateResult(output, selection, len(summary.sizes))

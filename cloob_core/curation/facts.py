@@ -74,6 +74,11 @@ def caption_language(caption: str) -> tuple[str, float]:
     return (str(found[0]["lang"]), float(found[0]["score"])) if found else ("und", 0.0)
 
 
+def sample_caption(raw: dict[str, Any]) -> str:
+    """A pool sample's caption as scoring reads it: its txt member ("" without one)."""
+    return raw["txt"].decode("utf-8") if "txt" in raw else ""
+
+
 @dataclass(frozen=True)
 class Describer:
     """The ``describe`` that scoring gives the image loader: picklable, holding only the tokenizer."""
@@ -81,7 +86,7 @@ class Describer:
     tokenizer: Callable[[Sequence[str]], Tensor]
 
     def __call__(self, raw: dict[str, Any], image: bytes, decoded: Image.Image) -> SampleFacts:
-        caption = raw["txt"].decode("utf-8") if "txt" in raw else ""
+        caption = sample_caption(raw)
         meta = json.loads(raw["json"]) if "json" in raw else {}
         language, confidence = caption_language(caption)
         url = meta.get("url") if isinstance(meta, dict) else None

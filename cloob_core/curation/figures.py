@@ -8,10 +8,8 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw
 
-from cloob_core.curation.pool import SCORES_VIEW, ScoredPool
+from cloob_core.curation.pool import SCORES_VIEW, ScoredPool, scored_samples
 from cloob_core.curation.selection import REMOVED_TABLE
-from cloob_core.data.shard_files import shard_list
-from cloob_core.data.writer import tar_samples
 from cloob_core.evaluation.inputs import sample_image
 from cloob_core.io import atomic_write
 from cloob_core.plots import plt, save_png
@@ -57,15 +55,17 @@ def _rows(pool: ScoredPool, kept: bool, count: int) -> list[tuple[str, int, str,
             ORDER BY s.clip_score {order}, s.shard, s.position LIMIT {int(count)}""").fetchall()
 
 
-def _images(pool: ScoredPool, rows: list[tuple[str, int, str, str, float]]) -> dict[tuple[str, str], bytes]:
-    """The image bytes of ``rows``, each source tar read once."""
-    urls = {url.rpartition("/")[2].removesuffix(".tar"): url for url in shard_list(pool.shards)[0]}
-    found: dict[tuple[str, str], bytes] = {}
+def _images(pool: ScoredPool, rows: list[tuple[str, int, str, str, float]]) -> dict[tuple[str, int], bytes]:
+    """The image bytes of ``rows`` by shard and position, each source tar read once."""
+    found: dict[tuple[str, int], bytes] = {}
     for shard in sorted({row[0] for row in rows}):
-        keys = {row[2] for row in rows if row[0] == shard}
-        for key, members in tar_samples(urls[shard], keys.__contains__):
-            if key in keys:
-                found[shard, key] = sample_image({"__key__": key, **members})
+        positions = sorted({row[1] for row in rows if row[0] == shard})
+        wanted = pool.connection.execute(
+            f"SELECT position, key, sha256, caption FROM {SCORES_VIEW} WHERE shard = ? AND position IN "
+            f"({', '.join(str(int(p)) for p in positions)}) ORDER BY position", [shard]).fetchall()
+        table = [dict(zip(("position", "key", "sha256", "caption"), row, strict=True)) for row in wanted]
+        for row, raw in scored_samples(pool, shard, table):
+            found[shard, row["position"]] = sample_image(raw)
     return found
 
 
@@ -94,7 +94,7 @@ def contact_sheet_png(pool: ScoredPool, path: Path, count: int = 12) -> Path:
     images = _images(pool, kept + removed)
     sheet = Image.new("RGB", (TILE * max(count, 1), 2 * (TILE + 14 * (CAPTION_LINES + 1))), "white")
     for row, chosen in enumerate((kept, removed)):
-        for column, (shard, _, key, caption, score) in enumerate(chosen):
-            sheet.paste(_tile(images.get((shard, key)), caption, score),
+        for column, (shard, position, _, caption, score) in enumerate(chosen):
+            sheet.paste(_tile(images.get((shard, position)), caption, score),
                         (column * TILE, row * (TILE + 14 * (CAPTION_LINES + 1))))
     return atomic_write(path, lambda tmp: sheet.save(tmp, format="PNG"))

@@ -3,8 +3,10 @@ as one DuckDB view (``scores``) that the engine streams column by column, within
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cloob_core.curation.score_table import ScoreIndex, ScoresError, check_part_file, part_file, read_index
 from cloob_core.data.shard_files import shard_list, shards_fingerprint
@@ -48,6 +50,52 @@ def open_pool(shards: str, scores: str, connection: duckdb.DuckDBPyConnection) -
     listed = ", ".join("'" + file.replace("'", "''") + "'" for file in files)
     connection.execute(f"CREATE VIEW {SCORES_VIEW} AS SELECT * FROM read_parquet([{listed}])")
     return ScoredPool(shards, scores, index, connection)
+
+
+class ShardChanged(ScoresError):
+    """A shard whose samples are not the ones its scores were made of."""
+
+
+def scored_samples(pool: ScoredPool, shard: str, rows: list[dict[str, Any]]) -> Iterator[tuple[dict[str, Any],
+                                                                                              dict[str, Any]]]:
+    """``(row, sample)`` for each of ``rows`` (score-table rows of shard ``shard``, in position order), the
+    sample read from the tar as scoring read it: webdataset's grouping of members into samples, at the row's
+    position, its key, image and caption checked against what was scored. A shard that changed since is
+    :class:`ShardChanged`, naming it and the command that scores it again; a read fault is raised as it is."""
+    import webdataset as wds
+
+    from cloob_core.curation.facts import sample_caption
+    from cloob_core.data.shard_files import register_s3
+    from cloob_core.evaluation.inputs import sample_image
+
+    register_s3()
+    url = _shard_urls(pool)[shard]
+    wanted = iter(rows)
+    row = next(wanted, None)
+    for position, raw in enumerate(wds.tarfile_samples([{"url": url}], handler=wds.reraise_exception)):
+        if row is None:
+            return
+        if position < row["position"]:
+            continue
+        image = sample_image(raw) if any(k in raw for k in ("jpg", "jpeg", "png", "webp")) else b""
+        found = (str(raw["__key__"]), hashlib.sha256(image).hexdigest(), sample_caption(raw))
+        if found != (row["key"], row["sha256"], row["caption"]):
+            what = next(name for name, a, b in zip(("key", "image", "caption"), found,
+                                                   (row["key"], row["sha256"], row["caption"]), strict=True) if a != b)
+            raise ShardChanged(f"{url} changed since it was scored: its sample at position {position} "
+                               f"({found[0]!r}) has another {what} than the one scored ({row['key']!r}); score "
+                               f"the pool again (`cloob data score --shards {pool.shards} --output {pool.scores}`: "
+                               "it scores only the shards that changed), then curate")
+        yield row, raw
+        row = next(wanted, None)
+    if row is not None:
+        raise ShardChanged(f"{url} changed since it was scored: it ends before position {row['position']}, which was "
+                           f"scored ({row['key']!r}); score the pool again (`cloob data score --shards {pool.shards} "
+                           f"--output {pool.scores}`: it scores only the shards that changed), then curate")
+
+
+def _shard_urls(pool: ScoredPool) -> dict[str, str]:
+    return {url.rpartition("/")[2].removesuffix(".tar"): url for url in shard_list(pool.shards)[0]}
 
 
 def check_scoring_model(model: EvalModel, pool: ScoredPool, use: str) -> None:

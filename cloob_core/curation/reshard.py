@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cloob_core.curation.pool import SCORES_VIEW, ScoredPool
+from cloob_core.curation.pool import SCORES_VIEW, ScoredPool, scored_samples
 from cloob_core.curation.selection import REMOVED_TABLE
-from cloob_core.data.shard_files import shard_list
 from cloob_core.data.summary import OutputSummary, summarize
-from cloob_core.data.writer import FAILURES_SUFFIX, STATS_SUFFIX, ShardRecord, ShardWriter, shard_name, tar_samples
-from cloob_core.io import json_bytes
+from cloob_core.data.writer import FAILURES_SUFFIX, STATS_SUFFIX, ShardRecord, ShardWriter, shard_name
+from cloob_core.errors import StageError
+from cloob_core.io import atomic_write, naming_full_disk, write_json
 
 _BATCH = 65_536  # kept rows fetched from the engine at a time
 _CARRIED = ("clip_score", "language", "language_confidence", "phash", "shard", "position")
@@ -61,28 +61,33 @@ class _Kept:
 
 
 def _kept_samples(pool: ScoredPool) -> Iterator[_Kept]:
-    """The kept samples in pool order, each source tar read once, front to back."""
-    urls = {url.rpartition("/")[2].removesuffix(".tar"): url for url in shard_list(pool.shards)[0]}
+    """The kept samples in pool order, each source tar read once, front to back, each sample the one scored at
+    its row's position (:func:`scored_samples`)."""
     for source, rows in _by_source(_kept_rows(pool)):
-        wanted = {row["key"]: row for row in rows}
-        for key, members in tar_samples(urls[source], lambda key: key in wanted):  # noqa: B023
-            row = wanted.get(key)
-            if row is not None:
-                meta = json.loads(members["json"]) if members.get("json") else {}
-                yield _Kept(_sample(key, members, meta, row), str(meta.get("sha256") or row["sha256"]),
-                            (row["width"], row["height"]))
+        for row, raw in scored_samples(pool, source, rows):
+            members = {suffix: data for suffix, data in raw.items() if not suffix.startswith("__")}
+            meta = json.loads(members["json"]) if members.get("json") else {}
+            yield _Kept(_sample(row["key"], members, meta, row), str(meta.get("sha256") or row["sha256"]),
+                        (row["width"], row["height"]))
 
 
-def reshard(pool: ScoredPool, folder: Path, shard_size: int) -> OutputSummary:
-    """The kept samples into shards of ``shard_size`` in the local folder ``folder`` (a staging folder), with the
-    summary files; returns the summary."""
+class ReshardMismatch(StageError):
+    """The resharded samples are not the selection's: a defect, never written as a curated pool."""
+
+    exit_code = 1
+
+
+def reshard(pool: ScoredPool, folder: Path, shard_size: int, expected: int) -> OutputSummary:
+    """The ``expected`` samples the selection keeps into shards of ``shard_size`` in the local folder ``folder`` (a
+    staging folder), with the summary files; returns the summary. Fewer or more samples written than kept is
+    :class:`ReshardMismatch`."""
     samples = _kept_samples(pool)
     number = 0
     while (first := next(samples, None)) is not None:
         name = shard_name(number)
         tar = folder / f"{name}.tar"
         entries, sides = [], []
-        with open(tar, "wb") as handle, ShardWriter(handle) as writer:
+        with naming_full_disk(tar), open(tar, "wb") as handle, ShardWriter(handle) as writer:
             for kept in itertools.chain([first], itertools.islice(samples, shard_size - 1)):
                 writer.write_sample(kept.record)
                 entries.append([kept.record["__key__"], kept.original_sha256])
@@ -90,13 +95,17 @@ def reshard(pool: ScoredPool, folder: Path, shard_size: int) -> OutputSummary:
         record = ShardRecord(name=name, shard=number, round=0, rows=len(entries), successes=len(entries),
                              failures_by_reason={}, tar=tar.name, samples=entries,
                              image_sides={"min": min(sides), "max": max(sides)}, tar_bytes=tar.stat().st_size)
-        (folder / f"{name}{STATS_SUFFIX}").write_bytes(json_bytes(record.to_json()))
-        (folder / f"{name}{FAILURES_SUFFIX}").write_bytes(b"")
+        write_json(folder / f"{name}{STATS_SUFFIX}", record.to_json())
+        atomic_write(folder / f"{name}{FAILURES_SUFFIX}", lambda tmp: tmp.write_bytes(b""))
         number += 1
     summary = summarize(str(folder))
-    (folder / "sizes.json").write_bytes(json_bytes(summary.sizes))
-    (folder / "stats.json").write_bytes(json_bytes(summary.stats))
-    (folder / "failures.jsonl").write_bytes(b"")
+    written = sum(summary.sizes.values())
+    if written != expected:
+        raise ReshardMismatch(f"resharding wrote {written:,} samples where the curation keeps {expected:,}: nothing is "
+                              "published (an internal error; report it)")
+    write_json(folder / "sizes.json", summary.sizes)
+    write_json(folder / "stats.json", summary.stats)
+    atomic_write(folder / "failures.jsonl", lambda tmp: tmp.write_bytes(b""))
     return summary
 
 

@@ -35,6 +35,7 @@ from cloob_core.curation.score_table import (
     PartRecord,
     ScoreIndex,
     ScoresError,
+    part_sizes,
     read_part_record,
     schema,
     write_index,
@@ -49,6 +50,7 @@ from cloob_core.data.shard_files import (
     shard_sizes,
     shards_fingerprint,
 )
+from cloob_core.errors import StageError
 from cloob_core.evaluation.image_loader import SHARD_STRIDE, Batch, Unreadable, image_batches, readers_per_shard
 from cloob_core.evaluation.inputs import ImageSet, Record, ShardStream, sample_image
 from cloob_core.memory_limit import naming_killed_workers
@@ -134,8 +136,9 @@ def _same_model(a: ModelStamp, b: ModelStamp) -> bool:
     return (a.fingerprint, a.architecture) == (b.fingerprint, b.architecture)
 
 
-def _done(output: str, shard: _Shard, stamp: ModelStamp) -> PartRecord | None:
-    """The shard's part where it is there, of the shard as it is now; a part by another model is refused."""
+def _done(output: str, shard: _Shard, stamp: ModelStamp, sizes: dict[str, int]) -> PartRecord | None:
+    """The shard's part where it is there, of the shard as it is now, its files as its record has them
+    (``sizes``: :func:`part_sizes`); a part by another model is refused."""
     record = read_part_record(output, shard.name)
     if record is None:
         return None
@@ -146,6 +149,9 @@ def _done(output: str, shard: _Shard, stamp: ModelStamp) -> PartRecord | None:
     if (record.shard_size, record.shard_version) != (shard.size, shard.version):
         log.info("%s changed since it was scored: scoring it again", shard.url)
         return None
+    if not record.files_match(output, sizes):
+        log.info("%s: its part's files are missing or not as its record has them: scoring it again", shard.url)
+        return None
     return record
 
 
@@ -153,6 +159,7 @@ def score(request: ScoreRequest, model: EvalModel | None = None) -> ScoreResult:
     """Score the partition's shards that lack a part; write the index when the whole pool has its parts. ``model``:
     ``request.model`` already loaded (a pipeline's step names the output by its fingerprint)."""
     started = time.monotonic()
+    storage.check_apart(("--output", request.output), ("--shards", request.shards))
     shards = _pool(request.shards)
     model = model or load_model(request.model)
     stamp = ModelStamp(model.fingerprint, model.architecture, model.precision)
@@ -160,21 +167,41 @@ def score(request: ScoreRequest, model: EvalModel | None = None) -> ScoreResult:
     with lease.writing(request.output, _owner(partition),
                        f"partition {partition.index}/{partition.count} of {request.output}"):
         owned = [shards[i] for i in partition.shards(len(shards))]
-        todo = [shard for shard in owned if _done(request.output, shard, stamp) is None]
+        sizes = part_sizes(request.output)
+        todo = [shard for shard in owned if _done(request.output, shard, stamp, sizes) is None]
         scoring = _Scoring(request, model, stamp, todo)
         if todo:
             scoring.run()
         index = _index_if_complete(request.output, shards, stamp)
-    return ScoreResult(request.output, len(shards), len(owned), len(todo), scoring.rows, scoring.skips.skipped, index,
-                       time.monotonic() - started)
+    result = ScoreResult(request.output, len(shards), len(owned), len(todo) - len(scoring.failed), scoring.rows,
+                         scoring.skips.skipped, index, time.monotonic() - started)
+    if scoring.failed:
+        name, why = next(iter(scoring.failed.items()))
+        url = next(shard.url for shard in owned if shard.name == name)
+        raise ShardsNotRead(f"{len(scoring.failed)} of this run's {len(owned)} shard(s) could not be read from "
+                            f"storage, so they have no part: {url} ({why}); the rest are scored: run the same command "
+                            "again to score them", details="\n".join(result.lines))
+    return result
+
+
+class ShardsNotRead(StageError):
+    """Shards that storage did not give whole (a network or storage fault after the tries): left without a part,
+    for the next run to score; the run's exit status says so (1: not the user's mistake, and a pipeline tries the
+    step again)."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, details: str):
+        super().__init__(message)
+        self.details = details
 
 
 def _index_if_complete(output: str, shards: list[_Shard], stamp: ModelStamp) -> ScoreIndex | None:
     """The index, written, when every shard has its part by this model; else None. Its bytes do not depend on
     which run writes it (the partitions' last ones may both do)."""
-    records = []
+    records, sizes = [], part_sizes(output)
     for shard in shards:
-        record = _done(output, shard, stamp)
+        record = _done(output, shard, stamp, sizes)
         if record is None:
             return None
         records.append(record)
@@ -211,6 +238,7 @@ class _Scoring:
         self.request, self.model, self.stamp, self.todo = request, model, stamp, todo
         self.skips = SkipCounter()
         self.rows = 0
+        self.failed: dict[str, str] = {}  # shard name -> why storage did not give it
 
     def run(self) -> None:
         request, model = self.request, self.model
@@ -246,11 +274,15 @@ class _Scoring:
                 self.skips(Unreadable(why), lost)
             if len(batch.keys):
                 self._embed(batch, in_flight)
+            for shard, why in batch.failed or ():
+                self.failed.setdefault(self.todo[shard].name, why)
             for shard in batch.ended or ():
                 rows = in_flight.setdefault(shard, _Rows())
                 rows.ends += 1
                 if rows.ends == readers:
-                    self._write(self.todo[shard], in_flight.pop(shard))
+                    finished = in_flight.pop(shard)
+                    if self.todo[shard].name not in self.failed:  # a shard storage did not give has no part
+                        self._write(self.todo[shard], finished)
             if balance is not None:
                 balance.record(arrived - waited, time.perf_counter() - arrived)
             bar.update(len(batch.keys) + sum(lost for _, lost in batch.unreadable))

@@ -80,9 +80,24 @@ class PartRecord:
     model: ModelStamp
     table_sha256: str
     embeddings_sha256: str
+    table_bytes: int | None = None  # the files' sizes (None: a record from before they were kept)
+    embeddings_bytes: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    def files_match(self, scores: str, sizes: dict[str, int]) -> bool:
+        """Whether the part's two files are there as this record has them: by their sizes in ``sizes`` (a listing
+        of the parts folder: no file read), or, for a record without sizes, by their digests."""
+        table, embeddings = f"{self.name}.parquet", f"{self.name}.npz"
+        if self.table_bytes is not None and self.embeddings_bytes is not None:
+            return sizes.get(table) == self.table_bytes and sizes.get(embeddings) == self.embeddings_bytes
+        try:
+            check_part_file(part_file(scores, self.name, ".parquet"), self.table_sha256)
+            check_part_file(part_file(scores, self.name, ".npz"), self.embeddings_sha256)
+        except ScoresError:
+            return False
+        return True
 
     @classmethod
     def from_json(cls, data: Any, where: str) -> PartRecord:
@@ -126,9 +141,15 @@ def read_part_record(scores: str, name: str) -> PartRecord | None:
     return PartRecord.from_json(data, location)
 
 
+def part_sizes(scores: str) -> dict[str, int]:
+    """The size of every file of the scores folder's parts, by file name: one listing."""
+    return {name: size for name, size, _ in storage.tree_entries(storage.join(scores, PARTS)) if "/" not in name}
+
+
 def write_part(scores: str, record_of: Any, table: Any, image: np.ndarray, text: np.ndarray) -> PartRecord:
-    """Write a part's table and embeddings, then its record (``record_of(table_sha256, embeddings_sha256)``), each
-    atomically: a part is done once its record is there."""
+    """Write a part's table and embeddings, then its record (``record_of(table_sha256, embeddings_sha256,
+    table_bytes, embeddings_bytes)``), each atomically: a part is done once its record is there and its files
+    match it."""
     import pyarrow.parquet as pq
 
     buffer = io.BytesIO()
@@ -137,7 +158,8 @@ def write_part(scores: str, record_of: Any, table: Any, image: np.ndarray, text:
     buffer = io.BytesIO()
     np.savez(buffer, image=image.astype(np.float16), text=text.astype(np.float16))
     embedding_bytes = buffer.getvalue()
-    record: PartRecord = record_of(hashlib.sha256(table_bytes).hexdigest(), hashlib.sha256(embedding_bytes).hexdigest())
+    record: PartRecord = record_of(hashlib.sha256(table_bytes).hexdigest(), hashlib.sha256(embedding_bytes).hexdigest(),
+                                   len(table_bytes), len(embedding_bytes))
     storage.write_bytes(part_file(scores, record.name, ".parquet"), table_bytes)
     storage.write_bytes(part_file(scores, record.name, ".npz"), embedding_bytes)
     storage.write_bytes(part_file(scores, record.name, ".json"), json_bytes(record.to_json()))
@@ -172,7 +194,8 @@ def _missing(location: str) -> ScoresError:
 
 def _changed(location: str) -> ScoresError:
     return ScoresError(f"{location} does not match the digest its index records: it changed or was cut after it "
-                       "was scored (score the pool again into a new --output)")
+                       "was scored (delete it and score the pool again into the same --output: a part whose files "
+                       "are not there is scored again)")
 
 
 def check_part_file(location: str, digest: str) -> None:
@@ -215,7 +238,8 @@ def read_part_table(scores: str, record: PartRecord) -> Any:
 
 
 def read_part_embeddings(scores: str, record: PartRecord) -> tuple[np.ndarray, np.ndarray]:
-    """A part's image and text embeddings (float16, ``[rows, width]``), their bytes checked against the record."""
+    """A part's image and text embeddings (float16, ``[rows, width]``; ``[0, 0]`` for a part without rows), their
+    bytes checked against the record."""
     width = record.width
     location = part_file(scores, record.name, ".npz")
     data = _checked_bytes(scores, record, ".npz", record.embeddings_sha256)
@@ -229,3 +253,31 @@ def read_part_embeddings(scores: str, record: PartRecord) -> tuple[np.ndarray, n
             raise ScoresError(f"{location} holds embeddings of shape {list(array.shape)}, not [{record.rows}, "
                               f"{width}]")
     return image, text
+
+
+@dataclass(frozen=True)
+class PartRows:
+    """A part's rows as a filter that reads embeddings takes them, in the part's order: each row's position in its
+    shard (where the sample lay in the tar, as scoring read it: not the row's number, since an unreadable sample
+    leaves a gap), its image-text cosine, and its embeddings, ``[rows, width]`` with the pool's width even for a
+    part without rows (a shard in which nothing decoded)."""
+
+    name: str
+    positions: np.ndarray  # int32
+    clip_scores: np.ndarray  # float32
+    image: np.ndarray  # float16
+    text: np.ndarray
+
+
+def read_part_rows(scores: str, record: PartRecord, width: int) -> PartRows:
+    """Part ``record`` of the scores folder ``scores`` whose embeddings are ``width`` wide, checked as read."""
+    table = read_part_table(scores, record)
+    if not record.rows:
+        empty = np.zeros((0, width), np.float16)
+        return PartRows(record.name, np.zeros(0, np.int32), np.zeros(0, np.float32), empty, empty)
+    image, text = read_part_embeddings(scores, record)
+    if image.shape[1] != width:
+        raise ScoresError(f"{part_file(scores, record.name, '.npz')} holds embeddings {image.shape[1]} wide, the "
+                          f"pool's are {width}: a part of another model")
+    return PartRows(record.name, table.column("position").to_numpy().astype(np.int32),
+                    table.column("clip_score").to_numpy(zero_copy_only=False).astype(np.float32), image, text)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from cloob_core.curation.filters import Filter
 from cloob_core.curation.pool import SCORES_VIEW, ScoredPool
+from cloob_core.io import DiskFull
 
 REMOVED_TABLE = "removed"
 
@@ -21,6 +22,7 @@ class Selection:
     kept: int
     removed_by: dict[str, int]  # reason -> samples it removed (a sample removed by two filters counts in both)
     overlaps: dict[tuple[str, str], int]  # (reason, reason) in order -> samples both removed
+    settings: dict[str, str]  # reason -> the curation setting of the filter that gives it
 
     @property
     def removed(self) -> int:
@@ -45,7 +47,8 @@ def select(pool: ScoredPool, filters: list[Filter]) -> Selection:
             WHERE a.reason < b.reason GROUP BY ALL ORDER BY ALL""").fetchall()}
     (removed,) = connection.execute(
         f"SELECT count(*) FROM (SELECT DISTINCT shard, position FROM {REMOVED_TABLE})").fetchone()
-    return Selection(pool.rows, pool.rows - removed, removed_by, overlaps)
+    return Selection(pool.rows, pool.rows - removed, removed_by, overlaps,
+                     {chosen.reason: chosen.setting for chosen in filters})
 
 
 KEPT_QUERY = f"""SELECT s.key, s.shard, s.position, r.reasons IS NULL AS kept,
@@ -59,5 +62,12 @@ KEPT_QUERY = f"""SELECT s.key, s.shard, s.position, r.reasons IS NULL AS kept,
 def write_kept_table(pool: ScoredPool, path: Path) -> None:
     """The kept table as parquet: every sample sorted by key (then shard and position), whether it was kept, the
     reasons that removed it (none for a kept one) and its score. Written by the engine, out of core."""
+    import duckdb
+
     target = str(path).replace("'", "''")
-    pool.connection.execute(f"COPY ({KEPT_QUERY}) TO '{target}' (FORMAT parquet, COMPRESSION zstd)")
+    try:
+        pool.connection.execute(f"COPY ({KEPT_QUERY}) TO '{target}' (FORMAT parquet, COMPRESSION zstd)")
+    except duckdb.IOException as err:  # DuckDB's own error for a write the disk refused, not an OSError
+        if "No space left on device" in str(err):
+            raise DiskFull(f"no space left on device writing {path}") from None
+        raise

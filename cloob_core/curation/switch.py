@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cloob_core import publish
+from cloob_core import publish, storage
 from cloob_core.config import CloobConfig, ConfigError
 from cloob_core.io import write_json
 from cloob_core.model.starting_weights import PRODUCTION, named_weights
@@ -87,6 +87,7 @@ def record_off(output: str) -> str:
 def pass_through(shards: str, output: str) -> int:
     """The curate stage while curation is off: ``output`` is the pool ``shards`` (a local folder) as it is, its
     files hard-linked; the number of files."""
+    storage.check_apart(("--output", output), ("--shards", shards))
     source = Path(shards)
     if not (source / "sizes.json").is_file():
         raise ConfigError(f"--shards {shards}: not a local shard folder with sizes.json (the pipeline's pool)")

@@ -336,6 +336,7 @@ def _check_curation(context: Any, gx: Any, gxe: Any, shards: str, config: CloobC
     try:
         curation = parse_json(storage.read_bytes(location), location)
         rows, kept, removed_by = int(curation["rows"]), int(curation["kept"]), dict(curation["removed_by"])
+        settings = dict(curation.get("settings_of_reasons") or {})  # (a report from before it: the reasons)
     except FileNotFoundError:
         return
     except (KeyError, TypeError, ValueError, AttributeError) as err:
@@ -349,7 +350,8 @@ def _check_curation(context: Any, gx: Any, gxe: Any, shards: str, config: CloobC
     for check in checks:
         check.unexpected, check.examples = None, []
         check.observed = f"{kept:,} of {rows:,} kept ({fraction:.1%})"
-        check.advice = (f"curation.{worst} removed the most ({removed_by.get(worst, 0):,}); loosen it, or lower "
+        check.advice = (f"curation.{settings.get(worst, worst)} removed the most ({removed_by.get(worst, 0):,}); "
+                        "loosen it, or lower "
                         "validation.min_curated_fraction")
     report.checks += checks
     report.raw["shard_curation"] = raw

@@ -25,6 +25,7 @@ import torch
 from PIL import Image
 from torch import Tensor
 
+from cloob_core import storage
 from cloob_core.errors import StageError
 from cloob_core.evaluation.inputs import ImageSet, Indexed, Record, ShardStream
 from cloob_core.evaluation.kept import KeptInputs
@@ -56,6 +57,8 @@ class Batch:
     facts: list[Any] | None = None  # describe's result for each readable sample, where a describe was given
     ended: list[int] | None = None  # shards a worker finished reading (with mark_ends): all of their samples a
     # worker reads are in this batch or an earlier one
+    failed: list[tuple[int, str]] | None = None  # shards storage did not give whole (with mark_ends), and why: their
+    # samples in this batch or earlier ones are not the shard's
 
     def pin_memory(self) -> Batch:  # called by the DataLoader's pinning thread when it pins
         self.images = self.images.pin_memory()
@@ -68,8 +71,17 @@ class _Ended(NamedTuple):
     shard: int
 
 
-# (pixels, key, record, facts), or (None, samples lost, why they did not read, None), or (None, 0, _Ended, None)
-_Item = tuple[Tensor | None, int, Record | str | _Ended, Any]
+class _Failed(NamedTuple):
+    """A worker's mark that storage did not give a shard's bytes (:func:`storage.is_read_fault`): the shard is
+    not read, as opposed to a shard whose samples are broken."""
+
+    shard: int
+    why: str
+
+
+# (pixels, key, record, facts), or (None, samples lost, why they did not read, None), or (None, 0, _Ended or
+# _Failed, None)
+_Item = tuple[Tensor | None, int, Record | str | _Ended | _Failed, Any]
 
 
 class _IndexedImages(torch.utils.data.Dataset):
@@ -115,7 +127,8 @@ class _StreamedImages(torch.utils.data.IterableDataset):
         """The samples of one tar (with ``share`` (worker, workers): those at the worker's positions). A tar that
         breaks (cut short, corrupt, or ending before the samples its set records) is one item counting the
         samples it lost, reported by one worker: the sample the break cut is one of them, not an unreadable sample
-        of its own."""
+        of its own. A tar that storage did not give (a read fault after the tries) is not a broken tar: with
+        ``mark_ends`` it is marked failed, for the caller to read again later; otherwise the fault is raised."""
         import io
 
         import webdataset as wds
@@ -145,6 +158,14 @@ class _StreamedImages(torch.utils.data.IterableDataset):
                         None)
                 continue
             yield pixels, shard * SHARD_STRIDE + position, record, facts
+        if errors and storage.is_read_fault(errors[0]):
+            if not self.mark_ends:
+                raise errors[0]
+            first = errors[0].args[0] if errors[0].args else errors[0]  # webdataset adds " @ <the stream>", and
+            said = str(first).split(" @ ")[0].splitlines()  # the URL as an argument of its own
+            yield None, 0, _Failed(shard, f"{type(errors[0]).__name__}: {said[0][:200]}" if said
+                                   else type(errors[0]).__name__), None
+            return
         size = None if self.reader.sizes is None else self.reader.sizes[shard]
         broke = bool(errors) or (size is not None and read < size)
         cut = broke and last is not None and not self._parses(last)
@@ -202,11 +223,12 @@ def _collate(items: list[_Item]) -> Batch:
     readable = [item for item in items if item[0] is not None]
     images = torch.stack([item[0] for item in readable]) if readable else torch.empty(0)
     ended = [item[2].shard for item in items if isinstance(item[2], _Ended)]
+    failed = [(item[2].shard, item[2].why) for item in items if isinstance(item[2], _Failed)]
     described = any(item[3] is not None for item in readable)
     return Batch(images, torch.tensor([item[1] for item in readable], dtype=torch.int64),
                  [item[2] for item in readable],
                  [(item[2], item[1]) for item in items if item[0] is None and isinstance(item[2], str)],
-                 [item[3] for item in readable] if described else None, ended or None)
+                 [item[3] for item in readable] if described else None, ended or None, failed or None)
 
 
 def image_batches(images: ImageSet, transform: Callable[[Image.Image], Tensor], *, batch_size: int, workers: int,

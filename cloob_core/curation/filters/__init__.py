@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
 class Filter(Protocol):
     reason: str  # recorded for each sample the filter removes
+    setting: str  # the curation setting that switches it on (curation.SETTING), as a message names it
 
     def removed(self, pool: ScoredPool) -> str:
         """A SQL query over the pool's connection giving ``shard, position`` of each sample removed."""

@@ -19,6 +19,7 @@ class Language:
     languages: tuple[str, ...]
     min_confidence: float = 0.0
     reason: str = "language"
+    setting: str = "languages"
 
     def removed(self, pool: ScoredPool) -> str:
         listed = ", ".join(f"'{code}'" for code in self.languages)  # codes are checked: [a-z]{2,3}
@@ -31,6 +32,7 @@ class CaptionWords:
 
     minimum: int
     reason: str = "min_caption_words"
+    setting: str = "min_caption_words"
 
     def removed(self, pool: ScoredPool) -> str:
         return _where(f"caption_words < {int(self.minimum)}")
@@ -42,6 +44,7 @@ class ImageSide:
 
     minimum: int
     reason: str = "min_image_side"
+    setting: str = "min_image_side"
 
     def removed(self, pool: ScoredPool) -> str:
         return _where(f"least(width, height) < {int(self.minimum)}")
@@ -53,6 +56,7 @@ class AspectRatio:
 
     maximum: float
     reason: str = "max_aspect_ratio"
+    setting: str = "max_aspect_ratio"
 
     def removed(self, pool: ScoredPool) -> str:
         return _where(f"greatest(width, height) > {self.maximum!r} * least(width, height)")

@@ -16,7 +16,7 @@ from PIL import Image
 from cloob_core.curation.facts import perceptual_hash
 from cloob_core.curation.filters.near_duplicates import within_bits
 from cloob_core.curation.pool import SCORES_VIEW, ScoredPool, check_scoring_model
-from cloob_core.curation.score_table import read_part_embeddings
+from cloob_core.curation.score_table import read_part_rows
 from cloob_core.evaluation.features import Encoding, image_features
 from cloob_core.evaluation.image_loader import image_batches
 from cloob_core.evaluation.inputs import ImageSet
@@ -50,6 +50,7 @@ class Decontaminate:
     min_cosine: float
     workers: int = 0
     reason: str = "decontaminated"
+    setting: str = "decontaminate"
 
     def removed(self, pool: ScoredPool) -> str:
         check_scoring_model(self.model, pool, "decontamination")
@@ -62,15 +63,16 @@ class Decontaminate:
         connection.register(_HASHES, pa.table({"phash": pa.array(hashes, pa.uint64())}))
         connection.execute(f"CREATE OR REPLACE TEMP TABLE {_MATCHED} (shard VARCHAR, position INTEGER)")
         for part in pool.index.parts:
-            image, _ = read_part_embeddings(pool.scores, part)
+            rows = read_part_rows(pool.scores, part, pool.index.embedding_width)
+            image = rows.image
             best = np.full(len(image), -np.inf, np.float32)
             for start in range(0, len(features), _BLOCK):
                 block = image.astype(np.float32) @ features[start:start + _BLOCK].T
                 best = np.maximum(best, block.max(axis=1, initial=-np.inf))
-            matched = np.flatnonzero(best >= self.min_cosine)
+            matched = rows.positions[best >= self.min_cosine]
             if len(matched):
                 connection.register("matched_rows", pa.table({"shard": [part.name] * len(matched),
-                                                              "position": matched.astype(np.int32)}))
+                                                              "position": matched}))
                 connection.execute(f"INSERT INTO {_MATCHED} SELECT shard, position FROM matched_rows")
                 connection.unregister("matched_rows")
         by_hash = within_bits(f"(SELECT phash FROM {_HASHES})", f"(SELECT shard, position, phash FROM "

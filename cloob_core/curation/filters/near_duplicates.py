@@ -47,6 +47,7 @@ class NearDuplicates:
 
     bits: int
     reason: str = "near_duplicate"
+    setting: str = "near_duplicates"
 
     def removed(self, pool: ScoredPool) -> str:
         # the ranks and each hash's best image are tables of their own: DuckDB 2.0.0 gave an empty join for the

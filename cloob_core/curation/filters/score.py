@@ -19,6 +19,7 @@ class ClipScoreFloor:
 
     floor: float
     reason: str = "min_clip_score"
+    setting: str = "min_clip_score"
 
     def removed(self, pool: ScoredPool) -> str:
         return f"SELECT shard, position FROM {SCORES_VIEW} WHERE isnan(clip_score) OR clip_score < {self.floor!r}"
@@ -31,6 +32,7 @@ class TopFraction:
 
     fraction: float
     reason: str = "top_fraction"
+    setting: str = "top_fraction"
 
     def kept(self, rows: int) -> int:
         return min(rows, math.ceil(self.fraction * rows))

@@ -22,7 +22,7 @@ import numpy as np
 from cloob_core import scratch
 from cloob_core.curation.clusters import TooFewSamples, fit_centroids, nearest
 from cloob_core.curation.pool import ScoredPool
-from cloob_core.curation.score_table import read_part_embeddings, read_part_table
+from cloob_core.curation.score_table import read_part_rows
 
 ROWS_PER_CLUSTER = 5_000  # the default number of clusters: one per this many samples
 BUCKETS = 64
@@ -39,6 +39,7 @@ class SemanticDedup:
     clusters: int | None = None  # None: one per ROWS_PER_CLUSTER samples
     seed: int = 0
     reason: str = "semantic_duplicate"
+    setting: str = "semantic_dedup_eps"
 
     def removed(self, pool: ScoredPool) -> str:
         clusters = self.clusters or max(1, math.ceil(pool.rows / ROWS_PER_CLUSTER))
@@ -69,12 +70,12 @@ def _assign(pool: ScoredPool, centroids: np.ndarray, spill: Path) -> None:
         rows = [stack.enter_context(open(spill / f"{b}.rows", "wb")) for b in range(BUCKETS)]
         vectors = [stack.enter_context(open(spill / f"{b}.f16", "wb")) for b in range(BUCKETS)]
         for number, part in enumerate(pool.index.parts):
-            image, _ = read_part_embeddings(pool.scores, part)
-            scores = read_part_table(pool.scores, part).column("clip_score").to_numpy(zero_copy_only=False)
+            part_rows = read_part_rows(pool.scores, part, pool.index.embedding_width)
+            image = part_rows.image
             closest = nearest(image, centroids)
             record = np.zeros(len(image), _ROW)
             record["shard"], record["position"], record["cluster"], record["score"] = \
-                number, np.arange(len(image)), closest, scores
+                number, part_rows.positions, closest, part_rows.clip_scores
             for bucket in np.unique(closest % BUCKETS):
                 mine = closest % BUCKETS == bucket
                 rows[bucket].write(record[mine].tobytes())

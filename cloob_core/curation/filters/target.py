@@ -12,7 +12,7 @@ import numpy as np
 
 from cloob_core.curation.clusters import TooFewSamples, fit_centroids, nearest
 from cloob_core.curation.pool import ScoredPool, check_scoring_model
-from cloob_core.curation.score_table import read_part_embeddings
+from cloob_core.curation.score_table import read_part_rows
 from cloob_core.evaluation.features import Encoding, image_features
 from cloob_core.evaluation.inputs import ImageSet
 from cloob_core.model.source import EvalModel
@@ -31,6 +31,7 @@ class TargetDistribution:
     seed: int = 0
     workers: int = 0
     reason: str = "target_distribution"
+    setting: str = "target_images"
 
     def removed(self, pool: ScoredPool) -> str:
         import pyarrow as pa
@@ -46,11 +47,10 @@ class TargetDistribution:
         connection = pool.connection
         connection.execute(f"CREATE OR REPLACE TEMP TABLE {_REMOVED} (shard VARCHAR, position INTEGER)")
         for part in pool.index.parts:
-            image, _ = read_part_embeddings(pool.scores, part)
-            off = np.flatnonzero(~np.isin(nearest(image, centroids), targets))
+            rows = read_part_rows(pool.scores, part, pool.index.embedding_width)
+            off = rows.positions[~np.isin(nearest(rows.image, centroids), targets)]
             if len(off):
-                connection.register("off_rows", pa.table({"shard": [part.name] * len(off),
-                                                          "position": off.astype(np.int32)}))
+                connection.register("off_rows", pa.table({"shard": [part.name] * len(off), "position": off}))
                 connection.execute(f"INSERT INTO {_REMOVED} SELECT shard, position FROM off_rows")
                 connection.unregister("off_rows")
         return f"SELECT shard, position FROM {_REMOVED}"
