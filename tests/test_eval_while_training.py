@@ -142,9 +142,10 @@ def test_a_stopped_evaluation_is_killed_at_its_deadline_and_the_run_ends_whole(m
     import signal
     import time
 
-    # the deadline counts from an evaluation's start (a new process importing torch): 30 s leaves step 8's own
-    # evaluation time to finish on a loaded 2-core machine (8 s did not, once: no history row)
-    trainer = _trainer(tmp_path / "run", "--set", "train.eval_timeout_s=30", shards=mnist_train_shards)
+    # the deadline counts from an evaluation's start (a new process importing torch): 90 s leaves step 8's own
+    # evaluation time to finish on a loaded 2-core machine (8 s did not, once, nor 30 s in a CI run of 4 workers
+    # on a machine half as fast: no history row)
+    trainer = _trainer(tmp_path / "run", "--set", "train.eval_timeout_s=90", shards=mnist_train_shards)
     stopped = None
     deadline = time.monotonic() + 300
     while stopped is None and trainer.poll() is None and time.monotonic() < deadline:
@@ -156,7 +157,7 @@ def test_a_stopped_evaluation_is_killed_at_its_deadline_and_the_run_ends_whole(m
     trainer.wait(timeout=600)
     err = _stderr(tmp_path / "run")
     assert stopped is not None and trainer.returncode == 0, err[-3000:]
-    assert "evaluation of step 4 ran past train.eval_timeout_s (30s) and was killed; the run goes on" in err
+    assert "evaluation of step 4 ran past train.eval_timeout_s (90s) and was killed; the run goes on" in err
     assert not _alive(stopped)
     with (tmp_path / "run" / "eval_history.csv").open() as handle:
         assert [row["step"] for row in csv.DictReader(handle)] == ["8"]

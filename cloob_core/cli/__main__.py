@@ -1,7 +1,5 @@
 """``python -m cloob_core.cli``: the ``cloob`` command."""
 
-import sys
+from cloob_core.cli import run
 
-from cloob_core.cli import main
-
-sys.exit(main())
+run()
