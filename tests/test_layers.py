@@ -81,7 +81,7 @@ def test_only_the_console_entry_point_imports_the_cli(folder):
                 importers.append(str(path.relative_to(ROOT)))
     assert not importers, f"these import cloob_core.cli: {importers}"
     entry = (ROOT / "pyproject.toml").read_text()
-    assert 'cloob = "cloob_core.cli:main"' in entry
+    assert 'cloob = "cloob_core.cli:run"' in entry
 
 
 def test_the_layer_check_can_fail():

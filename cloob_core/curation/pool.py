@@ -82,16 +82,15 @@ def scored_samples(pool: ScoredPool, shard: str, rows: list[dict[str, Any]]) -> 
         if found != (row["key"], row["sha256"], row["caption"]):
             what = next(name for name, a, b in zip(("key", "image", "caption"), found,
                                                    (row["key"], row["sha256"], row["caption"]), strict=True) if a != b)
-            raise ShardChanged(f"{url} changed since it was scored: its sample at position {position} "
-                               f"({found[0]!r}) has another {what} than the one scored ({row['key']!r}); score "
-                               f"the pool again (`cloob data score --shards {pool.shards} --output {pool.scores}`: "
-                               "it scores only the shards that changed), then curate")
+            raise ShardChanged(f"{url} changed since it was scored (its sample {position} has another {what}): "
+                               f"`cloob data score --shards {pool.shards} --output {pool.scores}` scores it again "
+                               "(only the shards that changed), then curate")
         yield row, raw
         row = next(wanted, None)
     if row is not None:
-        raise ShardChanged(f"{url} changed since it was scored: it ends before position {row['position']}, which was "
-                           f"scored ({row['key']!r}); score the pool again (`cloob data score --shards {pool.shards} "
-                           f"--output {pool.scores}`: it scores only the shards that changed), then curate")
+        raise ShardChanged(f"{url} changed since it was scored (it ends before its scored sample {row['position']}): "
+                           f"`cloob data score --shards {pool.shards} --output {pool.scores}` scores it again (only "
+                           "the shards that changed), then curate")
 
 
 def _shard_urls(pool: ScoredPool) -> dict[str, str]:
