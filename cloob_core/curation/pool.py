@@ -27,6 +27,7 @@ class ScoredPool:
     scores: str
     index: ScoreIndex
     connection: duckdb.DuckDBPyConnection
+    urls: dict[str, str]  # each shard's URL by its name (the part's name), from the one listing of the pool
 
     @property
     def rows(self) -> int:
@@ -49,7 +50,8 @@ def open_pool(shards: str, scores: str, connection: duckdb.DuckDBPyConnection) -
         files.append(location)
     listed = ", ".join("'" + file.replace("'", "''") + "'" for file in files)
     connection.execute(f"CREATE VIEW {SCORES_VIEW} AS SELECT * FROM read_parquet([{listed}])")
-    return ScoredPool(shards, scores, index, connection)
+    return ScoredPool(shards, scores, index, connection,
+                      {url.rpartition("/")[2].removesuffix(".tar"): url for url in urls})
 
 
 class ShardChanged(ScoresError):
@@ -69,7 +71,7 @@ def scored_samples(pool: ScoredPool, shard: str, rows: list[dict[str, Any]]) -> 
     from cloob_core.evaluation.inputs import sample_image
 
     register_s3()
-    url = _shard_urls(pool)[shard]
+    url = pool.urls[shard]
     wanted = iter(rows)
     row = next(wanted, None)
     for position, raw in enumerate(wds.tarfile_samples([{"url": url}], handler=wds.reraise_exception)):
@@ -77,7 +79,10 @@ def scored_samples(pool: ScoredPool, shard: str, rows: list[dict[str, Any]]) -> 
             return
         if position < row["position"]:
             continue
-        image = sample_image(raw) if any(k in raw for k in ("jpg", "jpeg", "png", "webp")) else b""
+        try:
+            image = sample_image(raw)
+        except ValueError:  # no image member: not the sample scored (scoring read none there)
+            image = b""
         found = (str(raw["__key__"]), hashlib.sha256(image).hexdigest(), sample_caption(raw))
         if found != (row["key"], row["sha256"], row["caption"]):
             what = next(name for name, a, b in zip(("key", "image", "caption"), found,
@@ -91,10 +96,6 @@ def scored_samples(pool: ScoredPool, shard: str, rows: list[dict[str, Any]]) -> 
         raise ShardChanged(f"{url} changed since it was scored (it ends before its scored sample {row['position']}): "
                            f"`cloob data score --shards {pool.shards} --output {pool.scores}` scores it again (only "
                            "the shards that changed), then curate")
-
-
-def _shard_urls(pool: ScoredPool) -> dict[str, str]:
-    return {url.rpartition("/")[2].removesuffix(".tar"): url for url in shard_list(pool.shards)[0]}
 
 
 def check_scoring_model(model: EvalModel, pool: ScoredPool, use: str) -> None:
