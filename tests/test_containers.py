@@ -78,8 +78,7 @@ def test_no_credentials_are_baked_into_the_image(image):
 
 def run_local(root: Path, runner: str, env: dict[str, str], *extra: str) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "pipelines", "run-local", "--runner", runner, "--root", str(root),
-               "--set", "train.epochs=1", "--set", f"promote.store={root / 'store'}", *short_suite.SET,
-               "--partitions", "2", *extra]
+               "--set", "train.epochs=1", *short_suite.SET, "--partitions", "2", *extra]
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
 
 
@@ -101,6 +100,7 @@ def test_the_pretrain_pipeline_in_containers_gives_the_metrics_of_subprocesses(i
     from pipelines.local_run import final_metrics
 
     env = {**os.environ, "CLOOB_IMAGE_CUDA": image}  # no GPU here: the training step runs in the CPU image
+    dvc_registry = sorted((ROOT / "models" / "registry").rglob("*"))
     runs, logs = {}, {}
     # both at once (CI's time: each run leaves a core idle for much of it; the same threads either way)
     with ThreadPoolExecutor(2) as pool:
@@ -126,6 +126,13 @@ def test_the_pretrain_pipeline_in_containers_gives_the_metrics_of_subprocesses(i
     ours, reference = numbers(runs["docker"]), numbers(runs["subprocess"])
     assert ours.keys() == reference.keys() and len(ours) > 20
     assert ours == pytest.approx(reference, abs=1e-9)
+    # a 1-epoch model is not promoted (promote.min_first), and a local run's gate keeps to the run's own registry,
+    # never the DVC pipeline's (params.yaml's promote.store)
+    for runner in RUNNERS:
+        assert "does not reach promote.min_first: suite.retrieval_recall@5" in logs[runner], logs[runner][-2000:]
+        registry = tmp_path / runner / "registry"
+        assert registry.is_dir() and not (registry / "production.json").exists()
+    assert sorted((ROOT / "models" / "registry").rglob("*")) == dvc_registry
 
 
 def test_an_image_missing_a_dependency_fails_the_run_naming_the_step(image, tmp_path):

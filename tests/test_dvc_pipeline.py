@@ -1,6 +1,6 @@
 """The DVC pipeline end to end on the embedded default, in a temporary copy of the repository: `dvc repro`, a
-parameter change that re-runs exactly the affected stages, experiments with CLIP and poly-view objectives
-compared in one table, and
+parameter change that re-runs exactly the affected stages, an experiment with CLIP compared with the baseline in
+one table, and
 `dvc push` / `dvc pull` of every output to a real S3-compatible server on 127.0.0.1."""
 
 from __future__ import annotations
@@ -138,17 +138,14 @@ def test_a_parameter_change_reruns_exactly_the_affected_stages(reproduced):
     run(["dvc", "repro"], repo, env)  # back to the committed parameters for the tests below
 
 
-# name -> `dvc exp run -S` settings: the baseline (cloob) against CLIP and a poly-view objective (several views a
-# sample: another batch shape through every stage), each trained for 1 epoch (CI time: what is tested is that an
-# experiment runs the pipeline and lands in the table, named by its objective, not how well it learns; the ring
-# objective trains in tests/test_train.py and tests/test_negatives.py)
-EXPERIMENTS = {
-    "clip": ["train.objective=clip"],
-    "pvc": ["train.objective=pvc_geometric", "train.image_views=2", "train.text_views=2"],
-}
+# name -> `dvc exp run -S` settings: the baseline (cloob) against CLIP, trained for 1 epoch (CI time: what is tested is
+# that an experiment runs the pipeline and lands in the table, named by its objective, not how well it learns; a
+# second experiment of another objective ran the same path: a poly-view run's other batch shape trains in
+# tests/test_train.py, and `cloob eval compare` names each objective of a table in tests/test_compare.py)
+EXPERIMENTS = {"clip": ["train.objective=clip"]}
 
 
-def test_dvc_experiments_with_each_objective_family_compared_in_one_table(reproduced, tmp_path):
+def test_a_dvc_experiment_of_another_objective_is_compared_with_the_baseline_in_one_table(reproduced, tmp_path):
     repo, _ = reproduced
     env = environment()
     run(["git", "add", "-A"], repo, env)
@@ -158,17 +155,17 @@ def test_dvc_experiments_with_each_objective_family_compared_in_one_table(reprod
                       *(arg for s in [*settings, "train.epochs=1"] for arg in ("-S", s))], repo, env)
         assert "train" in stages_run(output) and "acquire" not in stages_run(output), output
     table = run(["dvc", "exp", "show", "--no-pager", "--md"], repo, env)
-    assert "clip" in table and "pvc_geometric" in table and "suite.zeroshot_acc1" in table, table
+    assert "clip" in table and "suite.zeroshot_acc1" in table, table
     shown = tmp_path / "exps.json"
     shown.write_text(run(["dvc", "exp", "show", "--no-pager", "--json"], repo, env))
     compared = run(["cloob", "eval", "compare", "--dvc-exps", str(shown), "--output", str(tmp_path / "cmp")], repo,
                    env)
     rows = [line for line in compared.splitlines() if line.startswith("| ") and " | mnist | " in line]
     labels = {row.split(" | ")[0].strip("| ") for row in rows}
-    assert {"clip", "pvc (pvc_geometric)"} <= labels and len(rows) == 3, compared
+    assert "clip" in labels and len(rows) == 2, compared
     suite_table = compared.split("| run | suite.", 1)[1].split("\n\n", 1)[0]
     suite_rows = [line for line in suite_table.splitlines() if line.startswith("| ") and line.count("%") == 4]
-    assert len(suite_rows) == 3, compared  # the suite means of each run
+    assert len(suite_rows) == 2, compared  # the suite means of each run
     assert all(re.search(r"\d+\.\d\d% \| \d+\.\d\d%", row) for row in rows), compared
     assert (tmp_path / "cmp" / "comparison.png").stat().st_size > 10_000
 

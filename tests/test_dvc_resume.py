@@ -27,7 +27,7 @@ def _set_params(root: Path, **train: object) -> None:
 def test_an_interrupted_dvc_repro_continues_from_its_checkpoint(tmp_path):
     root = copy_repository(tmp_path / "repo")
     env = environment()
-    _set_params(root, epochs=3.0, checkpoint_every=10, workers=1)
+    _set_params(root, epochs=2.0, checkpoint_every=10, workers=1)  # 31 steps: interrupted after 20, 11 to go
     run(["git", "commit", "-qam", "a short run, checkpoints every 10 steps"], root, env)
     run(["dvc", "repro", "validate_shards"], root, env)
 
@@ -35,7 +35,7 @@ def test_an_interrupted_dvc_repro_continues_from_its_checkpoint(tmp_path):
     reference = tmp_path / "reference"
     run(["cloob", "train", "--params", "params.yaml", "--output", str(reference), "--no-progress"], root, env)
     steps = json.loads((reference / "metrics.json").read_text())["steps"]
-    assert steps >= 40
+    assert steps >= 30
 
     stage = subprocess.Popen(["dvc", "repro", "train"], cwd=root, env=env, start_new_session=True,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

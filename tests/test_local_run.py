@@ -10,10 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-import short_suite
 import yaml
-
-from cloob_core.training import checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -72,73 +69,3 @@ def test_a_local_shards_store_is_mounted_into_every_step_and_an_s3_one_is_refuse
     assert container.run_args()["network_mode"] == "none"
     with pytest.raises(LocalRunError, match="must be folders on this machine, not s3://b/shards"):
         StepContainer.sharing("s3://b/shards")
-
-
-@pytest.mark.slow  # ~3 minutes: the whole pretrain pipeline as subprocesses, its training step killed once
-def test_a_killed_training_step_is_retried_and_resumes_from_its_mirrored_checkpoint(tmp_path):
-    """The one-node training step under run-local, killed with SIGKILL once its first checkpoint is mirrored to the
-    job workdir: kfp.local retries it (as Argo would an evicted pod), and the retry, in a fresh output folder,
-    continues from that checkpoint instead of step 0; the run goes on to its report, and its gate, in the run's own
-    registry, does not promote a model that short."""
-    import contextlib
-    import json
-    import re
-    import time
-
-    import psutil
-
-    root = tmp_path / "root"
-    command = [sys.executable, "-m", "pipelines", "run-local", "--runner", "subprocess", "--root", str(root),
-               "--set", "train.epochs=1", "--set", "train.checkpoint_every=2", *short_suite.SET, "--partitions", "2",
-               "--train-retries", "1", "--train-retry-backoff-s", "0"]
-    dvc_registry = sorted((ROOT / "models" / "registry").rglob("*")) if (ROOT / "models" / "registry").is_dir() \
-        else []
-    run = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                           env={**os.environ, "OMP_NUM_THREADS": "1"})
-
-    def training_step() -> list[psutil.Process]:
-        """The training step's process tree: its topmost process (the step's shell, or the executor) and every
-        process under it (the executor, its data-loader workers). The function is the argument after
-        --function_to_execute: another step may have "train" among its arguments (a split)."""
-        for child in psutil.Process(run.pid).children(recursive=True):
-            with contextlib.suppress(psutil.Error, IndexError):
-                command = child.cmdline()
-                if "--function_to_execute" in command and \
-                        command[command.index("--function_to_execute") + 1] == "train":
-                    return [child, *child.children(recursive=True)]
-        return []
-
-    killed: list[str] = []
-    seen: dict[str, float] = {}  # when the step was first seen running, and its first checkpoint mirrored
-    start = time.monotonic()
-    while not killed and run.poll() is None and time.monotonic() < start + 600:
-        # a checkpoint every 2 steps and a poll every 20 ms, so that the kill comes while the step still runs
-        step = training_step()
-        if step:
-            seen.setdefault("training", time.monotonic() - start)
-        # a whole mirrored checkpoint (its bytes and its checksum, which goes first), as a retry looks for one
-        if any(checkpoint.complete(str(folder)) for folder in root.glob("jobs/cloob-train-*/checkpoints")):
-            seen.setdefault("mirrored", time.monotonic() - start)
-            for process in step:
-                with contextlib.suppress(psutil.Error):
-                    killed.append(" ".join(process.cmdline())[:200])
-                    process.kill()
-            if not killed:
-                break  # the checkpoint was mirrored and the step has ended: too late to kill it
-        time.sleep(0.02)
-    out, err = run.communicate(timeout=900)
-    assert killed, ("the training step was not killed while it ran", seen, err[-2000:])
-    assert run.returncode == 0, err[-2000:]
-    log = re.sub(r"\x1b\[[0-9;]*m", "", (root / "run-local.log").read_text())  # kfp.local's colours
-    ends = [line.split(" - ")[-1] for line in log.splitlines() if "Task 'train' finished with status" in line]
-    assert ends == ["Task 'train' finished with status FAILURE", "Task 'train' finished with status SUCCESS"], (
-        killed, ends)  # killed, then retried by kfp.local
-    (metrics_file,) = root.glob("cloob-pretrain-evaluate-*/train/model/metrics.json")
-    metrics = json.loads(metrics_file.read_text())
-    assert metrics["resumed_from_step"] >= 2, metrics  # from the mirrored checkpoint, not from step 0
-    assert metrics["steps"] == 15  # 1 epoch of 2,046 pairs at batch 128
-    assert "suite.zeroshot_acc1" in out
-    # a short run's model is not promoted (promote.min_first), and a local run's gate uses its own registry
-    assert "does not reach promote.min_first: suite.retrieval_recall@5" in log
-    assert (root / "registry").is_dir() and not (root / "registry" / "production.json").exists()
-    assert (sorted((ROOT / "models" / "registry").rglob("*")) if dvc_registry else []) == dvc_registry

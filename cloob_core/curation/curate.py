@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cloob_core import lease, publish, storage
 from cloob_core.config import CloobConfig, ConfigError
@@ -20,7 +21,9 @@ from cloob_core.data.shard_files import CURATION_REPORT
 from cloob_core.errors import StageError
 from cloob_core.evaluation.inputs import ImageSet, load_images
 from cloob_core.io import write_json, write_text
-from cloob_core.model.source import ModelSource, load_model
+
+if TYPE_CHECKING:  # torch and open_clip load only where a filter embeds images: a curate without one needs neither
+    from cloob_core.model.source import ModelSource
 
 log = logging.getLogger(__name__)
 KEPT_FILE = "kept.parquet"
@@ -112,7 +115,11 @@ def _curate(shards: str, scores: str, output: str, config: CloobConfig, model: M
     if embeds and model is None:
         raise ConfigError(f"{embeds} embeds images with the model that scored the pool: give it (--model, "
                           "--checkpoint, or --architecture with --weights)")
-    loaded = load_model(model) if embeds and model is not None else None
+    loaded = None
+    if embeds and model is not None:
+        from cloob_core.model.source import load_model
+
+        loaded = load_model(model)
     filters = filters_of(config.curation, loaded, sets, reference, workers)
     if not filters:
         log.warning("no curation filter is set: every sample is kept (set curation.* in params.yaml)")
