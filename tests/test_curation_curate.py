@@ -71,8 +71,10 @@ def test_the_kept_samples_are_resharded_with_their_scores_and_the_same_inputs_gi
     assert {"clip_score", "language", "phash", "shard", "position"} <= set(meta["curation"])
     for name in [*sizes, KEPT_FILE, "stats.json", HISTOGRAM, CONTACT_SHEET]:
         assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes(), name
+    # (the untrained scorer separates nothing: its cut passes the gate only with the scorer's check off)
     gate = subprocess.run([sys.executable, "-m", "cloob_core.cli", "data", "validate", "--shards",
-                           str(tmp_path / "one")], capture_output=True, text=True, timeout=300)
+                           str(tmp_path / "one"), "--set", "curation.min_scorer_auc=0"], capture_output=True,
+                          text=True, timeout=300)
     assert gate.returncode == 0, gate.stdout + gate.stderr
 
 
@@ -195,6 +197,9 @@ def test_the_gate_refuses_curated_shards_that_keep_too_little_naming_the_filter(
     assert gate.returncode == 1, gate.stdout + gate.stderr
     failing = [line for line in (gate.stdout + gate.stderr).splitlines() if "curated_fraction" in line]
     assert failing and "FAIL" in failing[0] and "curation.top_fraction removed the most" in failing[0], failing
+    # and the untrained scorer's cut is refused for what it is: a cut at chance
+    scorer = [line for line in (gate.stdout + gate.stderr).splitlines() if "scorer_auc" in line]
+    assert scorer and "FAIL" in scorer[0] and "curation.top_fraction is close to random" in scorer[0], scorer
 
 
 def test_the_target_distribution_keeps_the_clusters_of_the_reference_images(leaky_pool, untrained_export, tmp_path):

@@ -259,7 +259,8 @@ def test_kfp_local_runs_the_whole_pipeline_on_the_packaged_default(tmp_path, s3_
     params["eval"]["datasets"] = short_suite.SUITE
     params["promote"]["store"] = str(tmp_path / "store")
     params["promote"]["min_first"] = {}  # a 3-epoch model becomes production
-    params["curation"].update(enabled=True, scorer=str(untrained_export), top_fraction=0.7)
+    # (an untrained scorer, at chance on the pool: the shard gate would refuse its cut, rightly)
+    params["curation"].update(enabled=True, scorer=str(untrained_export), top_fraction=0.7, min_scorer_auc=0.0)
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "root"))
     settings = ClusterSettings(partitions=2, gpus=0, shards_store=f"s3://{s3_bucket}/shards", curation=True,
                                job_workdir=f"s3://{s3_bucket}/jobs", keep_checkpoints=True, train_retries=1,

@@ -25,6 +25,10 @@ class CurationConfig(_Section):
     top_fraction: float | None = Field(None, gt=0.0, le=1.0, description="Keep this fraction of the pool with the "
                                        "highest image-text cosine, over every part at once (DataComp: 0.3); ties "
                                        "are broken by shard and position. null: no cut.")
+    min_scorer_auc: float = Field(0.6, ge=0.0, le=1.0, description="The scoring model's separation on the pool "
+                                  "(the ROC AUC of each sample's caption against another sample's, the curation "
+                                  "report's scorer_separation; 0.5 is chance) below which curate warns and the "
+                                  "shard gate refuses shards cut by score (min_clip_score, top_fraction); 0: never.")
     languages: list[str] | None = Field(None, min_length=1, description="Keep captions identified as one of these "
                                         "languages (fastText lid.176's ISO 639 codes: en, de, ...); null: any.")
     min_language_confidence: float | None = Field(None, ge=0.0, le=1.0, description="With languages: keep only "

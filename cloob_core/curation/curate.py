@@ -16,8 +16,9 @@ from cloob_core.curation.filters import filters_of
 from cloob_core.curation.pool import open_pool
 from cloob_core.curation.reshard import reshard
 from cloob_core.curation.selection import Selection, select, write_kept_table
+from cloob_core.curation.separation import Separation, scorer_separation
 from cloob_core.data.engine import connect
-from cloob_core.data.shard_files import CURATION_REPORT
+from cloob_core.data.shard_files import CURATION_REPORT, SCORE_CUTS
 from cloob_core.errors import StageError
 from cloob_core.evaluation.inputs import ImageSet, load_images
 from cloob_core.io import write_json, write_text
@@ -40,6 +41,8 @@ class CurateResult:
     output: str
     selection: Selection
     shards: int
+    separation: Separation
+    min_scorer_auc: float
 
     @property
     def lines(self) -> list[str]:
@@ -47,23 +50,42 @@ class CurateResult:
         lines = [f"kept {chosen.kept:,} of {chosen.rows:,} samples ({chosen.kept / chosen.rows:.1%}) in "
                  f"{self.shards} shard(s)"]
         lines += [f"  {reason}: removed {count:,}" for reason, count in chosen.removed_by.items()]
-        return lines
+        lines.append(self.separation.line())
+        warning = _weak_scorer_warning(chosen, self.separation, self.min_scorer_auc)
+        return [*lines, f"warning: {warning}"] if warning else lines
 
 
-def _report(selection: Selection, config: CloobConfig, scores: str) -> dict[str, object]:
+def _weak_scorer_warning(selection: Selection, separation: Separation, minimum: float) -> str | None:
+    """What a cut by score made with a scorer below ``minimum`` means; None where there is no such cut."""
+    cuts = [reason for reason in SCORE_CUTS if reason in selection.removed_by]
+    if not cuts or separation.auc is None or separation.auc >= minimum:
+        return None
+    return (f"the scorer's separation on this pool is below curation.min_scorer_auc ({minimum}): its cut by "
+            f"{' and '.join(f'curation.{cut}' for cut in cuts)} is close to random, and the shard gate refuses "
+            "these shards; score with a model that knows this kind of data")
+
+
+def _sentence(line: str) -> str:
+    return line[:1].upper() + line[1:]
+
+
+def _report(selection: Selection, config: CloobConfig, scores: str, separation: Separation) -> dict[str, object]:
     return {"rows": selection.rows, "kept": selection.kept, "removed": selection.removed,
             "removed_by": selection.removed_by, "settings_of_reasons": selection.settings,
             "overlaps": [{"filters": list(pair), "removed": count} for pair, count in selection.overlaps.items()],
-            "settings": config.curation.model_dump(), "scores": scores}
+            "scorer_separation": separation.as_dict(), "settings": config.curation.model_dump(), "scores": scores}
 
 
-def _report_md(selection: Selection) -> str:
+def _report_md(selection: Selection, separation: Separation, minimum: float) -> str:
     rows = [f"| {reason} | {count:,} | {count / selection.rows:.1%} |"
             for reason, count in selection.removed_by.items()]
     overlaps = [f"| {a} | {b} | {count:,} |" for (a, b), count in selection.overlaps.items()]
+    weak = _weak_scorer_warning(selection, separation, minimum)
+    warning = [f"**Warning**: {weak}.", ""] if weak else []
     return "\n".join([
         "# Curation", "", f"Kept **{selection.kept:,}** of {selection.rows:,} samples "
-        f"({selection.kept / selection.rows:.1%}).", "", "| filter | removed | of the pool |", "|---|---|---|", *rows,
+        f"({selection.kept / selection.rows:.1%}).", "", f"{_sentence(separation.line())} (docs/curation.md, \"The "
+        "scorer's separation\").", "", *warning, "| filter | removed | of the pool |", "|---|---|---|", *rows,
         "", "A sample removed by two filters counts in both; removed by both:", "",
         "| filter | filter | removed by both |", "|---|---|---|", *overlaps, "",
         f"![scores, kept and removed]({HISTOGRAM})", "",
@@ -134,12 +156,14 @@ def _curate(shards: str, scores: str, output: str, config: CloobConfig, model: M
             raise CurationError(f"the curation keeps none of the {selection.rows:,} samples; "
                                 f"curation.{selection.settings[worst]} removed the most "
                                 f"({selection.removed_by[worst]:,}): loosen it")
+        separation = scorer_separation(pool, config.curation.seed)
+        minimum = config.curation.min_scorer_auc
         with publish.staged(output) as staging:
             folder = Path(staging)
             summary = reshard(pool, folder, config.preprocess.shard_size, selection.kept)
             write_kept_table(pool, folder / KEPT_FILE)
-            write_json(folder / REPORT_JSON, _report(selection, config, scores))
-            write_text(folder / REPORT_MD, _report_md(selection))
+            write_json(folder / REPORT_JSON, _report(selection, config, scores, separation))
+            write_text(folder / REPORT_MD, _report_md(selection, separation, minimum))
             score_histogram_png(pool, folder / HISTOGRAM)
             contact_sheet_png(pool, folder / CONTACT_SHEET)
-    return CurateResult(output, selection, len(summary.sizes))
+    return CurateResult(output, selection, len(summary.sizes), separation, minimum)

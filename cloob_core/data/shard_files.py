@@ -20,6 +20,11 @@ from cloob_core.io import UnreadableFile, parse_json
 log = logging.getLogger(__name__)
 _BRACES = re.compile(r"\{\d+\.\.\d+\}")
 CURATION_REPORT = "curation_report.json"  # beside curated shards (`cloob data curate`): what the gate judges
+# the report's reasons of a cut by score, which is only as good as the scorer's separation (the gate checks it)
+SCORE_CUTS = ("min_clip_score", "top_fraction")
+# a sample's image members that training, evaluation, scoring and the shard gate read, in this order: `cloob data`
+# writes jpg; a crawl's own shards, and the curated shards resharded from them, may hold the others
+IMAGE_KEYS = ("jpg", "jpeg", "png", "webp")
 
 
 def _gopen_s3(url: str, mode: str = "rb", bufsize: int = 8192, **_: Any) -> Any:

@@ -25,6 +25,7 @@ from PIL import Image
 from cloob_core import publish, storage
 from cloob_core.config import PACKAGED_SETS, PACKAGED_SOURCES, ConfigError
 from cloob_core.data.manifest import table_file
+from cloob_core.data.shard_files import IMAGE_KEYS
 from cloob_core.evaluation.class_sets import packaged_class_set, packaged_class_sets
 from cloob_core.io import json_digest
 
@@ -184,7 +185,7 @@ def image_folder_set(root: Path, name: str) -> ImageSet:
 
 def sample_image(raw: dict[str, Any]) -> bytes:
     """A WebDataset sample's image bytes: its jpg, jpeg, png or webp member."""
-    found = next((raw[key] for key in ("jpg", "jpeg", "png", "webp") if key in raw), None)
+    found = next((raw[key] for key in IMAGE_KEYS if key in raw), None)
     if found is None:
         raise ValueError(f"sample {raw.get('__key__')!r} has no image (jpg, jpeg, png or webp)")
     return found

@@ -32,7 +32,7 @@ import torch
 import webdataset as wds
 
 from cloob_core.config import TrainConfig
-from cloob_core.data.shard_files import SkipCounter, register_s3
+from cloob_core.data.shard_files import IMAGE_KEYS, SkipCounter, register_s3
 from cloob_core.errors import StageError
 from cloob_core.training.batch_ring import BatchRing
 from cloob_core.training.images import TrainImages
@@ -41,7 +41,6 @@ from cloob_core.training.worker_gate import WorkerGate
 
 log = logging.getLogger(__name__)
 Position = tuple[int, int]  # (pass, samples of that pass consumed)
-IMAGE_KEYS = ("jpg", "jpeg", "png", "webp")
 
 
 class UnreadableData(StageError):

@@ -6,16 +6,15 @@ passing storage fault; each refusal is one line that names the setting or the fi
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import shutil
-import subprocess
 import tarfile
 import typing
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from crawl import crawl_samples, gnu_tar, picture, write_tar
 from hostile import cli
 
 from cloob_core import storage
@@ -24,58 +23,6 @@ from cloob_core.curation.curate import KEPT_FILE, curate
 from cloob_core.curation.score import ScoreRequest, score
 from cloob_core.curation.score_table import part_file, read_index, read_part_table
 from cloob_core.model.source import ModelSource
-
-CAPTIONS = ["Ein roter Kreis.", "un carré bleu", "一只绿色的三角形。", "Folder bookmark icon.", "赤い丸", "a dog",
-            "Una estrella amarilla sobre fondo gris", "Кошка", "two boxes", "x", "Dwa koła i linia", "ok"]
-
-
-def _picture(seed: int, size: tuple[int, int]) -> bytes:
-    """A drawn picture (shapes in colours from ``seed``), PNG or JPEG by seed: not a photo of the packaged sets."""
-    import random
-
-    from PIL import Image, ImageDraw
-
-    rng = random.Random(seed)
-    image = Image.new("RGB", size, tuple(rng.randrange(256) for _ in range(3)))
-    draw = ImageDraw.Draw(image)
-    for _ in range(4):
-        x0, y0 = rng.randrange(size[0]), rng.randrange(size[1])
-        box = (x0, y0, min(size[0], x0 + rng.randrange(8, 60)), min(size[1], y0 + rng.randrange(8, 60)))
-        (draw.ellipse if rng.random() < 0.5 else draw.rectangle)(box, fill=tuple(rng.randrange(256) for _ in range(3)))
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG" if seed % 2 else "JPEG", quality=85)
-    return buffer.getvalue()
-
-
-def _ext(image: bytes) -> str:
-    return "png" if image.startswith(b"\x89PNG") else "jpg"
-
-
-def _write_tar(path: Path, samples: list[tuple[str, bytes, str]], prefix: str = "") -> None:
-    """A tar of (key, image, caption) samples with members ``PREFIX+KEY.EXT``, as a generic tool writes them."""
-    with tarfile.open(path, "w") as archive:
-        for key, image, caption in samples:
-            for suffix, data in ((_ext(image), image), ("txt", caption.encode()),
-                                 ("json", json.dumps({"url": f"http://crawl.example/{key}"}).encode())):
-                info = tarfile.TarInfo(f"{prefix}{key}.{suffix}")
-                info.size, info.mtime = len(data), 1_700_000_000
-                archive.addfile(info, io.BytesIO(data))
-
-
-def _gnu_tar(path: Path, samples: list[tuple[str, bytes, str]], work: Path) -> None:
-    """``tar -C DIR -cf X.tar .``: members named ``./KEY.EXT`` after a ``./`` folder entry."""
-    folder = work / path.stem
-    folder.mkdir()
-    for key, image, caption in samples:
-        (folder / f"{key}.{_ext(image)}").write_bytes(image)
-        (folder / f"{key}.txt").write_text(caption)
-        (folder / f"{key}.json").write_text(json.dumps({"url": f"http://crawl.example/{key}"}))
-    subprocess.run(["tar", "--sort=name", "-C", str(folder), "-cf", str(path), "."], check=True)
-
-
-def _samples(start: int, count: int) -> list[tuple[str, bytes, str]]:
-    return [(f"crawl{i:04d}", _picture(i, (48 + 37 * i % 120, 40 + 53 * i % 140)), CAPTIONS[i % len(CAPTIONS)])
-            for i in range(start, start + count)]
 
 
 @pytest.fixture(scope="module")
@@ -86,14 +33,14 @@ def crawl(untrained_export, tmp_path_factory):
     root = tmp_path_factory.mktemp("crawl")
     pool = root / "pool"
     pool.mkdir()
-    _gnu_tar(pool / "00000.tar", _samples(0, 12), root)
-    _write_tar(pool / "00001.tar", _samples(12, 12))
-    copy = _picture(99, (90, 60))
-    third = [("broken", b"\xff\xd8\xff\xe0 not a picture", "nothing decodes"), *_samples(24, 3),
-             ("twin", _picture(200, (64, 64)), "the first twin"), ("copy-a", copy, "a copy"), *_samples(27, 2),
-             ("twin", _picture(201, (70, 50)), "the second twin"), ("copy-b", copy, "the same copy"),
-             *_samples(29, 2)]
-    _write_tar(pool / "00002.tar", third)
+    gnu_tar(pool / "00000.tar", crawl_samples(0, 12), root)
+    write_tar(pool / "00001.tar", crawl_samples(12, 12))
+    copy = picture(99, (90, 60))
+    third = [("broken", b"\xff\xd8\xff\xe0 not a picture", "nothing decodes"), *crawl_samples(24, 3),
+             ("twin", picture(200, (64, 64)), "the first twin"), ("copy-a", copy, "a copy"), *crawl_samples(27, 2),
+             ("twin", picture(201, (70, 50)), "the second twin"), ("copy-b", copy, "the same copy"),
+             *crawl_samples(29, 2)]
+    write_tar(pool / "00002.tar", third)
     sizes = {"00000.tar": 12, "00001.tar": 12, "00002.tar": len(third)}
     (pool / "sizes.json").write_text(json.dumps(sizes))
     score(ScoreRequest(str(pool), _model(untrained_export), str(root / "scores"), workers=0, progress=False))
@@ -149,10 +96,10 @@ def test_a_shard_rebuilt_in_place_after_scoring_is_refused_by_name_and_rescoring
     pool, scores = _copy(crawl, tmp_path)
     score(ScoreRequest(str(pool), _model(untrained_export), str(scores), workers=0, progress=False))  # the copy's
     tar = pool / "00001.tar"
-    samples = _samples(12, 12)
+    samples = crawl_samples(12, 12)
     moved = [(key, image, samples[(i + 1) % len(samples)][2]) for i, (key, image, _) in enumerate(samples)]
     size = tar.stat().st_size
-    _write_tar(tar, moved)
+    write_tar(tar, moved)
     assert tar.stat().st_size == size
     monkeypatch.chdir(tmp_path)  # the paths as a user types them: the line is cut at 400 characters
     done = cli(capsys, "data", "curate", "--shards", "pool", "--scores", "scores", "--output", "out",
@@ -222,7 +169,7 @@ def test_filters_that_read_embeddings_remove_the_sample_at_its_position_and_take
     copies of one picture (not the sample before it); a shard in which nothing decodes is a part without rows that
     SemDeDup, decontamination and the target filter take as one (not numpy's words)."""
     pool, scores = _copy(crawl, tmp_path)
-    _write_tar(pool / "00003.tar", [(f"bad{i}", b"\x89PNG broken", "nothing") for i in range(3)])
+    write_tar(pool / "00003.tar", [(f"bad{i}", b"\x89PNG broken", "nothing") for i in range(3)])
     sizes = json.loads((pool / "sizes.json").read_text()) | {"00003.tar": 3}
     (pool / "sizes.json").write_text(json.dumps(sizes))
     score(ScoreRequest(str(pool), _model(untrained_export), str(scores), workers=0, progress=False))
@@ -238,7 +185,7 @@ def test_filters_that_read_embeddings_remove_the_sample_at_its_position_and_take
     reference = tmp_path / "reference" / "train" / "drawn"
     reference.mkdir(parents=True)
     for i in range(3):
-        (reference / f"{i}.png").write_bytes(_picture(2 * i + 1, (64, 64)))
+        (reference / f"{i}.png").write_bytes(picture(2 * i + 1, (64, 64)))
     for setting in ({"decontaminate": "[tuxpaint]"}, {"target_images": str(tmp_path / "reference")}):
         output = tmp_path / next(iter(setting))
         done = cli(capsys, "data", "curate", "--shards", pool, "--scores", scores, "--output", output, "--model",
@@ -374,7 +321,7 @@ def test_the_line_names_the_setting_and_says_when_the_pool_is_empty(crawl, untra
     assert done.code == 2 and "curation.decontaminate removed the most" in done.error_line(), done.err
     empty = tmp_path / "empty"
     empty.mkdir()
-    _write_tar(empty / "00000.tar", [(f"bad{i}", b"GIF89a broken", "nothing") for i in range(2)])
+    write_tar(empty / "00000.tar", [(f"bad{i}", b"GIF89a broken", "nothing") for i in range(2)])
     (empty / "sizes.json").write_text(json.dumps({"00000.tar": 2}))
     score(ScoreRequest(str(empty), _model(untrained_export), str(tmp_path / "empty-scores"), workers=0,
                        progress=False))
