@@ -18,7 +18,7 @@ from cloob_core.curation.reshard import reshard
 from cloob_core.curation.selection import Selection, select, write_kept_table
 from cloob_core.curation.separation import Separation, scorer_separation
 from cloob_core.data.engine import connect
-from cloob_core.data.shard_files import CURATION_REPORT, SCORE_CUTS
+from cloob_core.data.shard_files import CURATION_REPORT, score_cut_settings
 from cloob_core.errors import StageError
 from cloob_core.evaluation.inputs import ImageSet, load_images
 from cloob_core.io import write_json, write_text
@@ -57,12 +57,12 @@ class CurateResult:
 
 def _weak_scorer_warning(selection: Selection, separation: Separation, minimum: float) -> str | None:
     """What a cut by score made with a scorer below ``minimum`` means; None where there is no such cut."""
-    cuts = [reason for reason in SCORE_CUTS if reason in selection.removed_by]
-    if not cuts or separation.auc is None or separation.auc >= minimum:
+    cuts = score_cut_settings(selection.removed_by)
+    if cuts is None or separation.auc is None or separation.auc >= minimum:
         return None
-    return (f"the scorer's separation on this pool is below curation.min_scorer_auc ({minimum}): its cut by "
-            f"{' and '.join(f'curation.{cut}' for cut in cuts)} is close to random, and the shard gate refuses "
-            "these shards; score with a model that knows this kind of data")
+    return (f"the scorer's separation on this pool is below curation.min_scorer_auc ({minimum}): its cut by {cuts} "
+            "is close to random, and the shard gate refuses these shards; score with a model that knows this kind "
+            "of data")
 
 
 def _sentence(line: str) -> str:

@@ -22,6 +22,15 @@ _BRACES = re.compile(r"\{\d+\.\.\d+\}")
 CURATION_REPORT = "curation_report.json"  # beside curated shards (`cloob data curate`): what the gate judges
 # the report's reasons of a cut by score, which is only as good as the scorer's separation (the gate checks it)
 SCORE_CUTS = ("min_clip_score", "top_fraction")
+
+
+def score_cut_settings(removed_by: dict[str, int]) -> str | None:
+    """The settings of the cuts by score a curation report's ``removed_by`` holds, as a message names them
+    ("curation.top_fraction"); None where it holds none."""
+    cuts = [f"curation.{reason}" for reason in SCORE_CUTS if reason in removed_by]
+    return " and ".join(cuts) or None
+
+
 # a sample's image members that training, evaluation, scoring and the shard gate read, in this order: `cloob data`
 # writes jpg; a crawl's own shards, and the curated shards resharded from them, may hold the others
 IMAGE_KEYS = ("jpg", "jpeg", "png", "webp")

@@ -38,7 +38,7 @@ from cloob_core.data import caption_fit, engine
 from cloob_core.data.acquire import opened
 from cloob_core.data.packaged import URL_PATTERN as PACKAGED_URL
 from cloob_core.data.run_manifest import RunManifest
-from cloob_core.data.shard_files import CURATION_REPORT, IMAGE_KEYS, SCORE_CUTS, summary_file
+from cloob_core.data.shard_files import CURATION_REPORT, IMAGE_KEYS, score_cut_settings, summary_file
 from cloob_core.data.summary import summarize
 from cloob_core.data.writer import read_records, tar_samples
 from cloob_core.errors import StageError
@@ -277,8 +277,9 @@ def shard_table(folder: str, config: CloobConfig) -> tuple[pd.DataFrame, pd.Data
             try:
                 for key, members in tar_samples(storage.join(folder, record.tar), partial(_picked, fraction=fraction)):
                     samples += 1
-                    incomplete += not (set(members) >= _SAMPLE_PARTS and not set(members).isdisjoint(IMAGE_KEYS))
-                    if set(members) >= _SAMPLE_PARTS and members["txt"] is not None:  # picked and complete
+                    complete = set(members) >= _SAMPLE_PARTS and not set(members).isdisjoint(IMAGE_KEYS)
+                    incomplete += not complete
+                    if complete and members["txt"] is not None:  # picked and complete
                         problem = _undecodable(members)
                         problems.append(f"{key}: {problem}" if problem else "")
                         if not problem:
@@ -363,9 +364,9 @@ def _check_scorer(context: Any, gx: Any, gxe: Any, curation: dict[str, Any], rem
     """Shards cut by score (curation.min_clip_score, top_fraction) were scored by a model that separates the pool's
     captions from other samples' at least ``curation.min_scorer_auc`` (the report's ROC AUC; 0.5 is chance): a
     scorer at chance cuts at random. A report without the figure (from before it) or without a score cut passes."""
-    cuts = [cut for cut in SCORE_CUTS if cut in removed_by]
+    cuts = score_cut_settings(removed_by)
     auc = (curation.get("scorer_separation") or {}).get("auc")
-    if not cuts or not isinstance(auc, (int, float)):
+    if cuts is None or not isinstance(auc, (int, float)):
         return
     minimum = config.curation.min_scorer_auc
     expectation = gxe.ExpectColumnValuesToBeBetween(column="scorer_auc", min_value=minimum)
@@ -374,8 +375,8 @@ def _check_scorer(context: Any, gx: Any, gxe: Any, curation: dict[str, Any], rem
     for check in checks:
         check.unexpected, check.examples = None, []
         check.observed = f"the scorer's separation on the pool: AUC {auc:.3f} (0.5 is chance)"
-        check.advice = (f"the cut by {' and '.join(f'curation.{cut}' for cut in cuts)} is close to random: score "
-                        "with a model that knows this kind of data, or lower curation.min_scorer_auc")
+        check.advice = (f"the cut by {cuts} is close to random: score with a model that knows this kind of data, "
+                        "or lower curation.min_scorer_auc")
     report.checks += checks
     report.raw["shard_scorer"] = raw
 
