@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import os
 import re
 from collections.abc import Iterator
@@ -172,23 +173,33 @@ def output_to(log: Path) -> Iterator[None]:
 
 
 @contextmanager
-def print_kept() -> Iterator[None]:
-    """``builtins.print`` as it was before, once the block ends. kfp.local runs a ParallelFor's iterations in
-    threads, and each step swaps ``builtins.print`` for one that indents by 4 spaces, restoring what it saw on
-    entry: interleaved, the steps leave one of theirs in place, and every later line the process prints (the run's
-    summary, or a test's next command) came out indented by 4 spaces a step (kfp 2.17)."""
+def kfp_local_state_kept() -> Iterator[None]:
+    """``builtins.print`` and the root logger's handlers and level as they were before, once the block ends.
+    kfp.local runs a ParallelFor's iterations in threads, and each step swaps both (print for one that indents by
+    4 spaces, the root's handlers for one StreamHandler on the sys.stdout of the moment), restoring what it saw on
+    entry: interleaved, the steps leave one of theirs in place (kfp 2.17). A print left indented every later line
+    of the process (the run's summary, a test's next command); a handler left writes to a stream that may since
+    have closed (a test's capture: every later log line of that process came with a logging error)."""
     import builtins
 
-    original = builtins.print
+    root = logging.getLogger()
+    original_print, original_handlers, original_level = builtins.print, root.handlers[:], root.level
     try:
         yield
     finally:
-        builtins.print = original
+        builtins.print = original_print
+        for handler in root.handlers[:]:
+            if handler not in original_handlers:
+                root.removeHandler(handler)
+        for handler in original_handlers:
+            if handler not in root.handlers:
+                root.addHandler(handler)
+        root.setLevel(original_level)
 
 
 def _run(pipeline: Any, parameters: dict[str, str]) -> None:
     try:
-        with print_kept():
+        with kfp_local_state_kept():
             pipeline(**parameters)
     except RuntimeError as err:  # kfp.local: "Task 'NAME' finished with status FAILURE" (with colour codes)
         message = re.sub(r"\x1b\[[0-9;]*m", "", str(err)).strip().splitlines()

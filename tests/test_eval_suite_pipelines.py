@@ -99,7 +99,7 @@ def test_adding_a_data_set_reruns_only_its_stage_and_what_reads_the_report(repo,
 def test_the_kubeflow_evaluation_pipeline_gives_the_same_metrics_for_the_same_model(repo, reproduced, tmp_path):
     from kfp import local
 
-    from pipelines.local_run import print_kept
+    from pipelines.local_run import kfp_local_state_kept
     from pipelines.pretrain import build_evaluation
 
     params = yaml.safe_load((repo / "params.yaml").read_text())
@@ -109,7 +109,7 @@ def test_the_kubeflow_evaluation_pipeline_gives_the_same_metrics_for_the_same_mo
     run(["cloob", "promote", "--params", str(tmp_path / "params.yaml"), "--model", "models/train/model",
          "--metrics", "reports/metrics.json", "--output", str(tmp_path / "decision.json")], repo, environment())
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "root"))
-    with print_kept():  # (kfp.local's steps, in threads, would leave this worker's print indented)
+    with kfp_local_state_kept():  # (kfp.local's steps, in threads, would leave a print indented, a handler stale)
         build_evaluation()(params=json.dumps(params))
     (report,) = (tmp_path / "root").glob("*/report/folder/metrics.json")
     ours, dvc = json.loads(report.read_text()), json.loads((repo / "reports" / "metrics.json").read_text())

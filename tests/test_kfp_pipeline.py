@@ -245,7 +245,7 @@ def test_kfp_local_runs_the_whole_pipeline_on_the_packaged_default(tmp_path, s3_
     from cloob_core import storage
     from cloob_core.config.cluster import ClusterSettings
     from cloob_core.data.sources import packaged_frame
-    from pipelines.local_run import print_kept
+    from pipelines.local_run import kfp_local_state_kept
     from pipelines.pretrain import DEFAULT_PARAMS, build
 
     pairs, _ = packaged_frame("captioned", "train")  # the default's rows, as a crawl's folder of parts
@@ -265,8 +265,8 @@ def test_kfp_local_runs_the_whole_pipeline_on_the_packaged_default(tmp_path, s3_
     settings = ClusterSettings(partitions=2, gpus=0, shards_store=f"s3://{s3_bucket}/shards", curation=True,
                                job_workdir=f"s3://{s3_bucket}/jobs", keep_checkpoints=True, train_retries=1,
                                train_retry_backoff_s=0)
-    # (kfp.local's steps, in threads, would leave this worker's print indented)
-    with print_kept(), TrainingKiller(settings.job_workdir) as killer:
+    # (kfp.local's steps, in threads, would leave this worker's print indented and a stale log handler)
+    with kfp_local_state_kept(), TrainingKiller(settings.job_workdir) as killer:
         build(settings)(params=json.dumps(params))
     assert killer.killed, ("the training step was not killed while it ran", killer.seen)
     log = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out)  # kfp.local's log (to stdout), without its colours

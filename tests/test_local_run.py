@@ -48,6 +48,32 @@ def test_a_print_a_step_leaves_swapped_does_not_outlive_the_run():
     assert builtins.print is original
 
 
+def test_the_root_loggers_handlers_two_interleaved_steps_swap_are_put_back():
+    """kfp.local's own ``local_logger_context`` (each step's, swapping the root logger's handlers for one on the
+    sys.stdout of the moment), entered and left as two threads interleave them: the second restores the first's
+    handler, which outlived the run and wrote to a closed test capture (the CI run of 14ac501)."""
+    import logging
+    from contextlib import ExitStack
+
+    from kfp.local.logging_utils import local_logger_context
+
+    from pipelines.local_run import _run
+
+    root = logging.getLogger()
+    before, level = root.handlers[:], root.level
+
+    def interleaved_steps() -> None:
+        first, second = ExitStack(), ExitStack()
+        first.enter_context(local_logger_context())
+        second.enter_context(local_logger_context())  # saves the first step's handler as "the original"
+        first.close()
+        second.close()
+        assert root.handlers != before  # what kfp.local alone leaves: the first step's handler
+
+    _run(interleaved_steps, {})
+    assert root.handlers == before and root.level == level
+
+
 def test_without_a_docker_engine_the_run_stops_with_one_line(tmp_path):
     env = {**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"}
     done = subprocess.run([sys.executable, "-m", "pipelines", "run-local", "--runner", "docker", "--root",
