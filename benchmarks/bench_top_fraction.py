@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from cloob_core.curation.score_table import (
+    FACTS,
     INDEX_FILE,
     ModelStamp,
     PartRecord,
@@ -79,7 +80,8 @@ def make_pool(folder: Path, rows: int, parts: int) -> tuple[str, str]:
         (shards / f"{name}.tar").write_bytes(b"\0" * (index + 1))  # distinct sizes: the pool's fingerprint
         sizes[f"{name}.tar"] = count
         empty = np.zeros((count, 0), np.float16)
-        records.append(write_part(str(scores), partial(PartRecord, name, index + 1, None, count, 0, 0, STAMP),
+        records.append(write_part(str(scores), partial(PartRecord, name, index + 1, None, count, 0, 0, STAMP,
+                                                                    facts=FACTS),
                                   _part_table(index, name, count, rng), empty, empty))
         print(f"\rwrote part {index + 1}/{parts}", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)

@@ -18,6 +18,7 @@ from cloob_core.curation.filters import filters_of
 from cloob_core.curation.filters.near_duplicates import bands
 from cloob_core.curation.pool import open_pool
 from cloob_core.curation.score_table import (
+    FACTS,
     ModelStamp,
     PartRecord,
     ScoreIndex,
@@ -56,7 +57,8 @@ def _write_pool(folder: Path, parts: dict[str, list[dict]], width: int = 4) -> t
         columns["position"] = list(range(len(rows)))
         table = pa.Table.from_pydict(columns, schema=schema())
         embeddings = np.array([row.get("embedding", np.zeros(width)) for row in rows], np.float16)
-        records.append(write_part(str(scores), partial(PartRecord, name, None, None, len(rows), 0, width, STAMP),
+        records.append(write_part(str(scores), partial(PartRecord, name, None, None, len(rows), 0, width, STAMP,
+                                                                    facts=FACTS),
                                   table, embeddings, embeddings))
     urls, _ = shard_list(str(shards))
     write_index(str(scores), ScoreIndex(STAMP, shards_fingerprint(urls), width, records))
@@ -104,12 +106,16 @@ def test_basic_filtering_removes_by_language_words_side_and_aspect(tmp_path):
         _row("6", width=700, height=200),  # 3.5 : 1
         _row("7", width=600, height=200),  # 3 : 1, kept
         _row("8", language="und", language_confidence=0.0),
+        _row("9", language="eo", language_confidence=0.49),  # another language, not surely: kept
+        _row("10", language="zh", language_confidence=0.5),
     ]}
     kept, selection = _kept_keys(tmp_path, parts, languages=["en"], min_language_confidence=0.5,
                                  min_caption_words=3, min_image_side=200, max_aspect_ratio=3.0)
-    assert kept == {"1", "7"}
-    assert selection.removed_by == {"language": 3, "max_aspect_ratio": 1, "min_caption_words": 1,
+    assert kept == {"1", "3", "7", "8", "9"}
+    assert selection.removed_by == {"language": 2, "max_aspect_ratio": 1, "min_caption_words": 1,
                                     "min_image_side": 1}
+    kept, _ = _kept_keys(tmp_path / "any", parts, languages=["en"])  # no floor: every other identification
+    assert kept == {"1", "3", "4", "5", "6", "7"}
 
 
 def _flip(value: int, *bits: int) -> int:

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from cloob_core.curation.facts import caption_language, perceptual_hash
+from cloob_core.curation.facts import caption_language, caption_words, perceptual_hash
 from cloob_core.curation.score import ScoreRequest, score
 from cloob_core.curation.score_table import (
     COLUMNS,
@@ -93,7 +93,7 @@ def test_every_sample_is_scored_with_its_facts_and_its_embeddings_in_the_same_or
             assert (row["width"], row["height"]) == decoded.size
             assert row["phash"] == perceptual_hash(decoded)
             caption = sample["txt"].decode()
-            assert (row["caption"], row["caption_words"], row["caption_chars"]) == (caption, len(caption.split()),
+            assert (row["caption"], row["caption_words"], row["caption_chars"]) == (caption, caption_words(caption),
                                                                                    len(caption))
             assert row["url"] == json.loads(sample["json"])["url"]
             assert 0 <= row["language_confidence"] <= 1
@@ -140,6 +140,37 @@ def test_a_killed_run_scores_only_the_shard_it_lacks(scored, untrained_export, t
     assert [row["key"] for row in rescored] == [row["key"] for row in first]
     # other batches (in this process, not a worker's): the same scores but for the last bits of a sum
     assert max(abs(a["clip_score"] - b["clip_score"]) for a, b in zip(rescored, first, strict=True)) < 1e-5
+
+
+def test_a_part_of_an_earlier_facts_definition_is_refused_by_curate_and_scored_again(scored, untrained_export,
+                                                                                       tmp_path):
+    """A part scored before the facts were versioned (its record without ``facts``: the whitespace words, lid.176
+    on the raw caption) holds other languages and words than the filters now mean: curate names it in one line,
+    and scoring into the same folder scores that part again, not the other."""
+    from cloob_core.config import EngineConfig
+    from cloob_core.curation.pool import open_pool
+    from cloob_core.data.engine import connect
+
+    pool, scores, _ = scored
+    copy = tmp_path / "scores"
+    shutil.copytree(scores, copy)
+    record = Path(part_file(str(copy), "00001", ".json"))
+    data = json.loads(record.read_text())
+    del data["facts"]
+    record.write_text(json.dumps(data))
+    index = json.loads((copy / INDEX_FILE).read_text())
+    del index["parts"][1]["facts"]
+    (copy / INDEX_FILE).write_text(json.dumps(index))
+    refused = r"scored by an earlier cloob: its facts .* are facts/1, now facts/2"
+    with connect(EngineConfig()) as connection, pytest.raises(ScoresError, match=refused):
+        open_pool(str(pool), str(copy), connection)
+    kept = Path(part_file(str(copy), "00000", ".json")).read_bytes()
+    result = _score(pool, copy, untrained_export)
+    assert (result.owned, result.scored) == (2, 1)
+    assert Path(part_file(str(copy), "00000", ".json")).read_bytes() == kept
+    assert [part.facts for part in read_index(str(copy)).parts] == ["facts/2", "facts/2"]
+    with connect(EngineConfig()) as connection:
+        assert open_pool(str(pool), str(copy), connection).rows == read_index(str(scores)).rows
 
 
 def test_a_grown_pool_scores_only_its_new_shard_and_a_changed_shard_again(captioned_train_shards,

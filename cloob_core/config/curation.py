@@ -31,9 +31,10 @@ class CurationConfig(_Section):
                                   "shard gate refuses shards cut by score (min_clip_score, top_fraction); 0: never.")
     languages: list[str] | None = Field(None, min_length=1, description="Keep captions identified as one of these "
                                         "languages (fastText lid.176's ISO 639 codes: en, de, ...); null: any.")
-    min_language_confidence: float | None = Field(None, ge=0.0, le=1.0, description="With languages: keep only "
-                                                  "captions identified with at least this confidence (short "
-                                                  "captions often score below 0.5).")
+    min_language_confidence: float | None = Field(None, ge=0.0, le=1.0, description="With languages: remove a "
+                                                  "caption identified as another language only when identified "
+                                                  "with at least this confidence (null: 0, every one; 0.5 for "
+                                                  "short captions: docs/curation.md).")
     min_caption_words: int | None = Field(None, ge=1, description="Keep captions of at least this many words "
                                           "(DataComp's basic filter: more than 2, i.e. 3).")
     min_image_side: int | None = Field(None, ge=1, description="Keep images whose stored shorter side is at least "
@@ -83,6 +84,6 @@ class CurationConfig(_Section):
     @model_validator(mode="after")
     def _confidence_needs_languages(self) -> CurationConfig:
         if self.min_language_confidence is not None and self.languages is None:
-            raise ValueError("curation.min_language_confidence is set without curation.languages: the confidence "
-                             "is in the languages kept; set both")
+            raise ValueError("curation.min_language_confidence is set without curation.languages: it is the "
+                             "confidence another language's identification needs to remove a caption; set both")
         return self

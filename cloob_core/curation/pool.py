@@ -8,7 +8,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from cloob_core.curation.score_table import ScoreIndex, ScoresError, check_part_file, part_file, read_index
+from cloob_core.curation.score_table import (
+    FACTS,
+    ScoreIndex,
+    ScoresError,
+    check_part_file,
+    part_file,
+    read_index,
+)
 from cloob_core.data.shard_files import shard_list, shards_fingerprint
 
 if TYPE_CHECKING:
@@ -43,6 +50,11 @@ def open_pool(shards: str, scores: str, connection: duckdb.DuckDBPyConnection) -
         raise ScoresError(f"the scores in {scores} were made for other shards than {shards} (their names or sizes "
                           "differ): score these shards (`cloob data score`, the same --output scores only what "
                           "changed) or give their own scores")
+    earlier = next((part for part in index.parts if part.facts != FACTS), None)
+    if earlier is not None:
+        raise ScoresError(f"{scores} was scored by an earlier cloob: its facts (the language, the words) are "
+                          f"{earlier.facts}, now {FACTS}; run `cloob data score` again with the same --output (it "
+                          "scores such parts again)")
     files = []
     for part in index.parts:
         location = part_file(scores, part.name, ".parquet")

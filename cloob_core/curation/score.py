@@ -31,6 +31,7 @@ from cloob_core import lease, storage
 from cloob_core.config import ConfigError
 from cloob_core.curation.facts import Describer, SampleFacts, warm_up
 from cloob_core.curation.score_table import (
+    FACTS,
     ModelStamp,
     PartRecord,
     ScoreIndex,
@@ -151,6 +152,10 @@ def _done(output: str, shard: _Shard, stamp: ModelStamp, sizes: dict[str, int]) 
         return None
     if not record.files_match(output, sizes):
         log.info("%s: its part's files are missing or not as its record has them: scoring it again", shard.url)
+        return None
+    if record.facts != FACTS:
+        log.info("%s: its part's facts are of an earlier definition (%s, now %s: the language, the words): scoring "
+                 "it again", shard.url, record.facts, FACTS)
         return None
     return record
 
@@ -326,5 +331,5 @@ class _Scoring:
         unreadable = None if shard.samples is None else shard.samples - len(facts)
         lease.check_held(self.request.output, _owner(self.request.partition))
         write_part(self.request.output, partial(PartRecord, shard.name, shard.size, shard.version, len(facts),
-                                                unreadable, width, self.stamp), table, image, text)
+                                                unreadable, width, self.stamp, facts=FACTS), table, image, text)
         self.rows += len(facts)

@@ -35,6 +35,9 @@ from cloob_core.io import json_bytes, parse_json
 INDEX_FILE = "scores.json"
 PARTS = "parts"
 FORMAT = "cloob-scores/1"
+# the definition of the facts cloob_core.curation.facts computes, recorded in every part: 2 is lid.176 on the
+# caption in lower case without punctuation, Han without kana as Chinese, and Han and kana characters as words
+FACTS = "facts/2"
 EMBEDDINGS = ("image", "text")  # the arrays of a part's npz
 _READ_BLOCK = 8 << 20
 
@@ -82,6 +85,7 @@ class PartRecord:
     embeddings_sha256: str
     table_bytes: int | None = None  # the files' sizes (None: a record from before they were kept)
     embeddings_bytes: int | None = None
+    facts: str = "facts/1"  # the facts' definition (FACTS; a record without it: the first)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

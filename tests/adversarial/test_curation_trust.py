@@ -216,7 +216,8 @@ def _spread_embeddings(scores: Path) -> None:
             image[keys.index("copy-b")] = image[keys.index("copy-a")]
         image /= np.linalg.norm(image, axis=1, keepdims=True) if part.rows else 1
         records.append(write_part(str(scores), partial(PartRecord, part.name, part.shard_size, part.shard_version,
-                                                       part.rows, part.unreadable, part.width, part.model),
+                                                       part.rows, part.unreadable, part.width, part.model,
+                                                       facts=part.facts),
                                   table, image, text))
     write_index(str(scores), ScoreIndex(index.model, index.shards_fingerprint, index.embedding_width, records))
 
