@@ -188,12 +188,7 @@ def kfp_local_state_kept() -> Iterator[None]:
         yield
     finally:
         builtins.print = original_print
-        for handler in root.handlers[:]:
-            if handler not in original_handlers:
-                root.removeHandler(handler)
-        for handler in original_handlers:
-            if handler not in root.handlers:
-                root.addHandler(handler)
+        root.handlers[:] = original_handlers
         root.setLevel(original_level)
 
 

@@ -1,7 +1,7 @@
 """The caption facts the language and word filters read, on captions as a crawl has them: two to six words,
 capitalised, with a full stop, in many languages and scripts (tuxpaint-stamps' descriptions, GPL-2:
 cloob_core/data/captioned/LICENSES/tuxpaint-stamps.copyright), not the packaged set's long English ones.
-benchmarks/bench_language.py measures the identifier on 44,000 such captions."""
+benchmarks/bench_language.py measures the identifier on 43,635 such captions."""
 
 from __future__ import annotations
 

@@ -88,12 +88,8 @@ def _is_kana(character: str) -> bool:
 def caption_words(caption: str) -> int:
     """The caption's words: its whitespace-separated words, where each Han, hiragana or katakana character counts
     as one and the rest of a word as one ("一只蜥蜴。" is 4, "a ラッコ" 4, "New York" 2)."""
-    words = 0
-    for word in caption.split():
-        ideographs = sum(_is_ideographic(character) for character in word)
-        rest = "".join(" " if _is_ideographic(character) else character for character in word).split()
-        words += ideographs + sum(any(character.isalnum() for character in part) for part in rest)
-    return words
+    spaced = "".join(f" {character} " if _is_ideographic(character) else character for character in caption)
+    return sum(any(character.isalnum() for character in word) for word in spaced.split())
 
 
 _PUNCTUATION = re.compile(r"[^\w\s']+")
@@ -107,7 +103,7 @@ def caption_language(caption: str) -> tuple[str, float]:
     if not any(character.isalpha() for character in caption):
         return "und", 0.0
     text = " ".join(_PUNCTUATION.sub(" ", caption.lower()).split())
-    found = _language_model().detect(text, model="lite", k=2) if text else []
+    found = _language_model().detect(text, model="lite", k=2)  # (letters survive: text is not empty)
     if not found:
         return "und", 0.0
     language, confidence = str(found[0]["lang"]), float(found[0]["score"])
