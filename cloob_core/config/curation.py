@@ -52,14 +52,19 @@ class CurationConfig(_Section):
     semantic_dedup_clusters: int | None = Field(None, ge=1, description="SemDeDup's k-means clusters (null: one per "
                                                 "5,000 samples; they used 50,000 for 440M).")
     decontaminate: list[str] = Field([], description="Evaluation sets whose images are removed from the pool where "
-                                     "an image matches one (by perceptual hash or by embedding): names of "
-                                     "eval.datasets (their test split) or sets `cloob eval` reads. Needs the "
-                                     "scoring model (`cloob data curate --model`).")
+                                     "a pool image copies one (a candidate by perceptual hash or by embedding, "
+                                     "confirmed by its pixels): names of eval.datasets (their test split) or sets "
+                                     "`cloob eval` reads. Needs the scoring model (`cloob data curate --model`).")
     decontaminate_bits: int = Field(6, ge=0, le=16, description="With decontaminate: a pool image within this "
-                                    "many bits of an evaluation image's perceptual hash is removed.")
+                                    "many bits of an evaluation image's 64-bit perceptual hash is a candidate.")
     decontaminate_min_cosine: float = Field(0.95, ge=0.0, le=1.0, description="With decontaminate: a pool image "
                                             "whose embedding's cosine with an evaluation image's is at least this "
-                                            "is removed.")
+                                            "is a candidate.")
+    decontaminate_min_similarity: float | None = Field(
+        0.97, ge=-1.0, le=1.0, description="With decontaminate: a candidate whose pixels' similarity to the "
+        "evaluation image (the best normalised cross-correlation of either, scaled to 80-100%, placed in the "
+        "other; 1.0 is the same pixels) is at least this is removed as a copy; null: every candidate is removed, "
+        "unchecked (what a hash or a cosine alone takes for a copy: docs/curation.md).")
     target_images: str | None = Field(None, description="DataComp's image-based filter: keep samples whose nearest "
                                       "k-means centroid of the pool's image embeddings is the nearest centroid of "
                                       "some image of this set (any set `cloob eval` reads: an ImageFolder, shards, "

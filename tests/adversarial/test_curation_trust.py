@@ -318,7 +318,8 @@ def test_the_line_names_the_setting_and_says_when_the_pool_is_empty(crawl, untra
         assert done.code == 2 and named in done.error_line(), done.err
     done = cli(capsys, "data", "curate", "--shards", pool, "--scores", scores, "--output", tmp_path / "d",
                "--model", str(untrained_export), "--device", "cpu", "--set=curation.decontaminate=[tuxpaint]",
-               "--set=curation.decontaminate_bits=16", "--set=curation.decontaminate_min_cosine=0")
+               "--set=curation.decontaminate_bits=16", "--set=curation.decontaminate_min_cosine=0",
+               "--set=curation.decontaminate_min_similarity=null")
     assert done.code == 2 and "curation.decontaminate removed the most" in done.error_line(), done.err
     empty = tmp_path / "empty"
     empty.mkdir()

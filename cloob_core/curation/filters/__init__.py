@@ -56,7 +56,8 @@ def filters_of(settings: CurationConfig, model: EvalModel | None = None, evaluat
         from cloob_core.curation.filters.decontaminate import Decontaminate
 
         chosen.append(Decontaminate(evaluation_sets, model, settings.decontaminate_bits,
-                                    settings.decontaminate_min_cosine, workers))
+                                    settings.decontaminate_min_cosine, settings.decontaminate_min_similarity,
+                                    workers))
     if reference is not None and model is not None:
         from cloob_core.curation.filters.target import TargetDistribution
 

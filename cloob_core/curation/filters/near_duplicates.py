@@ -25,10 +25,10 @@ def bands(bits: int) -> list[tuple[int, int]]:
     return [(start, end - start) for start, end in itertools.pairwise(edges)]
 
 
-def within_bits(left: str, right: str, bits: int, also: str = "TRUE") -> str:
-    """A query of ``b.shard, b.position`` for each pair of a row ``a`` of ``left`` and ``b`` of ``right`` (tables
-    or subqueries with a ``phash`` column) whose hashes differ in at most ``bits`` bits and which meet ``also``:
-    one equality join per band, their union (a pair within ``bits`` shares a band)."""
+def within_bits(left: str, right: str, bits: int, also: str = "TRUE", select: str = "b.shard, b.position") -> str:
+    """A query of ``select`` (by default ``b.shard, b.position``) for each pair of a row ``a`` of ``left`` and ``b``
+    of ``right`` (tables or subqueries with a ``phash`` column) whose hashes differ in at most ``bits`` bits and
+    which meet ``also``: one equality join per band, their union (a pair within ``bits`` shares a band)."""
     joins = []
     for shift, width in bands(bits):
         mask = (1 << width) - 1
@@ -36,7 +36,7 @@ def within_bits(left: str, right: str, bits: int, also: str = "TRUE") -> str:
         def band(side: str, shift: int = shift, mask: int = mask) -> str:
             return f"(({side}.phash >> {shift}) & {mask}::UBIGINT)"
 
-        joins.append(f"""SELECT b.shard, b.position FROM {left} a JOIN {right} b ON {band('a')} = {band('b')}
+        joins.append(f"""SELECT {select} FROM {left} a JOIN {right} b ON {band('a')} = {band('b')}
                          AND {also} WHERE bit_count(xor(a.phash, b.phash)) <= {bits}""")
     return " UNION ".join(joins)
 
