@@ -234,6 +234,31 @@ def test_scores_by_another_model_are_refused_in_one_line(scored, weights, tmp_pa
     assert line.startswith("cloob: ") and "holds scores by another model" in line and "new --output" in line
 
 
+def test_one_model_spelled_three_ways_keeps_its_parts_and_other_activations_are_another_model(
+        scored, untrained_export, tmp_path, monkeypatch):
+    """The scores' model is its weights and its open_clip configuration, not how --model names it (issue 79,
+    point 5): an absolute path, ``local-dir:`` of a relative one, and a copy of the folder elsewhere score
+    nothing again; the same weights under another activation (quick_gelu) are another model."""
+    pool, scores, _ = scored
+    copy = tmp_path / "scores"
+    shutil.copytree(scores, copy)
+    shutil.copytree(untrained_export, tmp_path / "elsewhere" / "model")
+    monkeypatch.chdir(untrained_export.parent)
+    for spelling in (f"local-dir:{untrained_export.name}", f"local-dir:{tmp_path / 'elsewhere' / 'model'}",
+                     str(tmp_path / "elsewhere" / "model")):
+        result = score(ScoreRequest(str(pool), ModelSource(model=spelling, device="cpu"), str(copy),
+                                    progress=False, workers=0))
+        assert (result.owned, result.scored) == (2, 0), spelling
+    other = tmp_path / "quick"
+    shutil.copytree(untrained_export, other)
+    config = json.loads((other / "open_clip_config.json").read_text())
+    config["model_cfg"]["quick_gelu"] = True
+    (other / "open_clip_config.json").write_text(json.dumps(config))
+    with pytest.raises(ScoresError, match="holds scores by another model"):
+        score(ScoreRequest(str(pool), ModelSource(model=f"local-dir:{other}", device="cpu"), str(copy),
+                           progress=False, workers=0))
+
+
 def test_a_part_changed_after_it_was_scored_is_named_when_read(scored, tmp_path):
     _, scores, _ = scored
     copy = tmp_path / "scores"

@@ -133,17 +133,13 @@ def _owner(partition: Partition) -> str:
     return f"score-p{partition.index}of{partition.count}"
 
 
-def _same_model(a: ModelStamp, b: ModelStamp) -> bool:
-    return (a.fingerprint, a.architecture) == (b.fingerprint, b.architecture)
-
-
 def _done(output: str, shard: _Shard, stamp: ModelStamp, sizes: dict[str, int]) -> PartRecord | None:
     """The shard's part where it is there, of the shard as it is now, its files as its record has them
     (``sizes``: :func:`part_sizes`); a part by another model is refused."""
     record = read_part_record(output, shard.name)
     if record is None:
         return None
-    if not _same_model(record.model, stamp):
+    if not record.model.same_model(stamp):
         raise ScoresError(f"{output} holds scores by another model ({record.model.architecture}, weights "
                           f"{record.model.fingerprint}; this run's: {stamp.architecture}, {stamp.fingerprint}): give "
                           "a new --output for this model's scores")
@@ -167,7 +163,7 @@ def score(request: ScoreRequest, model: EvalModel | None = None) -> ScoreResult:
     storage.check_apart(("--output", request.output), ("--shards", request.shards))
     shards = _pool(request.shards)
     model = model or load_model(request.model)
-    stamp = ModelStamp(model.fingerprint, model.architecture, model.precision)
+    stamp = ModelStamp(model.fingerprint, model.architecture, model.precision, model.config_digest())
     partition = request.partition
     with lease.writing(request.output, _owner(partition),
                        f"partition {partition.index}/{partition.count} of {request.output}"):

@@ -63,11 +63,22 @@ def schema() -> Any:
 
 @dataclass(frozen=True)
 class ModelStamp:
-    """Which model scored: its weights' fingerprint, its architecture and the precision it ran at."""
+    """Which model scored: its weights' fingerprint, its architecture (as named) and the digest of its open_clip
+    configuration, and the precision it ran at. Two stamps are one model by content (:meth:`same_model`): the
+    same weights and configuration however the model was spelled (``local-dir:runs/m/model``, ``runs/m/model``,
+    its absolute path, ``hf-hub:`` of the same push)."""
 
     fingerprint: str
     architecture: str
     precision: str
+    config: str | None = None  # None: a record from before the configuration's digest was kept
+
+    def same_model(self, other: ModelStamp) -> bool:
+        if self.fingerprint != other.fingerprint:
+            return False
+        if self.config is not None and other.config is not None:
+            return self.config == other.config
+        return self.architecture == other.architecture
 
 
 @dataclass(frozen=True)

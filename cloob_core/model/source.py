@@ -4,6 +4,8 @@ its config asks for, under the precision its device calls for."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -42,6 +44,17 @@ class EvalModel:
     inv_tau: float
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     precision: str = "fp32"  # resolved: fp32, bf16 or fp16
+
+    def config_digest(self) -> str | None:
+        """The SHA-256 (16 hex digits) of the architecture's open_clip configuration (``model_cfg``), the same for
+        every spelling of one model: a folder's ``open_clip_config.json`` or a registered architecture's. None
+        where open_clip cannot give it."""
+        name = self.source if self.source.startswith(OPEN_CLIP_SCHEMAS) else self.architecture
+        try:
+            config = open_clip.get_model_config(name)
+        except (OSError, ValueError):
+            return None
+        return None if config is None else hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
 
     @torch.no_grad()
     def encode_images(self, images: Tensor) -> Tensor:
