@@ -259,6 +259,41 @@ def test_one_model_spelled_three_ways_keeps_its_parts_and_other_activations_are_
                            progress=False, workers=0))
 
 
+def test_a_copied_pool_keeps_its_parts_by_content_and_a_changed_shard_says_why(scored, untrained_export, tmp_path,
+                                                                                caplog):
+    """A pool copied elsewhere (new file times) with its scores keeps every part, its samples compared with what
+    was scored (issue 79, point 6); a shard edited to the same size is scored again, the log saying how it
+    differs."""
+    import logging
+    import os
+
+    pool, scores, _ = scored
+    copied = tmp_path / "pool"
+    copied.mkdir()
+    for path in pool.iterdir():
+        (copied / path.name).write_bytes(path.read_bytes())  # a copy: new file times
+        os.utime(copied / path.name, ns=(1_800_000_000_000_000_000,) * 2)
+    copy = tmp_path / "scores"
+    shutil.copytree(scores, copy)
+    with caplog.at_level(logging.INFO, logger="cloob_core.curation.score"):
+        result = _score(copied, copy, untrained_export)
+    assert (result.owned, result.scored) == (2, 0)
+    assert "its samples did not (a copy): its part is kept" in caplog.text
+    caplog.clear()
+    again = _score(copied, copy, untrained_export)  # the records took the new times: nothing is read again
+    assert again.scored == 0 and "a copy" not in caplog.text
+    tar = copied / "00001.tar"
+    with tarfile.open(tar) as archive:
+        caption = next(member for member in archive.getmembers() if member.name.endswith(".txt"))
+    data = bytearray(tar.read_bytes())
+    data[caption.offset_data] = ord("X") if data[caption.offset_data] != ord("X") else ord("Y")
+    tar.write_bytes(bytes(data))  # a caption edited, the size the same
+    with caplog.at_level(logging.INFO, logger="cloob_core.curation.score"):
+        result = _score(copied, copy, untrained_export)
+    assert result.scored == 1
+    assert "00001.tar changed since it was scored (its sample" in caplog.text and "scoring it again" in caplog.text
+
+
 def test_a_part_changed_after_it_was_scored_is_named_when_read(scored, tmp_path):
     _, scores, _ = scored
     copy = tmp_path / "scores"

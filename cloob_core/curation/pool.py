@@ -67,7 +67,11 @@ def open_pool(shards: str, scores: str, connection: duckdb.DuckDBPyConnection) -
 
 
 class ShardChanged(ScoresError):
-    """A shard whose samples are not the ones its scores were made of."""
+    """A shard whose samples are not the ones its scores were made of; ``why``: how."""
+
+    def __init__(self, url: str, why: str, again: str):
+        super().__init__(f"{url} changed since it was scored ({why}): {again}")
+        self.why = why
 
 
 def scored_samples(pool: ScoredPool, shard: str, rows: list[dict[str, Any]]) -> Iterator[tuple[dict[str, Any],
@@ -76,6 +80,14 @@ def scored_samples(pool: ScoredPool, shard: str, rows: list[dict[str, Any]]) -> 
     sample read from the tar as scoring read it: webdataset's grouping of members into samples, at the row's
     position, its key, image and caption checked against what was scored. A shard that changed since is
     :class:`ShardChanged`, naming it and the command that scores it again; a read fault is raised as it is."""
+    again = (f"`cloob data score --shards {pool.shards} --output {pool.scores}` scores it again (only the shards that "
+             "changed), then curate")
+    yield from samples_as_scored(pool.urls[shard], rows, again)
+
+
+def samples_as_scored(url: str, rows: list[dict[str, Any]], again: str) -> Iterator[tuple[dict[str, Any],
+                                                                                         dict[str, Any]]]:
+    """:func:`scored_samples` of the tar ``url``; ``again`` ends the line of a :class:`ShardChanged`."""
     import webdataset as wds
 
     from cloob_core.curation.facts import sample_caption
@@ -83,7 +95,6 @@ def scored_samples(pool: ScoredPool, shard: str, rows: list[dict[str, Any]]) -> 
     from cloob_core.evaluation.inputs import sample_image
 
     register_s3()
-    url = pool.urls[shard]
     wanted = iter(rows)
     row = next(wanted, None)
     for position, raw in enumerate(wds.tarfile_samples([{"url": url}], handler=wds.reraise_exception)):
@@ -99,15 +110,11 @@ def scored_samples(pool: ScoredPool, shard: str, rows: list[dict[str, Any]]) -> 
         if found != (row["key"], row["sha256"], row["caption"]):
             what = next(name for name, a, b in zip(("key", "image", "caption"), found,
                                                    (row["key"], row["sha256"], row["caption"]), strict=True) if a != b)
-            raise ShardChanged(f"{url} changed since it was scored (its sample {position} has another {what}): "
-                               f"`cloob data score --shards {pool.shards} --output {pool.scores}` scores it again "
-                               "(only the shards that changed), then curate")
+            raise ShardChanged(url, f"its sample {position} has another {what}", again)
         yield row, raw
         row = next(wanted, None)
     if row is not None:
-        raise ShardChanged(f"{url} changed since it was scored (it ends before its scored sample {row['position']}): "
-                           f"`cloob data score --shards {pool.shards} --output {pool.scores}` scores it again (only "
-                           "the shards that changed), then curate")
+        raise ShardChanged(url, f"it ends before its scored sample {row['position']}", again)
 
 
 def check_scoring_model(model: EvalModel, pool: ScoredPool, use: str) -> None:

@@ -18,7 +18,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 from cloob_core import lease, storage
 from cloob_core.config import ConfigError
 from cloob_core.curation.facts import Describer, SampleFacts, warm_up
+from cloob_core.curation.pool import ShardChanged, samples_as_scored
 from cloob_core.curation.score_table import (
     FACTS,
     ModelStamp,
@@ -38,9 +39,11 @@ from cloob_core.curation.score_table import (
     ScoresError,
     part_sizes,
     read_part_record,
+    read_part_table,
     schema,
     write_index,
     write_part,
+    write_part_record,
 )
 from cloob_core.data.manifest import Partition
 from cloob_core.data.shard_files import (
@@ -135,7 +138,8 @@ def _owner(partition: Partition) -> str:
 
 def _done(output: str, shard: _Shard, stamp: ModelStamp, sizes: dict[str, int]) -> PartRecord | None:
     """The shard's part where it is there, of the shard as it is now, its files as its record has them
-    (``sizes``: :func:`part_sizes`); a part by another model is refused."""
+    (``sizes``: :func:`part_sizes`); a part by another model is refused. A shard whose file time changed (a
+    copied pool) keeps its part when its samples are the ones scored, and its record takes the new time."""
     record = read_part_record(output, shard.name)
     if record is None:
         return None
@@ -143,9 +147,6 @@ def _done(output: str, shard: _Shard, stamp: ModelStamp, sizes: dict[str, int]) 
         raise ScoresError(f"{output} holds scores by another model ({record.model.architecture}, weights "
                           f"{record.model.fingerprint}; this run's: {stamp.architecture}, {stamp.fingerprint}): give "
                           "a new --output for this model's scores")
-    if (record.shard_size, record.shard_version) != (shard.size, shard.version):
-        log.info("%s changed since it was scored: scoring it again", shard.url)
-        return None
     if not record.files_match(output, sizes):
         log.info("%s: its part's files are missing or not as its record has them: scoring it again", shard.url)
         return None
@@ -153,7 +154,31 @@ def _done(output: str, shard: _Shard, stamp: ModelStamp, sizes: dict[str, int]) 
         log.info("%s: its part's facts are of an earlier definition (%s, now %s: the language, the words): scoring "
                  "it again", shard.url, record.facts, FACTS)
         return None
+    if (record.shard_size, record.shard_version) == (shard.size, shard.version):
+        return record
+    why = _content_differs(output, shard, record)
+    if why is not None:
+        log.info("%s changed since it was scored (%s): scoring it again", shard.url, why)
+        return None
+    log.info("%s: its file's version changed since it was scored (%s, now %s) but its samples did not (a copy): its "
+             "part is kept", shard.url, record.shard_version, shard.version)
+    record = replace(record, shard_version=shard.version)
+    write_part_record(output, record)
     return record
+
+
+def _content_differs(output: str, shard: _Shard, record: PartRecord) -> str | None:
+    """How the shard differs from what its part was scored from, or None where it does not: its size, then each
+    scored sample's key, image digest and caption at its position (the tar read once, no image decoded)."""
+    if record.shard_size != shard.size:
+        return f"{record.shard_size} bytes then, {shard.size} now"
+    rows = read_part_table(output, record).select(["position", "key", "sha256", "caption"]).to_pylist()
+    try:
+        for _ in samples_as_scored(shard.url, rows, again=""):
+            pass
+    except ShardChanged as err:
+        return err.why
+    return None
 
 
 def score(request: ScoreRequest, model: EvalModel | None = None) -> ScoreResult:

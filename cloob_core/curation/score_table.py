@@ -177,8 +177,13 @@ def write_part(scores: str, record_of: Any, table: Any, image: np.ndarray, text:
                                    len(table_bytes), len(embedding_bytes))
     storage.write_bytes(part_file(scores, record.name, ".parquet"), table_bytes)
     storage.write_bytes(part_file(scores, record.name, ".npz"), embedding_bytes)
-    storage.write_bytes(part_file(scores, record.name, ".json"), json_bytes(record.to_json()))
+    write_part_record(scores, record)
     return record
+
+
+def write_part_record(scores: str, record: PartRecord) -> None:
+    """A part's record, written last (atomically): the part is done once it is there."""
+    storage.write_bytes(part_file(scores, record.name, ".json"), json_bytes(record.to_json()))
 
 
 def write_index(scores: str, index: ScoreIndex) -> None:
