@@ -5,6 +5,7 @@ evaluation set; in the pool, their copies (re-encoded smaller, cropped, given a 
 from __future__ import annotations
 
 import io
+import re
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -80,12 +81,13 @@ def contaminated(tmp_path_factory, untrained_export):
     return root, kinds
 
 
-def _removed(contaminated, untrained_export, output, *settings: str) -> set[str]:
+def _removed(contaminated, untrained_export, output, *settings: str) -> dict[str, list[str]]:
+    """Each removed sample's key and evidence."""
     root, _ = contaminated
     config = load_config(overrides=[f"curation.decontaminate=[{root / 'evaluation'}]", *settings])
     curate(str(root / "pool"), str(root / "scores"), str(output), config,
            ModelSource(model=str(untrained_export), device="cpu"))
-    return {row["key"] for row in pq.read_table(output / KEPT_FILE).to_pylist() if not row["kept"]}
+    return {row["key"]: row["evidence"] for row in pq.read_table(output / KEPT_FILE).to_pylist() if not row["kept"]}
 
 
 def test_copies_are_removed_and_look_alikes_within_the_hash_kept(contaminated, untrained_export, tmp_path):
@@ -95,8 +97,12 @@ def test_copies_are_removed_and_look_alikes_within_the_hash_kept(contaminated, u
     assert sum(bits <= 6 for bits in near) >= 12, near  # within the candidate distance: the hash alone removes them
     removed = _removed(contaminated, untrained_export, tmp_path / "curated")
     copies = {key for key, kind in kinds.items() if kind in COPIES}
-    assert copies <= removed, sorted(copies - removed)
-    assert removed == copies, sorted(removed - copies)  # no look-alike, no other drawing
+    assert copies <= set(removed), sorted(copies - set(removed))
+    assert set(removed) == copies, sorted(set(removed) - copies)  # no look-alike, no other drawing
+    for key, (evidence,) in removed.items():  # the evaluation image each copies (sorted by name), and how alike
+        position = int(key.rsplit("-", 1)[1]) - SEEDS.start
+        pattern = rf"copies \S+:{position} \(similarity (0\.9[7-9]\d|1\.000), \d+ bits, cosine -?\d\.\d{{3}}\)"
+        assert re.fullmatch(pattern, evidence), (key, evidence)
 
 
 def test_without_the_pixel_check_a_look_alike_is_taken_for_a_copy(contaminated, untrained_export, tmp_path):

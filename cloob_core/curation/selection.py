@@ -36,10 +36,11 @@ class Selection:
 def select(pool: ScoredPool, filters: list[Filter]) -> Selection:
     """Apply ``filters`` to the pool; the removals stay in the connection's ``removed`` table for what follows."""
     connection = pool.connection
-    connection.execute(f"CREATE OR REPLACE TABLE {REMOVED_TABLE} (shard VARCHAR, position INTEGER, reason VARCHAR)")
+    connection.execute(f"""CREATE OR REPLACE TABLE {REMOVED_TABLE} (shard VARCHAR, position INTEGER, reason VARCHAR,
+                           evidence VARCHAR)""")
     for chosen in filters:
-        connection.execute(f"INSERT INTO {REMOVED_TABLE} SELECT DISTINCT shard, position, '{chosen.reason}' "
-                           f"FROM ({chosen.removed(pool)})")
+        connection.execute(f"""INSERT INTO {REMOVED_TABLE} SELECT shard, position, '{chosen.reason}', min(evidence)
+                               FROM ({chosen.removed(pool)}) GROUP BY shard, position""")
     removed_by = {reason: 0 for reason in sorted(f.reason for f in filters)}
     removed_by |= dict(connection.execute(f"SELECT reason, count(*) FROM {REMOVED_TABLE} GROUP BY reason").fetchall())
     overlaps = {(a, b): count for a, b, count in connection.execute(
@@ -52,16 +53,19 @@ def select(pool: ScoredPool, filters: list[Filter]) -> Selection:
 
 
 KEPT_QUERY = f"""SELECT s.key, s.shard, s.position, r.reasons IS NULL AS kept,
-                 coalesce(r.reasons, []::VARCHAR[]) AS reasons, s.clip_score
+                 coalesce(r.reasons, []::VARCHAR[]) AS reasons, coalesce(r.evidence, []::VARCHAR[]) AS evidence,
+                 s.clip_score
                  FROM {SCORES_VIEW} s LEFT JOIN (
-                     SELECT shard, position, list(reason ORDER BY reason) AS reasons FROM {REMOVED_TABLE} GROUP BY ALL
+                     SELECT shard, position, list(reason ORDER BY reason) AS reasons,
+                            list(evidence ORDER BY reason) AS evidence FROM {REMOVED_TABLE} GROUP BY shard, position
                  ) r USING (shard, position)
                  ORDER BY s.key, s.shard, s.position"""
 
 
 def write_kept_table(pool: ScoredPool, path: Path) -> None:
     """The kept table as parquet: every sample sorted by key (then shard and position), whether it was kept, the
-    reasons that removed it (none for a kept one) and its score. Written by the engine, out of core."""
+    reasons that removed it (none for a kept one), each reason's evidence (in the same order) and its score.
+    Written by the engine, out of core."""
     import duckdb
 
     target = str(path).replace("'", "''")

@@ -339,3 +339,31 @@ def test_a_full_disk_under_curate_names_the_file_it_was_writing(crawl, tmp_path,
                "--set=curation.top_fraction=1.0")
     line = done.error_line()
     assert done.code == 2 and line.startswith(f"cloob: no space left on device writing {output}/"), line
+
+
+def test_every_removal_says_why_in_the_kept_table(crawl, tmp_path):
+    """Each reason in kept.parquet comes with its evidence (issue 79, point 7): the cut and the rank, the language
+    and its confidence, the words, the shape, the better-scored sample a duplicate copies."""
+    import re
+
+    _, pool, scores = crawl
+    curate(str(pool), str(scores), str(tmp_path / "o"),
+           _config(top_fraction=0.7, languages="[en]", min_language_confidence=0.5, min_caption_words=2,
+                   near_duplicates="true", max_aspect_ratio=1.6))
+    rows = pq.read_table(tmp_path / "o" / KEPT_FILE).to_pylist()
+    removed = [row for row in rows if not row["kept"]]
+    assert removed and all(row["evidence"] == [] for row in rows if row["kept"])
+    patterns = {"top_fraction": r"clip_score -?\d\.\d{4}: rank [\d,]+ of 35, below the top 25",
+                "language": r"language [a-z]{2,3} \(confidence (0\.[5-9]\d|1\.00)\), not en",
+                "min_caption_words": r"1 word\(s\), fewer than 2",
+                "max_aspect_ratio": r"\d+x\d+: aspect \d\.\d\d > 1\.6",
+                "near_duplicate": r"the same hash as copy-[ab] \(better scored\)"}
+    seen = set()
+    for row in removed:
+        assert len(row["evidence"]) == len(row["reasons"]), row
+        for reason, evidence in zip(row["reasons"], row["evidence"], strict=True):
+            assert re.fullmatch(patterns[reason], evidence), (reason, evidence)
+            seen.add(reason)
+    assert seen == set(patterns)
+    duplicate = next(row for row in removed if "near_duplicate" in row["reasons"])
+    assert duplicate["key"] in ("copy-a", "copy-b") and duplicate["key"] not in duplicate["evidence"][0]

@@ -1,6 +1,8 @@
 """The curation filters, one module per kind, each with one signature (:class:`Filter`): it reads the score table
 (the ``scores`` view of a :class:`~cloob_core.curation.pool.ScoredPool`) and names the samples it removes, by shard
-and position, as a query; its ``reason`` is what the kept table records for them. A sample is kept when no filter
+and position, each with its evidence (what the filter saw: the score and the cut, the language and its
+confidence, the kept sample it duplicates, the evaluation image it copies), as a query; its ``reason`` is what the
+kept table records for them, beside the evidence. A sample is kept when no filter
 removes it. The shape is DataComp's ``apply_filter.py`` (a filter reads the scores, a subset comes out) and NeMo
 Curator's stages (one job each, chained by the caller)."""
 
@@ -21,7 +23,8 @@ class Filter(Protocol):
     setting: str  # the curation setting that switches it on (curation.SETTING), as a message names it
 
     def removed(self, pool: ScoredPool) -> str:
-        """A SQL query over the pool's connection giving ``shard, position`` of each sample removed."""
+        """A SQL query over the pool's connection giving ``shard, position, evidence`` (VARCHAR) of each sample
+        removed, one row per sample."""
         ...
 
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from cloob_core.curation.pool import SCORES_VIEW, ScoredPool
 
 
-def _where(condition: str) -> str:
-    return f"SELECT shard, position FROM {SCORES_VIEW} WHERE {condition}"
+def _where(condition: str, evidence: str) -> str:
+    return f"SELECT shard, position, {evidence} AS evidence FROM {SCORES_VIEW} WHERE {condition}"
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,9 @@ class Language:
 
     def removed(self, pool: ScoredPool) -> str:
         listed = ", ".join(f"'{code}'" for code in self.languages)  # codes are checked: [a-z]{2,3}
-        return _where(f"language NOT IN ({listed}) AND language_confidence >= {self.min_confidence!r}")
+        return _where(f"language NOT IN ({listed}) AND language_confidence >= {self.min_confidence!r}",
+                      f"printf('language %s (confidence %.2f), not {', '.join(self.languages)}', language, "
+                      "language_confidence)")
 
 
 @dataclass(frozen=True)
@@ -38,7 +40,8 @@ class CaptionWords:
     setting: str = "min_caption_words"
 
     def removed(self, pool: ScoredPool) -> str:
-        return _where(f"caption_words < {int(self.minimum)}")
+        return _where(f"caption_words < {int(self.minimum)}",
+                      f"printf('%d word(s), fewer than {int(self.minimum)}', caption_words)")
 
 
 @dataclass(frozen=True)
@@ -50,7 +53,8 @@ class ImageSide:
     setting: str = "min_image_side"
 
     def removed(self, pool: ScoredPool) -> str:
-        return _where(f"least(width, height) < {int(self.minimum)}")
+        return _where(f"least(width, height) < {int(self.minimum)}",
+                      f"printf('%dx%d: shorter side %d < {int(self.minimum)}', width, height, least(width, height))")
 
 
 @dataclass(frozen=True)
@@ -62,4 +66,6 @@ class AspectRatio:
     setting: str = "max_aspect_ratio"
 
     def removed(self, pool: ScoredPool) -> str:
-        return _where(f"greatest(width, height) > {self.maximum!r} * least(width, height)")
+        return _where(f"greatest(width, height) > {self.maximum!r} * least(width, height)",
+                      f"printf('%dx%d: aspect %.2f > {self.maximum!r}', width, height, "
+                      "greatest(width, height) / greatest(least(width, height), 1))")

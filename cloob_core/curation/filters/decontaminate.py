@@ -162,7 +162,9 @@ class Decontaminate:
                                                           ORDER BY similarity DESC NULLS LAST, cosine DESC) = 1""")
         connection.unregister("matched_pairs")
         connection.unregister(_REFERENCE)
-        return f"SELECT shard, position FROM {MATCHES}"
+        return f"""SELECT shard, position, 'copies ' || evaluation_image || ' (' || coalesce(printf('similarity %.3f, ',
+                   similarity), 'unchecked, ') || printf('%d bits, cosine %.3f)', bits, cosine) AS evidence
+                   FROM {MATCHES}"""
 
     def _part_matches(self, pool: ScoredPool, part: PartRecord, reference: EvaluationImages
                       ) -> list[tuple[str, int, str, int, float, float | None]]:

@@ -52,12 +52,18 @@ class NearDuplicates:
     def removed(self, pool: ScoredPool) -> str:
         # the ranks and each hash's best image are tables of their own: DuckDB 2.0.0 gave an empty join for the
         # same query with the ranking windows nested inside it
-        pool.connection.execute(f"""CREATE OR REPLACE TEMP TABLE near_ranked AS SELECT s.shard, s.position, s.phash,
-                                    r.score_rank FROM {SCORES_VIEW} s JOIN ({RANKED}) r USING (shard, position)""")
+        pool.connection.execute(f"""CREATE OR REPLACE TEMP TABLE near_ranked AS SELECT s.shard, s.position, s.key,
+                                    s.phash, r.score_rank FROM {SCORES_VIEW} s JOIN ({RANKED}) r
+                                    USING (shard, position)""")
         pool.connection.execute("""CREATE OR REPLACE TEMP TABLE near_grouped AS SELECT *, row_number() OVER (
-                                   PARTITION BY phash ORDER BY score_rank) AS place FROM near_ranked""")
-        copies = "SELECT shard, position FROM near_grouped WHERE place > 1"
-        if not self.bits:
-            return copies
-        heads = "(SELECT phash, score_rank, shard, position FROM near_grouped WHERE place = 1)"
-        return f"{copies} UNION {within_bits(heads, heads, self.bits, 'a.score_rank < b.score_rank')}"
+                                   PARTITION BY phash ORDER BY score_rank) AS place,
+                                   first(key) OVER (PARTITION BY phash ORDER BY score_rank) AS head FROM near_ranked""")
+        copies = "SELECT shard, position, 0 AS bits, head AS better FROM near_grouped WHERE place > 1"
+        if self.bits:
+            heads = "(SELECT phash, score_rank, shard, position, key FROM near_grouped WHERE place = 1)"
+            near = within_bits(heads, heads, self.bits, "a.score_rank < b.score_rank",
+                               select="b.shard, b.position, bit_count(xor(a.phash, b.phash)) AS bits, a.key AS better")
+            copies = f"{copies} UNION ALL SELECT * FROM ({near})"
+        return f"""SELECT shard, position, CASE WHEN bits = 0 THEN 'the same hash as ' || better
+                   ELSE bits || ' bit(s) from ' || better END || ' (better scored)' AS evidence FROM ({copies})
+                   QUALIFY row_number() OVER (PARTITION BY shard, position ORDER BY bits, better) = 1"""

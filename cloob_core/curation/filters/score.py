@@ -9,8 +9,8 @@ from cloob_core.curation.pool import SCORES_VIEW, ScoredPool
 
 # the order of the global cut: the highest cosine first, a NaN cosine (a model that gave no direction) last, ties
 # by place in the pool, so the same pool gives the same cut
-RANKED = f"""SELECT shard, position, row_number() OVER (ORDER BY isnan(clip_score), clip_score DESC, shard,
-position) AS score_rank FROM {SCORES_VIEW}"""
+RANKED = f"""SELECT shard, position, clip_score, row_number() OVER (ORDER BY isnan(clip_score), clip_score DESC,
+shard, position) AS score_rank FROM {SCORES_VIEW}"""
 
 
 @dataclass(frozen=True)
@@ -22,7 +22,9 @@ class ClipScoreFloor:
     setting: str = "min_clip_score"
 
     def removed(self, pool: ScoredPool) -> str:
-        return f"SELECT shard, position FROM {SCORES_VIEW} WHERE isnan(clip_score) OR clip_score < {self.floor!r}"
+        return (f"SELECT shard, position, CASE WHEN isnan(clip_score) THEN 'clip_score NaN (no cosine)' ELSE "
+                f"printf('clip_score %.4f < {self.floor!r}', clip_score) END AS evidence FROM {SCORES_VIEW} "
+                f"WHERE isnan(clip_score) OR clip_score < {self.floor!r}")
 
 
 @dataclass(frozen=True)
@@ -38,4 +40,6 @@ class TopFraction:
         return min(rows, math.ceil(self.fraction * rows))
 
     def removed(self, pool: ScoredPool) -> str:
-        return f"SELECT shard, position FROM ({RANKED}) WHERE score_rank > {self.kept(pool.rows)}"
+        kept = self.kept(pool.rows)
+        return (f"SELECT shard, position, printf('clip_score %.4f: rank %,d of {pool.rows:,}, below the top {kept:,}', "
+                f"clip_score, score_rank) AS evidence FROM ({RANKED}) WHERE score_rank > {kept}")

@@ -21,7 +21,7 @@ import numpy as np
 
 from cloob_core import scratch
 from cloob_core.curation.clusters import TooFewSamples, fit_centroids, nearest
-from cloob_core.curation.pool import ScoredPool
+from cloob_core.curation.pool import SCORES_VIEW, ScoredPool
 from cloob_core.curation.score_table import read_part_rows
 
 ROWS_PER_CLUSTER = 5_000  # the default number of clusters: one per this many samples
@@ -51,16 +51,22 @@ class SemanticDedup:
 
         names = np.array([part.name for part in pool.index.parts], dtype=object)
         connection = pool.connection
-        connection.execute(f"CREATE OR REPLACE TEMP TABLE {_REMOVED} (shard VARCHAR, position INTEGER)")
+        connection.execute(f"""CREATE OR REPLACE TEMP TABLE {_REMOVED} (shard VARCHAR, position INTEGER,
+                               better_shard VARCHAR, better_position INTEGER, cosine FLOAT, cluster BIGINT)""")
         with scratch.folder("cloob-semdedup") as spill:
             centroids = fit_centroids(pool, clusters, self.seed)
             _assign(pool, centroids, Path(spill))
-            for removed in _compare(pool, Path(spill), 1.0 - self.eps):  # a bucket's at a time
-                connection.register("semantic_batch", pa.table({"shard": names[removed["shard"]].tolist(),
-                                                                "position": removed["position"].astype(np.int32)}))
-                connection.execute(f"INSERT INTO {_REMOVED} SELECT shard, position FROM semantic_batch")
+            for removed, better, cosine in _compare(pool, Path(spill), 1.0 - self.eps):  # a bucket's at a time
+                connection.register("semantic_batch", pa.table({
+                    "shard": names[removed["shard"]].tolist(), "position": removed["position"].astype(np.int32),
+                    "better_shard": names[better["shard"]].tolist(),
+                    "better_position": better["position"].astype(np.int32), "cosine": cosine,
+                    "cluster": removed["cluster"]}))
+                connection.execute(f"INSERT INTO {_REMOVED} SELECT * FROM semantic_batch")
                 connection.unregister("semantic_batch")
-        return f"SELECT shard, position FROM {_REMOVED}"
+        return f"""SELECT r.shard, r.position, printf('cosine %.4f with %s (better scored, cluster %d)', r.cosine,
+                   s.key, r.cluster) AS evidence FROM {_REMOVED} r JOIN {SCORES_VIEW} s
+                   ON s.shard = r.better_shard AND s.position = r.better_position"""
 
 
 def _assign(pool: ScoredPool, centroids: np.ndarray, spill: Path) -> None:
@@ -82,9 +88,9 @@ def _assign(pool: ScoredPool, centroids: np.ndarray, spill: Path) -> None:
                 vectors[bucket].write(np.ascontiguousarray(image[mine]).tobytes())
 
 
-def _compare(pool: ScoredPool, spill: Path, threshold: float) -> Iterator[np.ndarray]:
+def _compare(pool: ScoredPool, spill: Path, threshold: float) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """The rows removed, a bucket's at a time: in each cluster, those with a better-ranked member above
-    ``threshold`` cosine."""
+    ``threshold`` cosine; with each, its most similar better-ranked member and their cosine."""
     width = pool.index.embedding_width
     for bucket in range(BUCKETS):
         rows = np.fromfile(spill / f"{bucket}.rows", _ROW)
@@ -96,7 +102,7 @@ def _compare(pool: ScoredPool, spill: Path, threshold: float) -> Iterator[np.nda
                             rows["cluster"]))
         rows, vectors = rows[order], vectors[order]
         starts = np.flatnonzero(np.r_[True, rows["cluster"][1:] != rows["cluster"][:-1]])
-        removed = []
+        removed, better, cosines = [], [], []
         for start, end in zip(starts, np.r_[starts[1:], len(rows)], strict=True):
             members = vectors[start:end].astype(np.float32)
             members /= np.maximum(np.linalg.norm(members, axis=1, keepdims=True), 1e-12)
@@ -104,6 +110,11 @@ def _compare(pool: ScoredPool, spill: Path, threshold: float) -> Iterator[np.nda
                 similar = members[block:block + BLOCK] @ members[:block + BLOCK].T
                 # a row is a duplicate of any member ranked before it (to its left, not itself)
                 ahead = np.tril(np.ones_like(similar, dtype=bool), k=block - 1)
-                duplicate = ((similar > threshold) & ahead).any(axis=1)
+                similar = np.where(ahead, similar, -np.inf)
+                nearest_ahead = similar.argmax(axis=1)
+                cosine = similar[np.arange(len(similar)), nearest_ahead]
+                duplicate = cosine > threshold
                 removed.append(rows[start + block:start + block + len(similar)][duplicate])
-        yield np.concatenate(removed)
+                better.append(rows[start + nearest_ahead[duplicate]])
+                cosines.append(cosine[duplicate])
+        yield np.concatenate(removed), np.concatenate(better), np.concatenate(cosines).astype(np.float32)

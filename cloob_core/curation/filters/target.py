@@ -45,12 +45,15 @@ class TargetDistribution:
         reference = image_features(self.model, self.reference, Encoding(progress=False, workers=self.workers))
         targets = np.unique(nearest(reference.features.numpy(), centroids))
         connection = pool.connection
-        connection.execute(f"CREATE OR REPLACE TEMP TABLE {_REMOVED} (shard VARCHAR, position INTEGER)")
+        connection.execute(f"CREATE OR REPLACE TEMP TABLE {_REMOVED} (shard VARCHAR, position INTEGER, cluster BIGINT)")
         for part in pool.index.parts:
             rows = read_part_rows(pool.scores, part, pool.index.embedding_width)
-            off = rows.positions[~np.isin(nearest(rows.image, centroids), targets)]
-            if len(off):
-                connection.register("off_rows", pa.table({"shard": [part.name] * len(off), "position": off}))
-                connection.execute(f"INSERT INTO {_REMOVED} SELECT shard, position FROM off_rows")
+            closest = nearest(rows.image, centroids)
+            off = ~np.isin(closest, targets)
+            if off.any():
+                connection.register("off_rows", pa.table({"shard": [part.name] * int(off.sum()),
+                                                          "position": rows.positions[off], "cluster": closest[off]}))
+                connection.execute(f"INSERT INTO {_REMOVED} SELECT shard, position, cluster FROM off_rows")
                 connection.unregister("off_rows")
-        return f"SELECT shard, position FROM {_REMOVED}"
+        return (f"SELECT shard, position, printf('nearest centroid %d of {clusters:,}: no image of the target set "
+                f"is nearest it', cluster) AS evidence FROM {_REMOVED}")
