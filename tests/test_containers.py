@@ -59,6 +59,13 @@ def test_the_image_has_no_compiler_and_its_packages_are_consistent(image):
     assert "No broken requirements found" in in_image(image, "pip check")
 
 
+def test_the_image_draws_chinese_and_japanese_captions_on_the_curation_sheets(image):
+    """The image has a font of the CJK scripts, which lettering finds (docs/curation.md: the report's sheets)."""
+    code = ("from cloob_core.curation.lettering import font_for; "
+            "print(*(font_for(t)[1] for t in ('一只绿色的三角形。', '赤い丸', '고양이', 'Кошка')))")
+    assert in_image(image, f'python -c "{code}"').split() == ["True"] * 4
+
+
 def test_a_cpu_quota_sets_the_thread_budget(image):
     """A container limited to one CPU by a cgroup quota (what a pod's limits.cpu sets) plans one torch thread,
     however many cores the host shows it; without the quota it plans one per core."""

@@ -74,6 +74,9 @@ class CurationConfig(_Section):
                                         "per 1,000 samples; DataComp: 100,000 for 12.8M).")
     seed: int = Field(0, ge=0, le=2**32 - 1, description="The seed of the k-means fits and their samples: the same "
                       "pool, settings and seed give the same kept set (0 to 2**32 - 1, scikit-learn's range).")
+    report_images: int = Field(24, ge=2, le=400, description="Images on each of the curation report's sheets: the "
+                               "samples at the cut (half the lowest-scored kept, half the highest-scored removed) "
+                               "and, for each filter, a seeded sample of what it removed with its evidence.")
 
     @field_validator("languages")
     @classmethod

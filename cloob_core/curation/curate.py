@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from cloob_core import lease, publish, storage
 from cloob_core.config import CloobConfig, ConfigError
-from cloob_core.curation.figures import contact_sheet_png, score_histogram_png
+from cloob_core.curation.figures import contact_sheet_png, removed_sheet_png, score_histogram_png
 from cloob_core.curation.filters import filters_of
 from cloob_core.curation.pool import open_pool
 from cloob_core.curation.reshard import reshard
@@ -30,6 +30,11 @@ log = logging.getLogger(__name__)
 KEPT_FILE = "kept.parquet"
 REPORT_JSON, REPORT_MD = CURATION_REPORT, "curation_report.md"
 HISTOGRAM, CONTACT_SHEET = "curation_scores.png", "curation_contact_sheet.png"
+
+
+def removed_sheet(reason: str) -> str:
+    """The file of the sheet of what the filter of ``reason`` removed."""
+    return f"curation_removed_{reason}.png"
 
 
 class CurationError(StageError):
@@ -69,19 +74,33 @@ def _sentence(line: str) -> str:
     return line[:1].upper() + line[1:]
 
 
-def _report(selection: Selection, config: CloobConfig, scores: str, separation: Separation) -> dict[str, object]:
+def _undrawn_line(undrawn: int) -> str:
+    return (f"{undrawn:,} line(s) of text on the report's sheets are in a script no font here covers, drawn as "
+            "boxes: install a font of it (Debian: fonts-noto-cjk for Chinese, Japanese and Korean; the pipeline's "
+            "image has Droid Sans Fallback)")
+
+
+def _report(selection: Selection, config: CloobConfig, scores: str, separation: Separation, sheets: dict[str, str],
+            undrawn: int) -> dict[str, object]:
     return {"rows": selection.rows, "kept": selection.kept, "removed": selection.removed,
             "removed_by": selection.removed_by, "settings_of_reasons": selection.settings,
             "overlaps": [{"filters": list(pair), "removed": count} for pair, count in selection.overlaps.items()],
-            "scorer_separation": separation.as_dict(), "settings": config.curation.model_dump(), "scores": scores}
+            "scorer_separation": separation.as_dict(), "sheets": {"cut": CONTACT_SHEET, **sheets},
+            "undrawn_lines": undrawn, "settings": config.curation.model_dump(), "scores": scores}
 
 
-def _report_md(selection: Selection, separation: Separation, minimum: float) -> str:
+def _report_md(selection: Selection, separation: Separation, minimum: float, sheets: dict[str, str],
+               undrawn: int) -> str:
     rows = [f"| {reason} | {count:,} | {count / selection.rows:.1%} |"
             for reason, count in selection.removed_by.items()]
     overlaps = [f"| {a} | {b} | {count:,} |" for (a, b), count in selection.overlaps.items()]
     weak = _weak_scorer_warning(selection, separation, minimum)
     warning = [f"**Warning**: {weak}.", ""] if weak else []
+    removed_sheets = [line for reason, name in sheets.items() for line in (
+        f"What {reason} removed ({selection.removed_by[reason]:,} samples; a seeded sample of them, each with the "
+        "filter's evidence in red):", "",
+        f"![removed by {reason}]({name})", "")]
+    drawn = [f"**Note**: {_undrawn_line(undrawn)}.", ""] if undrawn else []
     return "\n".join([
         "# Curation", "", f"Kept **{selection.kept:,}** of {selection.rows:,} samples "
         f"({selection.kept / selection.rows:.1%}).", "", f"{_sentence(separation.line())} (docs/curation.md, \"The "
@@ -90,7 +109,7 @@ def _report_md(selection: Selection, separation: Separation, minimum: float) -> 
         "| filter | filter | removed by both |", "|---|---|---|", *overlaps, "",
         f"![scores, kept and removed]({HISTOGRAM})", "",
         "The samples at the cut: the lowest-scored kept (top), the highest-scored removed (bottom).", "",
-        f"![the samples at the cut]({CONTACT_SHEET})", ""])
+        f"![the samples at the cut]({CONTACT_SHEET})", "", *removed_sheets, *drawn])
 
 
 def evaluation_sets(config: CloobConfig) -> tuple[ImageSet, ...]:
@@ -162,8 +181,14 @@ def _curate(shards: str, scores: str, output: str, config: CloobConfig, model: M
             folder = Path(staging)
             summary = reshard(pool, folder, config.preprocess.shard_size, selection.kept)
             write_kept_table(pool, folder / KEPT_FILE)
-            write_json(folder / REPORT_JSON, _report(selection, config, scores, separation))
-            write_text(folder / REPORT_MD, _report_md(selection, separation, minimum))
             score_histogram_png(pool, folder / HISTOGRAM)
-            contact_sheet_png(pool, folder / CONTACT_SHEET)
+            images, seed = config.curation.report_images, config.curation.seed
+            undrawn = contact_sheet_png(pool, folder / CONTACT_SHEET, images)
+            sheets = {reason: removed_sheet(reason) for reason, count in selection.removed_by.items() if count}
+            undrawn += sum(removed_sheet_png(pool, reason, folder / name, images, seed)
+                           for reason, name in sheets.items())
+            if undrawn:
+                log.warning("%s", _undrawn_line(undrawn))
+            write_json(folder / REPORT_JSON, _report(selection, config, scores, separation, sheets, undrawn))
+            write_text(folder / REPORT_MD, _report_md(selection, separation, minimum, sheets, undrawn))
     return CurateResult(output, selection, len(summary.sizes), separation, minimum)
