@@ -248,6 +248,32 @@ def test_while_curation_is_off_the_pipeline_scores_nothing_and_trains_on_the_poo
     assert not (tmp_path / "scorer.json").exists()
 
 
+def test_a_first_run_curating_with_production_trains_on_the_pool_then_curates_with_what_it_promoted(
+        scored_pool, untrained_export, tmp_path):
+    """The docs' DVC settings (curation.enabled, scorer production) on a fresh clone, before any promotion (issue
+    79, point 8): each curation stage says why it passes the pool through, in one line, and succeeds; once a model
+    is promoted, the scorer names its weights and the pool is scored."""
+    pool, _ = scored_pool
+    store = tmp_path / "registry"
+    cli = [sys.executable, "-m", "cloob_core.cli", "data"]
+    settings = ["--set", "curation.enabled=true", "--set", "curation.scorer=production", "--set",
+                f"promote.store={store}"]
+    why = f"curation.scorer is production and {store} has no production model yet"
+    for step in (["scorer", "--output", str(tmp_path / "scorer.json")],
+                 ["score", "--shards", str(pool), "--output", str(tmp_path / "scores"), "--if-enabled"],
+                 ["curate", "--shards", str(pool), "--scores", str(tmp_path / "scores"), "--output",
+                  str(tmp_path / "curated"), "--if-enabled"]):
+        run = subprocess.run([*cli, *step, *settings], capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0 and why in run.stdout, run.stdout + run.stderr
+    assert json.loads((tmp_path / "scorer.json").read_text()) == {"scorer": None, "sha256": None, "weights": None}
+    assert (tmp_path / "curated" / "00000.tar").read_bytes() == (pool / "00000.tar").read_bytes()
+    store.mkdir()
+    (store / "production.json").write_text(json.dumps({"model": str(untrained_export)}))  # promoted since
+    run = subprocess.run([*cli, "scorer", "--output", str(tmp_path / "scorer.json"), *settings],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and "scorer: production (open_clip_model.safetensors" in run.stdout, run.stderr
+
+
 def test_the_kubeflow_scoring_plan_refuses_params_without_curation_and_cuts_the_pool_into_ranges(scored_pool,
                                                                                                 untrained_export):
     from cloob_core.config import ConfigError

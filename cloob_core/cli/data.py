@@ -114,11 +114,12 @@ def _score(args: argparse.Namespace) -> int:
     row order); OUTPUT/scores.json, the index, once every shard is scored. Re-running the same command scores only
     the shards it lacks (after a kill, or a pool grown since); --partition i/n shares the shards between pods, and
     the one that scores the last of them writes the index."""
-    from cloob_core.curation.switch import record_off, scorer_source
+    from cloob_core.curation.switch import curation_off, record_off, scorer_source
 
     config = config_of(args)
-    if args.if_enabled and not config.curation.enabled:  # (before torch is imported: the DVC stage's usual case)
-        print(f"curation is off (curation.enabled: false): nothing scored; {record_off(args.output)} records it")
+    off = curation_off(config) if args.if_enabled else None
+    if off:  # (before torch is imported: the DVC stage's usual case)
+        print(f"curation is off ({off}): nothing scored; {record_off(args.output, off)} records it")
         return 0
     from cloob_core.curation.score import ScoreRequest, score
     from cloob_core.data.manifest import Partition
@@ -139,11 +140,12 @@ def _scorer(args: argparse.Namespace) -> int:
     """Write which weights curation.scorer names now (the value, the weights file, its SHA-256; empty while
     curation.enabled is false) to OUTPUT: the DVC score stage depends on this file, so a new production model or
     overwritten weights re-score the pool even when curation.scorer keeps its value."""
-    from cloob_core.curation.switch import record_scorer
+    from cloob_core.curation.switch import curation_off, record_scorer
 
-    record = record_scorer(config_of(args), args.output)
+    config = config_of(args)
+    record = record_scorer(config, args.output)
     print(f"scorer: {record.scorer} ({record.weights}, sha256 {(record.sha256 or '')[:16]})" if record.scorer
-          else "scorer: none (curation.enabled is false)")
+          else f"scorer: none ({curation_off(config)})")
     print(f"wrote {args.output}")
     return 0
 
@@ -153,13 +155,13 @@ def _curate(args: argparse.Namespace) -> int:
     score`: the kept samples resharded into OUTPUT in the usual layout (sizes.json, stats; each sample's json with its
     scores), OUTPUT/kept.parquet (every sample by key, whether kept, the reasons that removed it) and
     curation_report.md / .json (what each filter removed, and their overlaps), published as one unit."""
-    from cloob_core.curation.switch import pass_through, scorer_source
+    from cloob_core.curation.switch import curation_off, pass_through, scorer_source
 
     config = config_of(args)
-    if args.if_enabled and not config.curation.enabled:  # (before torch is imported: the DVC stage's usual case)
+    off = curation_off(config) if args.if_enabled else None
+    if off:  # (before torch is imported: the DVC stage's usual case)
         files = pass_through(args.shards, args.output)
-        print(f"curation is off (curation.enabled: false): {args.output} is the pool {args.shards} as it is "
-              f"({files} files linked)")
+        print(f"curation is off ({off}): {args.output} is the pool {args.shards} as it is ({files} files linked)")
         return 0
     from cloob_core.curation.curate import curate
 

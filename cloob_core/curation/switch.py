@@ -19,7 +19,7 @@ from cloob_core import publish, storage
 from cloob_core.config import CloobConfig, ConfigError
 from cloob_core.io import write_json
 from cloob_core.model.starting_weights import PRODUCTION, named_weights
-from cloob_core.model.store import production_folder
+from cloob_core.model.store import production_folder, read_pointer
 
 if TYPE_CHECKING:
     from cloob_core.model.source import ModelSource
@@ -48,6 +48,22 @@ class ScorerRecord:
     sha256: str | None
 
 
+def curation_off(config: CloobConfig) -> str | None:
+    """Why the pipeline's curation stages pass the pool through this run, or None where they curate: curation is
+    off, or its scorer is ``production`` and the store has no production model yet. The first run of a new
+    project then trains on the pool as it is and promotes; the next `dvc repro` (the scorer stage sees the new
+    production model) scores and curates the pool with it and trains again."""
+    curation = config.curation
+    if not curation.enabled:
+        return "curation.enabled is false"
+    if curation.scorer == PRODUCTION:
+        pointer, _ = read_pointer(config.promote.store)
+        if pointer is None or not isinstance(pointer.get("model"), str):
+            return (f"curation.scorer is production and {config.promote.store} has no production model yet: this "
+                    "run trains on the pool as it is; once it is promoted, the next `dvc repro` curates with it")
+    return None
+
+
 def scorer_source(config: CloobConfig, device: str = "auto", precision: str = "auto") -> ModelSource:
     """``curation.scorer`` as a model to load; one line when it is not set."""
     from cloob_core.model.source import ModelSource  # here: the scorer stage, run by every `dvc repro`, loads no torch
@@ -64,10 +80,11 @@ def scorer_source(config: CloobConfig, device: str = "auto", precision: str = "a
 def record_scorer(config: CloobConfig, output: str) -> ScorerRecord:
     """The ``scorer`` stage: write which weights ``curation.scorer`` names to ``output`` (the same bytes while they
     are the same). The score stage depends on this file, so a new production model or overwritten weights re-score
-    the pool under an unchanged value; while curation is off the record is empty and nothing re-runs."""
+    the pool under an unchanged value; while curation is off (:func:`curation_off`, a first production model
+    included) the record is empty and nothing re-runs."""
     curation = config.curation
     record = ScorerRecord(None, None, None)
-    if curation.enabled:
+    if curation_off(config) is None:
         if curation.scorer is None:
             raise ConfigError("curation.enabled: the pipeline scores the pool with curation.scorer, which is not set "
                               "(a model folder, production, or hf-hub:ORG/NAME)")
@@ -77,10 +94,11 @@ def record_scorer(config: CloobConfig, output: str) -> ScorerRecord:
     return record
 
 
-def record_off(output: str) -> str:
-    """The score stage while curation is off: ``output`` holds only a record saying so."""
+def record_off(output: str, why: str) -> str:
+    """The score stage while curation is off (``why``: :func:`curation_off`): ``output`` holds only a record saying
+    so."""
     with publish.staged(output) as staging:
-        write_json(Path(staging) / OFF_RECORD, {"curation": "off", "why": "curation.enabled is false"})
+        write_json(Path(staging) / OFF_RECORD, {"curation": "off", "why": why})
     return output
 
 
