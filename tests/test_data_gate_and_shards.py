@@ -98,16 +98,32 @@ def test_gate_on_manifests(tmp_path, capsys):
         "break it, e.g. ['ftp://example.com/2.png']" in text
     assert "FAIL manifest: expect_column_values_to_be_between [duplicate_url_fraction] {'max_value': 0.0} — 1 " \
         "row(s) break it, e.g. ['http://example.com/1.jpg']" in text
-    assert "FAIL manifest: expect_column_values_to_be_between [empty_caption_fraction]" in text
+    assert "FAIL manifest: expect_column_values_to_be_between [empty_caption_fraction] {'max_value': 0.05}" in text
+    assert "raise validation.max_empty_caption_fraction to allow more, or check --caption-col" in text
     assert "PASS manifest: expect_column_values_to_be_between [long_caption_fraction]" in text
     # row-level expectations on the sample, here every row
     assert "FAIL manifest_rows: expect_column_values_to_match_regex [url]" in text
     assert "FAIL manifest_rows: expect_column_values_to_be_unique [url] — 2 row(s)" in text
-    assert "FAIL manifest_rows: expect_column_value_lengths_to_be_between [caption]" in text
+    assert "FAIL manifest_rows: expect_column_values_to_match_regex [caption]" in text
     assert "data gate FAILED" in (tmp_path / "r" / "summary.md").read_text()
-    # the same bad rows pass when the configured tolerance allows them
-    loose = load_config(overrides=["validation.max_bad_row_fraction=0.5"])
+    # the same bad rows pass when the configured tolerances allow them
+    loose = load_config(overrides=["validation.max_bad_row_fraction=0.5", "validation.max_empty_caption_fraction=0.5"])
     assert run_gate(loose, manifest=str(bad)).passed
+
+
+def test_a_crawl_with_a_few_empty_captions_passes_the_gate_and_the_download_drops_them(tmp_path, capsys):
+    """3 empty captions of 120 rows (issue 79, point 9): the download drops them, so the gate lets them by under
+    validation.max_empty_caption_fraction (5%); a URL repeated still fails, its line naming the setting."""
+    rows = [f"http://crawl.example/{i}.jpg,{'' if i in (7, 50, 99) else f'a picture {i}'}" for i in range(120)]
+    manifest = tmp_path / "crawl.csv"
+    manifest.write_text("url,caption\n" + "\n".join(rows) + "\n")
+    assert main(["data", "validate", "--manifest", str(manifest)]) == 0, capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "PASS manifest: expect_column_values_to_be_between [empty_caption_fraction]" in text
+    manifest.write_text("url,caption\n" + "\n".join([*rows, rows[0]]) + "\n")
+    assert main(["data", "validate", "--manifest", str(manifest)]) == 1
+    text = capsys.readouterr().out
+    assert "[duplicate_url_fraction]" in text and "raise validation.max_bad_row_fraction to allow them" in text
 
 
 def test_folder_with_sidecar_captions(tmp_path, read_shards):

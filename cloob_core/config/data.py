@@ -147,8 +147,12 @@ class ValidationConfig(_Section):
         0.0,
         ge=0.0,
         le=1.0,
-        description="Fraction of manifest rows allowed to break a row expectation (bad URL, empty caption...).",
+        description="Fraction of manifest rows allowed to break a row expectation (a bad or repeated URL, a "
+        "caption longer than max_caption_chars).",
     )
+    max_empty_caption_fraction: float = Field(
+        0.05, ge=0.0, le=1.0, description="Fraction of manifest rows allowed an empty caption: the download drops "
+        "them (preprocess.min_caption_chars), so a crawl's few cost nothing; many say the caption column is wrong.")
     min_success_ratio: float = Field(
         0.5, ge=0.0, le=1.0, description="Fewest successes per manifest row attempted, over the whole output."
     )

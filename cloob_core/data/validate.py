@@ -3,7 +3,8 @@
 Suites, thresholds from the ``validation`` config section:
 - manifest: exact counts over every row, computed out of core by the engine (:mod:`cloob_core.data.engine`):
   rows; URLs present and http(s) (or rows of a packaged set), unique; captions non-empty and within length. Each
-  is a fraction of the rows, checked against ``max_bad_row_fraction``, with a few breaking rows as examples;
+  is a fraction of the rows, checked against ``max_bad_row_fraction`` (empty captions: ``max_empty_caption_fraction``,
+  since the download drops them), with a few breaking rows as examples and the setting that allows them;
 - manifest_rows: the same as row-level expectations on a bounded sample (``manifest_sample`` rows picked by a
   hash of the row). When the sample is the whole manifest it decides with the rest; when it is a true sample it
   is reported and decides nothing (a sample's share of bad rows scatters around the exact one);
@@ -153,9 +154,9 @@ def manifest_expectations(gxe: Any, config: CloobConfig, url_col: str, caption_c
     return [
         gxe.ExpectColumnValuesToMatchRegex(column=url_col, regex=URL_PATTERN, mostly=mostly),
         gxe.ExpectColumnValuesToBeUnique(column=url_col, mostly=mostly),
-        gxe.ExpectColumnValuesToMatchRegex(column=caption_col, regex=r"\S", mostly=mostly),
-        gxe.ExpectColumnValueLengthsToBeBetween(column=caption_col, min_value=1,
-                                                max_value=val.max_caption_chars, mostly=mostly),
+        gxe.ExpectColumnValuesToMatchRegex(column=caption_col, regex=r"\S",
+                                           mostly=1.0 - val.max_empty_caption_fraction),
+        gxe.ExpectColumnValueLengthsToBeBetween(column=caption_col, max_value=val.max_caption_chars, mostly=mostly),
     ]
 
 
@@ -223,10 +224,22 @@ def _bound(query: str, parameters: dict[str, Any]) -> tuple[str, dict[str, Any]]
 
 def aggregate_expectations(gxe: Any, config: CloobConfig) -> list[Any]:
     val = config.validation
-    bound = val.max_bad_row_fraction
     return [gxe.ExpectColumnValuesToBeBetween(column="rows", min_value=val.min_rows),
-            *(gxe.ExpectColumnValuesToBeBetween(column=column, max_value=bound) for column in (
-                "bad_url_fraction", "duplicate_url_fraction", "empty_caption_fraction", "long_caption_fraction"))]
+            *(gxe.ExpectColumnValuesToBeBetween(column=column, max_value=bound) for column, bound in (
+                ("bad_url_fraction", val.max_bad_row_fraction), ("duplicate_url_fraction", val.max_bad_row_fraction),
+                ("empty_caption_fraction", val.max_empty_caption_fraction),
+                ("long_caption_fraction", val.max_bad_row_fraction)))]
+
+
+# what a failing manifest count's line advises: the setting that allows it, and what it usually means
+_MANIFEST_ADVICE = {
+    "bad_url_fraction": "fix or drop those rows, or raise validation.max_bad_row_fraction",
+    "duplicate_url_fraction": "the download fetches each URL once; raise validation.max_bad_row_fraction to allow "
+                              "them",
+    "empty_caption_fraction": "the download drops rows without a caption (preprocess.min_caption_chars); raise "
+                              "validation.max_empty_caption_fraction to allow more, or check --caption-col",
+    "long_caption_fraction": "raise validation.max_caption_chars, or validation.max_bad_row_fraction to allow them",
+}
 
 
 def _picked(key: str, fraction: float) -> bool:
@@ -449,6 +462,7 @@ def run_gate(config: CloobConfig, *, manifest: str | None = None, shards: str | 
                 check.unexpected = count or None
                 check.observed = f"{count} of {len(run_manifest)} rows"
                 check.examples = redactor.value(facts.examples.get(check.column, []))
+                check.advice = _MANIFEST_ADVICE.get(check.column)
         report.checks += checks
         report.raw["manifest"] = raw
         checks, raw = _validate(context, gx, "manifest_rows", facts.sample, expectations, redactor)
