@@ -308,16 +308,60 @@ def test_a_part_changed_after_it_was_scored_is_named_when_read(scored, tmp_path)
         read_part_embeddings(str(copy), index.parts[0])
 
 
+def _hub_cache(export: Path, cache: Path) -> None:
+    """``export`` in a Hugging Face cache as the model cloob/tiny, pushed from it."""
+    snapshot = cache / "models--cloob--tiny" / "snapshots" / ("0" * 40)
+    shutil.copytree(export, snapshot)
+    (cache / "models--cloob--tiny" / "refs").mkdir()
+    (cache / "models--cloob--tiny" / "refs" / "main").write_text("0" * 40)
+
+
+def test_a_cached_hub_model_is_read_from_the_cache_without_reaching_the_network(scored, untrained_export,
+                                                                                tmp_path):
+    """Without HF_HUB_OFFLINE, behind a network that takes connections and never answers (issue 79, point 10: an
+    hf-hub name waited out its retries for 30 s), a cached model scores and nothing is asked of the Hub."""
+    import os
+    import socket
+    import threading
+
+    pool, _, _ = scored
+    _hub_cache(untrained_export, tmp_path / "hub")
+    silent = socket.create_server(("127.0.0.1", 0))
+    asked = []
+
+    def take() -> None:
+        while True:
+            try:
+                connection, _ = silent.accept()
+            except OSError:
+                return
+            asked.append(connection)  # held open, never answered
+
+    threading.Thread(target=take, daemon=True).start()
+    env = {key: value for key, value in os.environ.items() if key != "HF_HUB_OFFLINE"}
+    env |= {"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_ENDPOINT": f"http://127.0.0.1:{silent.getsockname()[1]}"}
+    try:
+        done = subprocess.run([sys.executable, "-m", "cloob_core.cli", "data", "score", "--shards", str(pool),
+                               "--model", "hf-hub:cloob/tiny", "--output", str(tmp_path / "scores"), "--device",
+                               "cpu", "--workers", "0", "--no-progress"], capture_output=True, text=True, timeout=300,
+                              env=env)
+    finally:
+        silent.close()
+    assert done.returncode == 0, done.stderr
+    assert not asked, f"{len(asked)} connection(s) to the Hub"
+    missing = subprocess.run([sys.executable, "-m", "cloob_core.cli", "data", "score", "--shards", str(pool),
+                              "--model", "hf-hub:cloob/other", "--output", str(tmp_path / "other")],
+                             capture_output=True, text=True, timeout=300, env=env)
+    assert missing.returncode == 2 and "not in the Hugging Face cache" in missing.stderr.strip().splitlines()[-1]
+
+
 def test_an_open_clip_hub_model_scores_as_the_same_weights_in_our_export(scored, untrained_export, tmp_path):
     """`--model hf-hub:ORG/NAME` (a DFN or OpenAI CLIP where the network allows; here the Hub's cache, offline)
     is the same model as the export it was pushed from: the same fingerprint, the same scores."""
     import os
 
     pool, scores, _ = scored
-    snapshot = tmp_path / "hub" / "models--cloob--tiny" / "snapshots" / ("0" * 40)
-    shutil.copytree(untrained_export, snapshot)
-    (tmp_path / "hub" / "models--cloob--tiny" / "refs").mkdir()
-    (tmp_path / "hub" / "models--cloob--tiny" / "refs" / "main").write_text("0" * 40)
+    _hub_cache(untrained_export, tmp_path / "hub")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub")}
     done = subprocess.run([sys.executable, "-m", "cloob_core.cli", "data", "score", "--shards", str(pool),
                            "--model", "hf-hub:cloob/tiny", "--output", str(tmp_path / "hub-scores"), "--device", "cpu",

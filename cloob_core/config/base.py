@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import reprlib
+import types
+import typing
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
@@ -27,6 +29,15 @@ class _Section(BaseModel):
     # no NaN or infinity in any number: a NaN floor or tolerance compares false with everything and so holds nothing
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _listed(cls, value: Any, info: ValidationInfo) -> Any:
+        """A list of words given as one string (``--set curation.languages=en`` or ``en,de``): its comma-separated
+        items, as a flag repeated would give them."""
+        if isinstance(value, str) and info.field_name and _is_word_list(cls.model_fields[info.field_name].annotation):
+            return [item.strip() for item in value.split(",") if item.strip()]
+        return value
+
     @field_validator("*", mode="after")
     @classmethod
     def _computable(cls, value: Any, info: ValidationInfo) -> Any:
@@ -38,6 +49,14 @@ class _Section(BaseModel):
                 most = f"{bound:g} seconds" if bound == MAX_SECONDS else f"{bound:g} in magnitude"
                 raise ValueError(f"{number!r} is past what the code computes with (at most {most})")
         return value
+
+
+def _is_word_list(annotation: Any) -> bool:
+    """``list[str]`` or ``list[str] | None``."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        members = [member for member in typing.get_args(annotation) if member is not type(None)]
+        annotation = members[0] if len(members) == 1 else None
+    return typing.get_origin(annotation) is list and typing.get_args(annotation) == (str,)
 
 
 def _numbers(value: Any) -> list[int | float]:

@@ -29,8 +29,9 @@ class CurationConfig(_Section):
                                   "(the ROC AUC of each sample's caption against another sample's, the curation "
                                   "report's scorer_separation; 0.5 is chance) below which curate warns and the "
                                   "shard gate refuses shards cut by score (min_clip_score, top_fraction); 0: never.")
-    languages: list[str] | None = Field(None, min_length=1, description="Keep captions identified as one of these "
-                                        "languages (fastText lid.176's ISO 639 codes: en, de, ...); null: any.")
+    languages: list[str] | None = Field(None, min_length=1, description="The languages wanted (fastText lid.176's "
+                                        "ISO 639 codes: en, de, ...): a caption identified as another, with at "
+                                        "least min_language_confidence, is removed; null: any.")
     min_language_confidence: float | None = Field(None, ge=0.0, le=1.0, description="With languages: remove a "
                                                   "caption identified as another language only when identified "
                                                   "with at least this confidence (null: 0, every one; 0.5 for "

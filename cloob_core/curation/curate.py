@@ -5,7 +5,7 @@ output whole)."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,7 +13,7 @@ from cloob_core import lease, publish, storage
 from cloob_core.config import CloobConfig, ConfigError
 from cloob_core.curation.figures import contact_sheet_png, removed_sheet_png, score_histogram_png
 from cloob_core.curation.filters import filters_of
-from cloob_core.curation.pool import open_pool
+from cloob_core.curation.pool import SCORES_VIEW, ScoredPool, open_pool
 from cloob_core.curation.reshard import reshard
 from cloob_core.curation.selection import Selection, select, write_kept_table
 from cloob_core.curation.separation import Separation, scorer_separation
@@ -48,12 +48,15 @@ class CurateResult:
     shards: int
     separation: Separation
     min_scorer_auc: float
+    shard_size: int  # preprocess.shard_size: the curated shards' samples, at most
+    pool_shard_size: int  # the most samples a shard of the pool held
 
     @property
     def lines(self) -> list[str]:
         chosen = self.selection
         lines = [f"kept {chosen.kept:,} of {chosen.rows:,} samples ({chosen.kept / chosen.rows:.1%}) in "
-                 f"{self.shards} shard(s)"]
+                 f"{self.shards} shard(s) of up to {self.shard_size:,} (preprocess.shard_size; the pool's held up to "
+                 f"{self.pool_shard_size:,})"]
         lines += [f"  {reason}: removed {count:,}" for reason, count in chosen.removed_by.items()]
         lines.append(self.separation.line())
         warning = _weak_scorer_warning(chosen, self.separation, self.min_scorer_auc)
@@ -70,6 +73,20 @@ def _weak_scorer_warning(selection: Selection, separation: Separation, minimum: 
             "of data")
 
 
+def _image_side_beyond_the_pool(pool: ScoredPool, config: CloobConfig) -> str | None:
+    """A line where curation.min_image_side is above every stored image's shorter side: the download resizes images
+    (preprocess.image_size), so the filter reads the stored sides, not the originals'."""
+    minimum = config.curation.min_image_side
+    if minimum is None:
+        return None
+    (largest,) = pool.connection.execute(f"SELECT max(least(width, height)) FROM {SCORES_VIEW}").fetchone()
+    if largest is None or minimum <= largest:
+        return None
+    return (f"curation.min_image_side {minimum} is above every stored image's shorter side (at most {largest} px: "
+            f"the download resized them to preprocess.image_size {config.preprocess.image_size}), so it removes every "
+            "image: the filter reads the stored sides, not the originals'")
+
+
 def _sentence(line: str) -> str:
     return line[:1].upper() + line[1:]
 
@@ -80,13 +97,14 @@ def _undrawn_line(undrawn: int) -> str:
             "image has Droid Sans Fallback)")
 
 
-def _report(selection: Selection, config: CloobConfig, scores: str, separation: Separation, sheets: dict[str, str],
-            undrawn: int) -> dict[str, object]:
+def _report(selection: Selection, config: CloobConfig, pool: ScoredPool, scores: str, separation: Separation,
+            sheets: dict[str, str], undrawn: int) -> dict[str, object]:
     return {"rows": selection.rows, "kept": selection.kept, "removed": selection.removed,
             "removed_by": selection.removed_by, "settings_of_reasons": selection.settings,
             "overlaps": [{"filters": list(pair), "removed": count} for pair, count in selection.overlaps.items()],
             "scorer_separation": separation.as_dict(), "sheets": {"cut": CONTACT_SHEET, **sheets},
-            "undrawn_lines": undrawn, "settings": config.curation.model_dump(), "scores": scores}
+            "undrawn_lines": undrawn, "settings": config.curation.model_dump(), "pool": pool.shards,
+            "scores": scores, "scorer": asdict(pool.index.model)}
 
 
 def _report_md(selection: Selection, separation: Separation, minimum: float, sheets: dict[str, str],
@@ -169,12 +187,16 @@ def _curate(shards: str, scores: str, output: str, config: CloobConfig, model: M
         if pool.rows == 0:
             raise CurationError(f"the pool {shards} is empty: its scores ({scores}) hold no sample, since none of "
                                 "its images decoded (see the score stage's unreadable count); nothing to curate")
+        side = _image_side_beyond_the_pool(pool, config)
         selection = select(pool, filters)
         if selection.kept == 0:
             worst = selection.most_removing() or ""
             raise CurationError(f"the curation keeps none of the {selection.rows:,} samples; "
                                 f"curation.{selection.settings[worst]} removed the most "
-                                f"({selection.removed_by[worst]:,}): loosen it")
+                                f"({selection.removed_by[worst]:,}): loosen it"
+                                + (f" ({side})" if side and selection.settings[worst] == "min_image_side" else ""))
+        if side:
+            log.warning("%s", side)
         separation = scorer_separation(pool, config.curation.seed)
         minimum = config.curation.min_scorer_auc
         with publish.staged(output) as staging:
@@ -189,6 +211,7 @@ def _curate(shards: str, scores: str, output: str, config: CloobConfig, model: M
                            for reason, name in sheets.items())
             if undrawn:
                 log.warning("%s", _undrawn_line(undrawn))
-            write_json(folder / REPORT_JSON, _report(selection, config, scores, separation, sheets, undrawn))
+            write_json(folder / REPORT_JSON, _report(selection, config, pool, scores, separation, sheets, undrawn))
             write_text(folder / REPORT_MD, _report_md(selection, separation, minimum, sheets, undrawn))
-    return CurateResult(output, selection, len(summary.sizes), separation, minimum)
+    return CurateResult(output, selection, len(summary.sizes), separation, minimum, config.preprocess.shard_size,
+                        max((part.rows for part in pool.index.parts), default=0))

@@ -24,7 +24,7 @@ from cloob_core.io import UnreadableFile, file_digest
 from cloob_core.model.dual_encoder import register_project_configs, without_random_init_warning
 from cloob_core.model.export import load_exported, load_weights, read_state_dict
 from cloob_core.model.files import INFO_FILE, LOCAL_DIR
-from cloob_core.model.starting_weights import HF_HUB, named_weights
+from cloob_core.model.starting_weights import HF_HUB, hub_folder, named_weights
 from cloob_core.threads import plan_threads
 
 OPEN_CLIP_SCHEMAS = (HF_HUB, LOCAL_DIR)  # a --model that open_clip itself loads
@@ -49,9 +49,9 @@ class EvalModel:
         """The SHA-256 (16 hex digits) of the architecture's open_clip configuration (``model_cfg``), the same for
         every spelling of one model: a folder's ``open_clip_config.json`` or a registered architecture's. None
         where open_clip cannot give it."""
-        name = self.source if self.source.startswith(OPEN_CLIP_SCHEMAS) else self.architecture
         try:
-            config = open_clip.get_model_config(name)
+            config = open_clip.get_model_config(_open_clip_location(self.source) if self.source.startswith(
+                OPEN_CLIP_SCHEMAS) else self.architecture)
         except (OSError, ValueError):
             return None
         return None if config is None else hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
@@ -92,7 +92,7 @@ def load_model(source: ModelSource) -> EvalModel:
         raise ConfigError(f"unknown architecture {architecture!r}: not one of open_clip's configurations or ours "
                           "(cloob_core/model/configs)")
     if source.model and source.model.startswith(OPEN_CLIP_SCHEMAS):
-        net, tokenizer, inv_tau = _open_clip_named(source.model)
+        net, tokenizer, inv_tau = _open_clip_named(_open_clip_location(source.model))
         architecture = name = source.model
         fingerprint = named_weights(source.model, store="", setting="the model")[1][:16]
     elif source.model:
@@ -118,6 +118,12 @@ def load_model(source: ModelSource) -> EvalModel:
         raise ValueError("give --model (a `cloob train` export), --checkpoint (one of its checkpoints) or "
                          "--architecture with --weights")
     return eval_model(net, tokenizer, architecture, name, fingerprint, inv_tau, device, source.precision)
+
+
+def _open_clip_location(name: str) -> str:
+    """What open_clip is given for ``name``: a Hub model as ``local-dir:`` of its cached snapshot (runs read the Hub
+    offline), a ``local-dir:`` as it is."""
+    return f"{LOCAL_DIR}{hub_folder(name)}" if name.startswith(HF_HUB) else name
 
 
 def _open_clip_named(name: str) -> tuple[open_clip.CLIP, Callable[[Sequence[str]], Tensor], float]:

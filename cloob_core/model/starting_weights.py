@@ -123,14 +123,16 @@ def _in_folder(folder: Path, named: str) -> tuple[Path, dict[str, Any] | None]:
 
 def _from_hf_cache(repo: str, setting: str = "train.init_from") -> tuple[Path, dict[str, Any] | None]:
     """A Hugging Face Hub model folder from the local cache only: a run never reaches the network."""
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import LocalEntryNotFoundError
+    from huggingface_hub import try_to_load_from_cache
 
     def cached(name: str) -> Path | None:
+        # the cache's files alone: hf_hub_download, even with local_files_only, asks the Hub for its agent
+        # registry (huggingface_hub 1.x's user-agent), and waits out a network that does not answer
         try:
-            return Path(hf_hub_download(repo, name, local_files_only=True))
-        except (LocalEntryNotFoundError, FileNotFoundError, OSError):
+            found = try_to_load_from_cache(repo, name)
+        except (ValueError, OSError):  # a name the Hub would not take
             return None
+        return Path(found) if isinstance(found, str) and Path(found).is_file() else None
 
     weights = next(filter(None, map(cached, _WEIGHTS_FILES[:2])), None)
     if weights is None:
@@ -139,6 +141,14 @@ def _from_hf_cache(repo: str, setting: str = "train.init_from") -> tuple[Path, d
                                 f"network is (`huggingface-cli download {repo}`, into HF_HOME)")
     config = cached(CONFIG_FILE)
     return weights, _model_cfg(config) if config else None
+
+
+def hub_folder(name: str) -> Path:
+    """The cached snapshot folder of the Hub model ``hf-hub:ORG/NAME``, which open_clip loads as ``local-dir:``
+    without reaching the network (a Hub name online would wait out its retries, offline, before failing); one line
+    when it is not cached."""
+    weights, _ = _from_hf_cache(name.removeprefix(HF_HUB), setting="the model")
+    return weights.parent
 
 
 def _model_cfg(path: Path) -> dict[str, Any]:

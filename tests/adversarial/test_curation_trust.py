@@ -367,3 +367,32 @@ def test_every_removal_says_why_in_the_kept_table(crawl, tmp_path):
     assert seen == set(patterns)
     duplicate = next(row for row in removed if "near_duplicate" in row["reasons"])
     assert duplicate["key"] in ("copy-a", "copy-b") and duplicate["key"] not in duplicate["evidence"][0]
+
+
+def test_the_command_line_takes_lists_as_a_user_writes_them_and_says_what_it_did(crawl, tmp_path, capsys):
+    """Issue 79, point 10: `--set curation.languages=en` and `--languages en,de` are lists of one and two
+    languages, --help says the flag repeats; the lines say the curated shards' size against the pool's, and the
+    report names the pool and the scorer's fingerprint."""
+    _, pool, scores = crawl
+    for flags in (["--set", "curation.languages=en"], ["--languages", "en,de"], ["--languages", "en",
+                                                                                 "--languages", "de"]):
+        done = cli(capsys, "data", "curate", "--shards", pool, "--scores", scores, "--output", tmp_path / "o",
+                   *flags, "--set", "curation.min_language_confidence=0.5", "--set", "preprocess.shard_size=7")
+        assert done.code == 0, done.err
+        report = json.loads((tmp_path / "o" / "curation_report.json").read_text())
+        assert report["settings"]["languages"] == (["en"] if flags[1] == "curation.languages=en" else ["de", "en"])
+        shutil.rmtree(tmp_path / "o")
+    assert "of up to 7 (preprocess.shard_size; the pool's held up to 12)" in done.out
+    assert report["pool"] == str(pool) and report["scorer"]["fingerprint"] == read_index(str(scores)).model.fingerprint
+    with pytest.raises(SystemExit):
+        cli(capsys, "data", "curate", "--help")
+    assert "Repeat the flag, or separate items by commas" in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_min_image_side_above_every_stored_side_says_the_download_resized_them(crawl, tmp_path, capsys):
+    _, pool, scores = crawl
+    done = cli(capsys, "data", "curate", "--shards", pool, "--scores", scores, "--output", tmp_path / "o",
+               "--set", "curation.min_image_side=300")
+    line = done.error_line()
+    assert done.code == 2 and "curation.min_image_side removed the most" in line, done.err
+    assert "is above every stored image's shorter side (at most" in line and "preprocess.image_size" in line
