@@ -8,7 +8,7 @@ this project; it imports nothing of cloob_core):
         --architecture ViT-B-32 --weights MODEL/open_clip_model.safetensors --output /tmp/out
 
 It embeds every image and caption of the shards (webdataset input, the model open_clip builds for the
-architecture with the weights given) and prints one JSON line: the seconds ``clip_inference`` took (the model's
+architecture with the weights given) and prints a line `result JSON`: the seconds ``clip_inference`` took (the model's
 loading included, as `cloob data score`'s time includes its own) and the images embedded.
 """
 
@@ -43,7 +43,7 @@ def main() -> None:
                    enable_metadata=False, clip_model=f"open_clip:{args.architecture}/{args.weights}", use_jit=False)
     seconds = time.perf_counter() - started
     images = sum(len(np.load(path)) for path in glob.glob(f"{args.output}/img_emb/*.npy"))
-    print(json.dumps({"seconds": seconds, "images": images}))
+    print("\nresult " + json.dumps({"seconds": seconds, "images": images}))  # after its progress line
 
 
 if __name__ == "__main__":
