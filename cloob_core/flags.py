@@ -40,14 +40,11 @@ def add_model_flags(parser: argparse.ArgumentParser, model: type[BaseModel], pre
             options["action"] = argparse.BooleanOptionalAction
         elif typing.get_origin(annotation) is typing.Literal:
             options["choices"] = list(args)
-        elif typing.get_origin(annotation) is list:  # repeatable, one item each (words: or comma-separated)
+        elif typing.get_origin(annotation) is list:  # repeatable, one item each (words: also comma-separated)
             item = args[0] if args and args[0] in (str, int, float) else _yaml_value  # e.g. a shard source mapping
-            words_list = item is str
-            options.update(type=_words if words_list else item, metavar=name.upper(),
-                           action="extend" if words_list else "append",
-                           help=help_text.replace(" (default:", " Repeat the flag, or separate items by commas "
-                                                  "(default:", 1) if words_list else help_text.replace(
-                                                      " (default:", " Repeat the flag for each item (default:", 1))
+            how = "Repeat the flag, or separate items by commas" if item is str else "Repeat the flag for each item"
+            options.update(type=item, metavar=name.upper(), action="append",
+                           help=help_text.replace(" (default:", f" {how} (default:", 1))
         elif typing.get_origin(annotation) is dict:  # repeatable KEY=VALUE, or one JSON object
             options.update(type=_mapping_of(args[1] if len(args) == 2 else Any), metavar="KEY=VALUE|JSON",
                            action="append")
@@ -55,11 +52,6 @@ def add_model_flags(parser: argparse.ArgumentParser, model: type[BaseModel], pre
             options["type"] = annotation
             options["metavar"] = name.upper()
         group.add_argument("--" + name.replace("_", "-"), **options)
-
-
-def _words(text: str) -> list[str]:
-    """A word-list flag's value: its comma-separated items (``--languages en,de``)."""
-    return [item.strip() for item in text.split(",") if item.strip()]
 
 
 def _yaml_value(text: str) -> Any:

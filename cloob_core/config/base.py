@@ -32,10 +32,13 @@ class _Section(BaseModel):
     @field_validator("*", mode="before")
     @classmethod
     def _listed(cls, value: Any, info: ValidationInfo) -> Any:
-        """A list of words given as one string (``--set curation.languages=en`` or ``en,de``): its comma-separated
-        items, as a flag repeated would give them."""
-        if isinstance(value, str) and info.field_name and _is_word_list(cls.model_fields[info.field_name].annotation):
-            return [item.strip() for item in value.split(",") if item.strip()]
+        """A list of words given as one string, or as strings with commas (``--set curation.languages=en``,
+        ``en,de``, ``--languages en,de``): their comma-separated items."""
+        if not info.field_name or not _is_word_list(cls.model_fields[info.field_name].annotation):
+            return value
+        given = [value] if isinstance(value, str) else value
+        if isinstance(given, list) and all(isinstance(item, str) for item in given):
+            return [part.strip() for item in given for part in item.split(",") if part.strip()]
         return value
 
     @field_validator("*", mode="after")

@@ -11,9 +11,8 @@ from pathlib import Path
 from PIL import Image, ImageDraw
 
 from cloob_core.curation.lettering import font_for
-from cloob_core.curation.pool import SCORES_VIEW, ScoredPool, scored_samples
+from cloob_core.curation.pool import SCORES_VIEW, ScoredPool, sample_images
 from cloob_core.curation.selection import REMOVED_TABLE
-from cloob_core.evaluation.inputs import sample_image
 from cloob_core.io import atomic_write
 from cloob_core.plots import plt, save_png
 
@@ -62,16 +61,8 @@ def _rows(pool: ScoredPool, kept: bool, count: int) -> list[tuple[str, int, str,
 
 def _images(pool: ScoredPool, places: list[tuple[str, int]]) -> dict[tuple[str, int], bytes]:
     """The image bytes of the samples at ``places`` (shard, position), each source tar read once."""
-    found: dict[tuple[str, int], bytes] = {}
-    for shard in sorted({shard for shard, _ in places}):
-        positions = sorted({position for name, position in places if name == shard})
-        wanted = pool.connection.execute(
-            f"SELECT position, key, sha256, caption FROM {SCORES_VIEW} WHERE shard = ? AND position IN "
-            f"({', '.join(str(int(p)) for p in positions)}) ORDER BY position", [shard]).fetchall()
-        table = [dict(zip(("position", "key", "sha256", "caption"), row, strict=True)) for row in wanted]
-        for row, raw in scored_samples(pool, shard, table):
-            found[shard, row["position"]] = sample_image(raw)
-    return found
+    return {(shard, position): image for shard in sorted({shard for shard, _ in places})
+            for position, image in sample_images(pool, shard, [p for name, p in places if name == shard]).items()}
 
 
 def _wrapped(text: str, most: int, width: int = TILE - 8) -> list[str]:

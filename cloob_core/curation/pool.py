@@ -85,6 +85,19 @@ def scored_samples(pool: ScoredPool, shard: str, rows: list[dict[str, Any]]) -> 
     yield from samples_as_scored(pool.urls[shard], rows, again)
 
 
+def sample_images(pool: ScoredPool, shard: str, positions: list[int]) -> dict[int, bytes]:
+    """The image bytes of shard ``shard``'s samples at ``positions``, its tar read once (:func:`scored_samples`)."""
+    from cloob_core.evaluation.inputs import sample_image
+
+    if not positions:
+        return {}
+    wanted = pool.connection.execute(
+        f"SELECT position, key, sha256, caption FROM {SCORES_VIEW} WHERE shard = ? AND position IN "
+        f"({', '.join(str(int(p)) for p in sorted(set(positions)))}) ORDER BY position", [shard]).fetchall()
+    rows = [dict(zip(("position", "key", "sha256", "caption"), row, strict=True)) for row in wanted]
+    return {row["position"]: sample_image(raw) for row, raw in scored_samples(pool, shard, rows)}
+
+
 def samples_as_scored(url: str, rows: list[dict[str, Any]], again: str) -> Iterator[tuple[dict[str, Any],
                                                                                          dict[str, Any]]]:
     """:func:`scored_samples` of the tar ``url``; ``again`` ends the line of a :class:`ShardChanged`."""

@@ -26,11 +26,11 @@ from PIL import Image, ImageOps
 from cloob_core.curation.copies import SIDE, copy_similarity, copy_view
 from cloob_core.curation.facts import perceptual_hash
 from cloob_core.curation.filters.near_duplicates import within_bits
-from cloob_core.curation.pool import SCORES_VIEW, ScoredPool, check_scoring_model, scored_samples
+from cloob_core.curation.pool import SCORES_VIEW, ScoredPool, check_scoring_model, sample_images
 from cloob_core.curation.score_table import PartRecord, read_part_rows
 from cloob_core.evaluation.features import Encoding, image_features
 from cloob_core.evaluation.image_loader import image_batches
-from cloob_core.evaluation.inputs import ImageSet, sample_image
+from cloob_core.evaluation.inputs import ImageSet
 from cloob_core.model.source import EvalModel
 
 MATCHES = "decontamination_matches"  # shard, position, evaluation_image, bits, cosine, similarity
@@ -102,9 +102,8 @@ def evaluation_images(sets: tuple[ImageSet, ...], model: EvalModel, workers: int
         np.concatenate(views) if views else np.zeros((0, 3, SIDE, SIDE), np.uint8))
 
 
-def _nearest_by_cosine(image: np.ndarray, features: np.ndarray, min_cosine: float) -> dict[tuple[int, int], float]:
-    """``{(row, evaluation): cosine}``: each row's CANDIDATES most similar evaluation images at ``min_cosine`` or
-    more."""
+def _nearest_by_cosine(image: np.ndarray, features: np.ndarray, min_cosine: float) -> set[tuple[int, int]]:
+    """``(row, evaluation)`` of each row's CANDIDATES most similar evaluation images at ``min_cosine`` or more."""
     best = np.full((len(image), 0), -np.inf, np.float32)
     index = np.zeros((len(image), 0), np.int64)
     for start in range(0, len(features), _BLOCK):
@@ -115,8 +114,7 @@ def _nearest_by_cosine(image: np.ndarray, features: np.ndarray, min_cosine: floa
             keep = np.argpartition(-best, CANDIDATES - 1, axis=1)[:, :CANDIDATES]
             best, index = np.take_along_axis(best, keep, 1), np.take_along_axis(index, keep, 1)
     rows, columns = np.nonzero(best >= min_cosine)
-    return {(int(row), int(index[row, column])): float(best[row, column]) for row, column in zip(rows, columns,
-                                                                                                  strict=True)}
+    return {(int(row), int(index[row, column])) for row, column in zip(rows, columns, strict=True)}
 
 
 @dataclass(frozen=True)
@@ -181,15 +179,12 @@ class Decontaminate:
         if not pairs:
             return []
         positions = sorted({position for position, _ in pairs})
-        facts = pool.connection.execute(
-            f"""SELECT position, key, sha256, caption, phash FROM {SCORES_VIEW} WHERE shard = ? AND position IN
-                ({', '.join(map(str, positions))}) ORDER BY position""", [part.name]).fetchall()
-        phash = {row[0]: row[4] for row in facts}
-        views = {}
-        if self.min_similarity is not None:
-            table = [dict(zip(("position", "key", "sha256", "caption"), row[:4], strict=True)) for row in facts]
-            for row, raw in scored_samples(pool, part.name, table):
-                views[row["position"]] = copy_view(Image.open(io.BytesIO(sample_image(raw))))
+        phash = dict(pool.connection.execute(
+            f"SELECT position, phash FROM {SCORES_VIEW} WHERE shard = ? AND position IN "
+            f"({', '.join(map(str, positions))})", [part.name]).fetchall())
+        views = {} if self.min_similarity is None else {
+            position: copy_view(Image.open(io.BytesIO(image)))
+            for position, image in sample_images(pool, part.name, positions).items()}
         found = []
         for position, evaluation in sorted(pairs):
             similarity = (None if self.min_similarity is None
