@@ -29,12 +29,10 @@ from cloob_core import storage
 from cloob_core.config import CloobConfig, ConfigError, Values, config_from_mapping, config_from_text
 from cloob_core.errors import StageError
 from cloob_core.io import write_text
+from cloob_core.ops.pods import SPILL_ENV
 from cloob_core.threads import limit_spinning
 
 log = logging.getLogger(__name__)
-# The folder of a spilling step's volume (pipelines/pretrain.py mounts one, ClusterSettings.spill_disk): the step
-# spills there when it exists (a kfp.local run has none, and spills where the params say).
-SPILL_ENV = "CLOOB_SPILL_DIR"
 Params = dict[str, Any] | str  # a params.yaml as a mapping (KFP's struct parameter) or as its text
 
 
