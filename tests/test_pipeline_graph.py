@@ -112,6 +112,16 @@ def test_the_compiled_pipeline_has_the_declared_steps_order_and_fan_outs(tmp_pat
     assert at_end == {step.name for step in declared if step.at_end}
 
 
+def _retry_policies(spec: dict) -> dict[str, dict]:
+    """Each step's compiled retry policy, from the root DAG and the loops' DAGs."""
+    policies = {}
+    for dag in [spec["root"]["dag"], *(c["dag"] for c in spec["components"].values() if "dag" in c)]:
+        for name, task in dag["tasks"].items():
+            if "retryPolicy" in task:
+                policies[name.replace("-", "_")] = task["retryPolicy"]
+    return policies
+
+
 def _platform(document: list, step: str) -> dict:
     executors = document[1]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
     return executors.get(f"exec-{step.replace('_', '-')}", {})
@@ -154,6 +164,10 @@ def test_each_compiled_step_carries_its_described_pod(tmp_path, case):
         assert ("spill" in volumes) == bool(pod.spill), step.name
         shm = {v["volumeName"]: v for v in platform.get("emptyDirMounts", [])}
         assert ("dshm" in shm) == bool(pod.shm), step.name
+        retry = _retry_policies(document[0]).get(step.name)
+        assert retry == ({"maxRetryCount": pod.retry.count, "backoffDuration": f"{pod.retry.backoff_s}s",
+                          "backoffFactor": pod.retry.factor, "backoffMaxDuration": "3600s"}
+                         if pod.retry else None), step.name
         if pod.timeout_s:
             assert platform["activeDeadlineSeconds"] == str(pod.timeout_s), step.name
         else:

@@ -37,11 +37,11 @@ LONG_STEP_RETRIES = 2
 
 @dataclass(frozen=True)
 class Retry:
-    """Tries after a failure, the first wait, and its growth (None: the front's default, no growth)."""
+    """Tries after a failure, the first wait, and its growth per try (KFP's default: it doubles)."""
 
     count: int
     backoff_s: int
-    factor: float | None = None
+    factor: float = 2.0
 
 
 @dataclass(frozen=True)
