@@ -80,14 +80,10 @@ def _kfp_graph(spec: dict) -> tuple[dict[str, set[str]], dict[str, str | None], 
             maps[step] = loop_items
 
     walk(spec["root"]["dag"]["tasks"], set(), None)
-    # the nested loop's items come from the loop input fed by the step that produced them
-    for step, items in maps.items():
-        if items and items not in before:
-            maps[step] = None
     closure = {step: set(deps) for step, deps in before.items()}
     for _ in before:
         for step in closure:
-            closure[step] |= set().union(*(closure[dep] for dep in closure[step])) if closure[step] else set()
+            closure[step] |= set().union(*(closure[dep] for dep in closure[step]))
     reduced = {step: {dep for dep in deps if not any(dep in closure[other] for other in deps if other != dep)}
                for step, deps in closure.items()}
     return reduced, maps, at_end

@@ -30,8 +30,8 @@ SPILL_PATH = "/spill"  # the spill disk of a step that spills
 # where the params say; ops/kubeflow.py).
 SPILL_ENV = "CLOOB_SPILL_DIR"
 SHM_PATH = "/dev/shm"
-SMALL_STEP = ("500m", "1Gi")  # planning, collecting, reporting, promoting: JSON and small files
-WATCHER_STEP = ("500m", "1Gi")  # the multi-node job's watcher: it only talks to the API
+# planning, collecting, reporting, promoting (JSON and small files), and the multi-node job's watcher (API calls)
+SMALL_STEP = ("500m", "1Gi")
 LONG_STEP_RETRIES = 2
 
 
@@ -196,7 +196,7 @@ def pod(step: str, settings: ClusterSettings) -> Pod:
     elif step == "train":
         described = _train(settings)
     elif step == "train_multinode":
-        described = _not_disrupted(_job_account(_base(settings, "cpu", *WATCHER_STEP), settings))
+        described = _not_disrupted(_job_account(_base(settings, "cpu", *SMALL_STEP), settings))
         described["retry"] = Retry(settings.train_retries, settings.train_retry_backoff_s)
     elif step == "end_training_job":
         described = _job_account(_base(settings, "cpu", *SMALL_STEP, s3=False), settings)

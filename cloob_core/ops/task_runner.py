@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import tempfile
 from collections.abc import Callable
@@ -151,8 +152,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", required=True, help="where the step's files are published (a folder or s3://)")
     parser.add_argument("--result", required=True, help="the file its JSON result is written to")
     args = parser.parse_args(argv)
-    import logging
-
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         inputs = json.loads(args.inputs)
