@@ -5,12 +5,9 @@ promotion. The stages are the DVC pipeline's, run by the components in component
 # No `from __future__ import annotations`: KFP reads the pipeline parameter types from the live annotations.
 
 import contextlib
-import json
 import math
-from pathlib import Path
 from typing import Any
 
-import yaml
 from kfp import dsl, kubernetes
 
 from cloob_core.config.cluster import MAX_DOWNLOAD_GROUPS, ClusterSettings
@@ -18,10 +15,7 @@ from cloob_core.ops import pods
 from cloob_core.ops.trainjob import WORKFLOW_ENV, WORKFLOW_LABEL
 from components import steps
 from components.images import CUDA_IMAGE
-
-# The repository's params.yaml as the run parameter's default, as one line of JSON (JSON is YAML): a multi-line
-# default breaks the comment header the compiler writes, and a struct parameter cannot hold nulls.
-DEFAULT_PARAMS = json.dumps(yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text("utf-8")))
+from pipelines.params import DEFAULT_PARAMS
 
 
 def on(task: dsl.PipelineTask, step: str, settings: ClusterSettings) -> dsl.PipelineTask:

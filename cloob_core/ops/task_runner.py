@@ -148,13 +148,14 @@ def permanent(err: BaseException) -> bool:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cloob_core.ops.task_runner", description=__doc__.split("\n")[0])
     parser.add_argument("step")
-    parser.add_argument("--inputs", required=True, help="the step's inputs as a JSON object")
+    parser.add_argument("--inputs", required=True, help="the step's inputs as a JSON object, or @FILE: the file "
+                        "that holds it (a long list of parts stays off the command line)")
     parser.add_argument("--output", required=True, help="where the step's files are published (a folder or s3://)")
     parser.add_argument("--result", required=True, help="the file its JSON result is written to")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        inputs = json.loads(args.inputs)
+        inputs = json.loads(Path(args.inputs[1:]).read_text("utf-8") if args.inputs.startswith("@") else args.inputs)
         if not isinstance(inputs, dict):
             raise StageError(f"--inputs: a JSON object, not {type(inputs).__name__}")
         result = run_step(args.step, inputs, args.output)
