@@ -28,6 +28,7 @@ from pipelines.params import DEFAULT_PARAMS
 
 REPO = Path(__file__).resolve().parents[1]
 PARAMS = "{{ params.params }}"  # the run's parameters: the DAG's param, as KFP's run parameter
+SHARDS_URI = "{{ params.shards_uri }}"  # with data: import, the shards trained on (KFP's shards_uri parameter)
 # Tasks of the Airflow DAGs that are not pipeline steps: the data sets' task lists flattened (between the features
 # and the tasks), and the production asset's update (after the promotion).
 SUITE_TASKS = "suite_tasks"
@@ -83,7 +84,7 @@ def _render(dag: DAG, steps: list[graph.Step], settings: AirflowSettings, produc
         for name, key in (("validate_shards", "shards"), ("curate", "curated"), ("merge_shards", "shards")):
             if name in made:
                 return out(name, key)
-        raise ConfigError("no step gives the shards")
+        return SHARDS_URI  # data: import (no step gives them)
 
     def model() -> Any:
         for name in ("train", "train_multinode", "production_model"):
@@ -175,6 +176,8 @@ def dags(settings: AirflowSettings | None = None) -> dict[str, DAG]:
                               "params": {"params": Param(params, type="string", description="the run's parameters "
                                                          "(params.yaml's tree, as JSON or YAML)")},
                               "tags": ["cloob"]}
+    imported = {"shards_uri": Param(settings.shards_uri, type="string", description="the shards to train on (a "
+                                    "folder or an s3:// prefix)")} if settings.cluster.data == "import" else {}
     made: dict[str, DAG] = {}
     for dag_id, pipeline, extra in (
             ("cloob_pretrain", "pretrain", {"schedule": None,
@@ -186,7 +189,8 @@ def dags(settings: AirflowSettings | None = None) -> dict[str, DAG]:
             ("cloob_evaluate", "evaluate", {"schedule": settings.evaluate_schedule,
                                             "description": "The production model re-evaluated on the suite, its "
                                                            "metrics recorded."})):
-        with DAG(dag_id, **common, **extra) as dag:
+        run_params = {**common["params"], **(imported if pipeline == "pretrain" else {})}
+        with DAG(dag_id, **{**common, "params": run_params}, **extra) as dag:
             _render(dag, graph.graph(pipeline, settings.cluster), settings, production)
         made[dag_id] = dag
     return made

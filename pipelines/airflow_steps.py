@@ -92,7 +92,8 @@ class LocalStep(_Step):
         """The step's exit status and its last line of output, which went to this task's log line by line."""
         read, write = os.pipe()
         try:
-            self._server = _request(python, {"argv": argv, "env": dict(os.environ), "cwd": str(REPO)}, write)
+            self._server, self.step_pid = _request(python, {"argv": argv, "env": dict(os.environ), "cwd": str(REPO)},
+                                                   write)
         finally:
             os.close(write)
         last, pending, code = "", b"", None
@@ -156,9 +157,9 @@ def _server_log(python: str) -> str:
     return _socket_path(python)[:-len(".sock")] + ".log"
 
 
-def _request(python: str, request: dict[str, Any], output: int) -> socket.socket:
+def _request(python: str, request: dict[str, Any], output: int) -> tuple[socket.socket, int]:
     """``request`` sent to the step server of ``python`` (started if none answers), with ``output``: the
-    connection, once the server has forked the step."""
+    connection and the step's pid, once the server has forked it."""
     path = _socket_path(python)
     for _ in range(3):
         with open(path + ".lock", "a") as lock:
@@ -167,7 +168,7 @@ def _request(python: str, request: dict[str, Any], output: int) -> socket.socket
         socket.send_fds(connection, [json.dumps(request).encode()], [output])
         answer = json.loads(_line(connection) or b"{}")
         if "pid" in answer:
-            return connection
+            return connection, int(answer["pid"])
         connection.close()  # a server that imported code since changed: it leaves, the next try starts a fresh one
     raise AirflowException(f"the step server at {path} refused the step three times (its log: {_server_log(python)})")
 

@@ -24,6 +24,16 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session")
+def airflow_venv():
+    """Airflow's venv (.venv-airflow), which the Airflow tests (tests/test_airflow_*.py) run Airflow in."""
+    from airflow_harness import VENV
+
+    if not (VENV / "bin" / "airflow").exists():
+        pytest.fail("Airflow's venv (.venv-airflow) is missing: run scripts/airflow.sh --setup")
+    return VENV
+
+
+@pytest.fixture(scope="session")
 def s3_server():
     """Endpoint URL of a moto S3 server on loopback; boto3 (and our spawned workers) find it via the env."""
     from moto.server import ThreadedMotoServer

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from graphs import reduced
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # components/ and pipelines/ run from the repository root, uninstalled
@@ -80,13 +81,7 @@ def _kfp_graph(spec: dict) -> tuple[dict[str, set[str]], dict[str, str | None], 
             maps[step] = loop_items
 
     walk(spec["root"]["dag"]["tasks"], set(), None)
-    closure = {step: set(deps) for step, deps in before.items()}
-    for _ in before:
-        for step in closure:
-            closure[step] |= set().union(*(closure[dep] for dep in closure[step]))
-    reduced = {step: {dep for dep in deps if not any(dep in closure[other] for other in deps if other != dep)}
-               for step, deps in closure.items()}
-    return reduced, maps, at_end
+    return reduced(before), maps, at_end
 
 
 @pytest.mark.parametrize("case", SETTINGS)
