@@ -78,7 +78,7 @@ def test_a_not_promoted_nightly_run_leaves_the_production_asset_untouched(promot
     params = run_params()
     params["promote"]["store"] = str(promoted["tmp"] / "runs" / "registry")
     params["train"].update(steps=8, log_every=4, checkpoint_every=4)  # a short run: worse than production
-    log, _ = dags_test(promoted["home"], promoted["settings"], "cloob_nightly", params)
+    log = dags_test(promoted["home"], promoted["settings"], "cloob_nightly", params)
     assert "DagRun Finished" in log and "state=success" in log.split("DagRun Finished")[-1], log[-3000:]
     assert "not promoted" in log.lower()
     assert _asset_events(promoted["home"]) == 1, "a NOT PROMOTED run recorded an asset event"
