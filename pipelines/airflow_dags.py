@@ -172,10 +172,9 @@ def dags(settings: AirflowSettings | None = None) -> dict[str, DAG]:
                           "when the next is due")
     params = _default_params(settings)
     production = production_asset(settings, params)
-    common: dict[str, Any] = {"start_date": START, "catchup": False, "max_active_runs": 1,
-                              "params": {"params": Param(params, type="string", description="the run's parameters "
-                                                         "(params.yaml's tree, as JSON or YAML)")},
-                              "tags": ["cloob"]}
+    common: dict[str, Any] = {"start_date": START, "catchup": False, "max_active_runs": 1, "tags": ["cloob"]}
+    run_params = {"params": Param(params, type="string", description="the run's parameters (params.yaml's tree, "
+                                  "as JSON or YAML)")}
     imported = {"shards_uri": Param(settings.shards_uri, type="string", description="the shards to train on (a "
                                     "folder or an s3:// prefix)")} if settings.cluster.data == "import" else {}
     made: dict[str, DAG] = {}
@@ -189,8 +188,8 @@ def dags(settings: AirflowSettings | None = None) -> dict[str, DAG]:
             ("cloob_evaluate", "evaluate", {"schedule": settings.evaluate_schedule,
                                             "description": "The production model re-evaluated on the suite, its "
                                                            "metrics recorded."})):
-        run_params = {**common["params"], **(imported if pipeline == "pretrain" else {})}
-        with DAG(dag_id, **{**common, "params": run_params}, **extra) as dag:
+        with DAG(dag_id, params={**run_params, **(imported if pipeline == "pretrain" else {})}, **common,
+                 **extra) as dag:
             _render(dag, graph.graph(pipeline, settings.cluster), settings, production)
         made[dag_id] = dag
     return made

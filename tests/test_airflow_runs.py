@@ -11,20 +11,11 @@ from pathlib import Path
 import pytest
 import yaml
 from airflow_harness import REPO, airflow_env, dags_test, query, run_params, settings_file
-from test_dvc_pipeline import copy_repository, environment
+from test_dvc_pipeline import copy_repository, environment, short_training
 
 from cloob_core.config.airflow import AirflowSettings
 
-PARAMS_TEXT = (REPO / "params.yaml").read_text()
-
 pytestmark = pytest.mark.airflow
-
-
-def _short(params: dict) -> dict:
-    """The parameters test_dvc_pipeline.py's `dvc repro` trains with: 5 epochs, the first promotion's floor cut."""
-    params["train"]["epochs"] = 5.0
-    params["promote"]["min_first"] = {"suite.retrieval_recall@5": 0.05}
-    return params
 
 
 @pytest.fixture(scope="module")
@@ -37,10 +28,10 @@ def promoted(airflow_venv, tmp_path_factory) -> dict:
     settings = settings_file(tmp, {"runs": str(tmp / "runs")})
     threads = {"LOKY_MAX_CPU_COUNT": "1"}
     repository = copy_repository(tmp / "repo")
-    (repository / "params.yaml").write_text(yaml.safe_dump(_short(yaml.safe_load(PARAMS_TEXT)), sort_keys=False))
+    (repository / "params.yaml").write_text(yaml.safe_dump(short_training(run_params()), sort_keys=False))
     dvc = subprocess.Popen(["dvc", "repro"], cwd=repository, env={**environment(), **threads}, text=True,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    params = _short(run_params())
+    params = short_training(run_params())
     params["promote"]["store"] = str(tmp / "runs" / "registry")
     done = subprocess.run([str(REPO / "scripts" / "airflow.sh"), "-c", json.dumps({"params": json.dumps(params)})],
                           env={**airflow_env(tmp / "home", settings), **threads}, capture_output=True, text=True,

@@ -1,6 +1,6 @@
 """Run in Airflow's venv (.venv-airflow): the DAG folder parsed by Airflow's DagBag, reported as JSON into the file
 argv[2] (Airflow logs to stdout): import errors, the modules the parse imported, and each DAG's conventions and tasks
-(upstream, mapped, retries, timeouts, outlets, teardowns)."""
+(upstream, mapped, retries, timeouts, outlets)."""
 
 import json
 import sys
@@ -23,9 +23,7 @@ for dag_id, dag in bag.dags.items():
             "upstream": sorted(task.upstream_task_ids), "mapped": type(task).__name__ == "MappedOperator",
             "retries": task.retries, "retry_delay_s": task.retry_delay.total_seconds(),
             "backoff": task.retry_exponential_backoff, "timeout_s": timeout.total_seconds() if timeout else None,
-            "outlets": [getattr(asset, "uri", str(asset)) for asset in task.outlets],
-            "teardown": task.is_teardown, "step": getattr(task, "step", None) or
-            (task.partial_kwargs.get("step") if hasattr(task, "partial_kwargs") else None)}
+            "outlets": [getattr(asset, "uri", str(asset)) for asset in task.outlets]}
     timeout = dag.dagrun_timeout
     report["dags"][dag_id] = {
         "schedule": dag.schedule if isinstance(dag.schedule, str) else None,
