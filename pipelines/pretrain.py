@@ -62,7 +62,7 @@ def on(task: dsl.PipelineTask, step: str, settings: ClusterSettings) -> dsl.Pipe
         kubernetes.set_timeout(task, pod.timeout_s)
     if pod.retry:
         task.set_retry(num_retries=pod.retry.count, backoff_duration=f"{pod.retry.backoff_s}s",
-                       backoff_factor=pod.retry.factor)
+                       backoff_factor=pod.retry.factor, backoff_max_duration=f"{pods.MAX_BACKOFF_S}s")
     return task
 
 

@@ -29,6 +29,14 @@ def airflow_env(home: Path, settings: Path) -> dict[str, str]:
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "CLOOB_AIRFLOW_SETTINGS": str(settings)}
 
 
+def migrated(home: Path, settings: Path) -> Path:
+    """An Airflow home with its database made (``airflow db migrate``), for ``airflow dags test``."""
+    done = subprocess.run([str(VENV / "bin" / "airflow"), "db", "migrate"], env=airflow_env(home, settings),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return home
+
+
 def run_params() -> dict:
     """A copy of params.yaml's parameters, to change for one run."""
     return json.loads(json.dumps(PARAMS))

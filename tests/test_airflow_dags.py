@@ -11,7 +11,7 @@ import json
 import subprocess
 
 import pytest
-from airflow_harness import REPO, SIDE, VENV, airflow_env, dags_test, run_params, settings_file, states
+from airflow_harness import REPO, SIDE, VENV, airflow_env, dags_test, migrated, run_params, settings_file, states
 from graphs import reduced
 
 from cloob_core.config.airflow import AirflowSettings
@@ -82,10 +82,7 @@ def test_a_nightly_timeout_past_its_period_is_refused_in_one_line(airflow_venv, 
 @pytest.mark.slow  # a DAG run up to its first task's failure: about a minute
 def test_a_users_error_fails_its_task_at_once_without_a_retry(airflow_venv, tmp_path):
     settings = settings_file(tmp_path, {"runs": str(tmp_path / "runs")})
-    home = tmp_path / "home"
-    migrated = subprocess.run([str(VENV / "bin" / "airflow"), "db", "migrate"], env=airflow_env(home, settings),
-                              capture_output=True, text=True, timeout=300)
-    assert migrated.returncode == 0, migrated.stderr[-2000:]
+    home = migrated(tmp_path / "home", settings)
     params = run_params()
     params["acquire"]["source"] = str(tmp_path / "no-such-manifest.parquet")
     log = dags_test(home, settings, "cloob_pretrain", params)

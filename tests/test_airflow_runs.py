@@ -1,6 +1,6 @@
 """Whole local runs of the Airflow DAGs (`airflow dags test`, mode local, each task a step of the project's venv):
 `scripts/airflow.sh` on the packaged default ends with its suite table, with every figure equal to `dvc repro`'s on
-the same parameters, and moves the production asset; a NOT PROMOTED nightly run leaves it untouched."""
+the same parameters, and moves the production asset. (A NOT PROMOTED nightly: tests/test_airflow_nightly.py.)"""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from airflow_harness import REPO, airflow_env, dags_test, query, run_params, settings_file
+from airflow_harness import REPO, airflow_env, query, run_params, settings_file
 from test_dvc_pipeline import copy_repository, environment, short_training
 
 from cloob_core.config.airflow import AirflowSettings
@@ -41,7 +41,7 @@ def promoted(airflow_venv, tmp_path_factory) -> dict:
     assert dvc.returncode == 0, repro_log[-4000:]
     run_id = done.stdout.split("airflow: run ", 1)[1].split()[0]
     report = AirflowSettings(runs=str(tmp / "runs")).located(REPO).output_of("cloob_pretrain", run_id, "report")
-    return {"tmp": tmp, "settings": settings, "home": tmp / "home", "output": done.stdout,
+    return {"home": tmp / "home", "output": done.stdout,
             "metrics": json.loads((Path(report) / "metrics.json").read_text()),
             "dvc_metrics": json.loads((repository / "reports" / "metrics.json").read_text())}
 
@@ -62,16 +62,3 @@ def test_a_local_run_gives_the_figures_of_dvc_repro_to_the_digit_and_moves_the_p
     assert {name: value for name, value in promoted["metrics"].items() if name != "suite"} == \
         {name: value for name, value in promoted["dvc_metrics"].items() if name != "suite"}
     assert _asset_events(promoted["home"]) == 1  # the first model, promoted: production moved
-
-
-@pytest.mark.slow  # the whole pipeline with 8 training steps: about 2 minutes
-def test_a_not_promoted_nightly_run_leaves_the_production_asset_untouched(promoted):
-    params = run_params()
-    params["promote"]["store"] = str(promoted["tmp"] / "runs" / "registry")
-    params["train"].update(steps=8, log_every=4, checkpoint_every=4)  # a short run: worse than production
-    log = dags_test(promoted["home"], promoted["settings"], "cloob_nightly", params)
-    assert "DagRun Finished" in log and "state=success" in log.split("DagRun Finished")[-1], log[-3000:]
-    assert "not promoted" in log.lower()
-    assert _asset_events(promoted["home"]) == 1, "a NOT PROMOTED run recorded an asset event"
-    assert query(promoted["home"], "select state from task_instance where dag_id='cloob_nightly' and "
-                 "task_id='production_moved'") == [("skipped",)]

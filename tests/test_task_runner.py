@@ -19,7 +19,11 @@ def _step(tmp: Path, step: str, inputs: dict, name: str | None = None) -> tuple[
     done = subprocess.run([sys.executable, "-m", "cloob_core.ops.task_runner", step, "--inputs", json.dumps(inputs),
                            "--output", str(tmp / "run" / name), "--result", str(result)],
                           cwd=REPO, capture_output=True, text=True, timeout=600)
-    return done.returncode, json.loads(result.read_text()) if done.returncode == 0 else None, done.stderr
+    if done.returncode != 0:
+        return done.returncode, None, done.stderr
+    record = json.loads(result.read_text())
+    assert record["step"] == step, record  # the record of a step that ended well: its name beside its result
+    return 0, record["result"], done.stderr
 
 
 def test_the_data_steps_chain_through_their_results_into_shards(tmp_path):

@@ -36,6 +36,14 @@ class AirflowSettings(BaseModel):
     namespace: str = Field("default", description="mode kubernetes: the namespace of the pods.")
     kubernetes_conn_id: str | None = Field(None, description="mode kubernetes: Airflow's Kubernetes connection "
                                            "(null: in the cluster, the worker's service account).")
+    service_account: str | None = Field(None, description="mode kubernetes: the service account the pods run as "
+                                        "(null: the namespace's default), as `python -m pipelines submit "
+                                        "--service-account` gives a Kubeflow run's.")
+    cpu_image: str | None = Field(None, description="mode kubernetes: the CPU steps' image (null: the one the "
+                                  "compiled Kubeflow pipeline names, components/images.py: CLOOB_IMAGE_CPU or the "
+                                  "build's tag).")
+    cuda_image: str | None = Field(None, description="mode kubernetes: the GPU steps' image (null: as cpu_image, "
+                                   "CLOOB_IMAGE_CUDA).")
     nightly_schedule: str = Field("0 2 * * *", description="cloob_nightly's cron (UTC): the scheduled retraining.")
     nightly_timeout_s: float = Field(20 * 3600.0, gt=0, description="cloob_nightly's dagrun_timeout: shorter "
                                      "than its period, so a run that overruns ends before the next one is due.")
@@ -51,9 +59,8 @@ class AirflowSettings(BaseModel):
     def _fits_the_mode(self) -> AirflowSettings:
         if self.mode == "local" and self.cluster.nodes > 1:
             raise ValueError("mode local trains on this machine: cluster.nodes must be 1")
-        if self.mode == "kubernetes":  # declared with its fields; the pods' rendering is not built yet
-            raise ValueError("mode kubernetes is not available yet: each task's pod is being built "
-                             "(docs/airflow.md#not-yet-built); use mode local")
+        if self.mode == "kubernetes" and not self.runs.startswith("s3://"):
+            raise ValueError(f"mode kubernetes: runs must be an s3:// prefix the pods share, not {self.runs!r}")
         return self
 
     def located(self, repository: Path) -> AirflowSettings:

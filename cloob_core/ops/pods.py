@@ -33,6 +33,7 @@ SHM_PATH = "/dev/shm"
 # planning, collecting, reporting, promoting (JSON and small files), and the multi-node job's watcher (API calls)
 SMALL_STEP = ("500m", "1Gi")
 LONG_STEP_RETRIES = 2
+MAX_BACKOFF_S = 3600  # the longest wait between two tries (KFP's set_retry default; the Airflow tasks' too)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,10 @@ around a body is done here: the folders a step reads (a model, features, results
 by the steps before it, read through their record (fetched first when they are on S3), so a step whose output was
 never completely published fails the next step in one line, never feeds it half a model; what the step writes is
 published as one unit at ``--output``; its small result (locations, counts, the fan-out's items) is written as
-JSON to ``--result``, which the front passes on (Airflow's XCom). Data never goes through the result.
+JSON to ``--result``, which the front passes on (Airflow's XCom), as ``{"step": STEP, "result": ...}`` and only
+once the step has ended well: a front that finds no such record knows the step did not finish, whatever its
+runner says (a pod stopped mid-step is reported as a success by Airflow's KubernetesPodOperator, apache/airflow
+#73006). Data never goes through the result.
 
 Exit status: 0; 2 for a failure no retry changes (a user's error, a failure recorded as final), which the front
 does not retry; 1 for any other failure, which it retries with backoff. The reason is one line on stderr.
@@ -137,6 +140,11 @@ def run_step(step: str, inputs: Inputs, output: str) -> Any:
     return result
 
 
+def finished(step: str, result: Any) -> dict[str, Any]:
+    """The record a step that ended well leaves: its name and its result."""
+    return {"step": step, "result": result}
+
+
 def permanent(err: BaseException) -> bool:
     """Whether no retry changes ``err``: a user's error (a stage's exit status 2) or a failure recorded as final."""
     from cloob_core.ops import final_failure
@@ -159,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         if not isinstance(inputs, dict):
             raise StageError(f"--inputs: a JSON object, not {type(inputs).__name__}")
         result = run_step(args.step, inputs, args.output)
-        write_text(args.result, json.dumps(result))
+        write_text(args.result, json.dumps(finished(args.step, result)))
     except (Exception, KeyboardInterrupt) as err:  # every failure: one line and a status
         code = PERMANENT_EXIT if permanent(err) else TRANSIENT_EXIT
         return fail(err, verbose=False, exit_code=code, program=f"step {args.step}")
