@@ -22,7 +22,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from kubernetes.client import models as k8s
 
 from cloob_core.config.airflow import AirflowSettings
-from cloob_core.ops import pods
+from cloob_core.ops import airflow_run, pods
 from pipelines.airflow_task import PERMANENT_EXIT, StepTask, finished_result
 
 COMMAND = ["python", "-m", "cloob_core.ops.task_runner"]  # the images' PATH leads to their venv
@@ -51,6 +51,22 @@ def _env(pod: pods.Pod) -> list[k8s.V1EnvVar]:
         field_path=path))) for name, path in pod.field_env.items()]
     env += [k8s.V1EnvVar(name=key, value_from=k8s.V1EnvVarSource(secret_key_ref=k8s.V1SecretKeySelector(
         name=secret.secret, key=key, optional=secret.optional))) for secret in pod.secret_env for key in secret.keys]
+    return env
+
+
+# The task instance the multi-node watcher asks about after a SIGTERM (ops/airflow_run.py), rendered when the task
+# runs; under Kubeflow the pod names its Argo Workflow instead (pipelines/pretrain.py).
+TASK_TEMPLATE = ('{{ {"dag_id": ti.dag_id, "run_id": ti.run_id, "task_id": ti.task_id, "map_index": ti.map_index}'
+                 ' | tojson }}')
+
+
+def _run_state_env(settings: AirflowSettings) -> list[k8s.V1EnvVar]:
+    """The watcher's way to its Airflow run: the task instance, the API server, its credentials (either keys)."""
+    env = [k8s.V1EnvVar(name=airflow_run.TASK_ENV, value=TASK_TEMPLATE)]
+    if settings.api_url:
+        env.append(k8s.V1EnvVar(name=airflow_run.API_ENV, value=settings.api_url))
+        env += [k8s.V1EnvVar(name=key, value_from=k8s.V1EnvVarSource(secret_key_ref=k8s.V1SecretKeySelector(
+            name=settings.api_secret, key=key, optional=True))) for key in airflow_run.SECRET_KEYS]
     return env
 
 
@@ -86,7 +102,8 @@ def pod_arguments(step: str, settings: AirflowSettings) -> dict[str, Any]:
         "service_account_name": settings.service_account,
         "image": images(settings)[pod.image], "image_pull_policy": pod.image_pull_policy,
         "image_pull_secrets": [k8s.V1LocalObjectReference(name=name) for name in pod.image_pull_secrets] or None,
-        "cmds": list(COMMAND), "env_vars": _env(pod),
+        "cmds": list(COMMAND),
+        "env_vars": _env(pod) + (_run_state_env(settings) if step == "train_multinode" else []),
         "container_resources": k8s.V1ResourceRequirements(requests={"cpu": pod.cpu, "memory": pod.memory},
                                                           limits=limits or None),
         "node_selector": dict(pod.node_selector) or None,

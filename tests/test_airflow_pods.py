@@ -20,7 +20,7 @@ from airflow_harness import REPO, SIDE, VENV, airflow_env, settings_file
 sys.path.insert(0, str(REPO))  # components/ and pipelines/ run from the repository root, uninstalled
 
 from cloob_core.config.airflow import AirflowSettings
-from cloob_core.ops import graph
+from cloob_core.ops import airflow_run, graph
 from cloob_core.ops.trainjob import WORKFLOW_ENV
 
 pytestmark = pytest.mark.airflow
@@ -36,13 +36,16 @@ PLACED = {"gpus": 4, "shards_store": "s3://b/shards", "job_workdir": "s3://b/job
 CASES = {
     "one node, 4 GPUs": {**PLACED},
     "one node, 4 GPUs, curation": {**PLACED, "curation": True, "eval_gpus": 1},
-    "two nodes, 8 GPUs each": {**PLACED, "nodes": 2, "gpus": 8, "job_account": "cloob-trainer"},
+    "two nodes, 8 GPUs each": {**PLACED, "nodes": 2, "gpus": 8, "job_account": "cloob-trainer"},  # api_url too
     "two nodes, curation, imported shards": {**PLACED, "nodes": 2, "gpus": 8, "curation": True, "data": "import",
                                              "s3_secret": "team-s3", "image_pull_policy": "Always"},
 }
 # Only the Kubeflow pod has it: the name of the run's Argo Workflow, by which the multi-node watcher tells a
 # stopped run from a drain there (ops/trainjob.py); under Airflow that is the run's own state (docs/airflow.md).
 KFP_ONLY_ENV = {WORKFLOW_ENV}
+# Only the Airflow pod has them: the task instance, the Airflow API and its credentials (ops/airflow_run.py).
+AIRFLOW_ONLY_ENV = {airflow_run.TASK_ENV, airflow_run.API_ENV, *airflow_run.SECRET_KEYS}
+API_URL = "http://airflow-api-server.airflow:8080"
 # What the provider adds to every pod of its own: its labels (which task, which try) and the XCom sidecar's
 # volume; the sidecar itself is checked apart.
 PROVIDER_LABELS = {"dag_id", "task_id", "run_id", "try_number", "map_index", "kubernetes_pod_operator",
@@ -50,7 +53,8 @@ PROVIDER_LABELS = {"dag_id", "task_id", "run_id", "try_number", "map_index", "ku
 
 
 def _settings(values: dict) -> dict:
-    return {"mode": "kubernetes", "runs": "s3://b/airflow", "cluster": values}
+    api = {"api_url": API_URL, "api_secret": "airflow-api"} if values.get("job_account") else {}
+    return {"mode": "kubernetes", "runs": "s3://b/airflow", **api, "cluster": values}
 
 
 def _kfp_documents(tmp, values: dict) -> dict[str, list]:
@@ -142,7 +146,8 @@ def airflow_pod(rendered: dict, step: str) -> dict:
     return {
         "image": base["image"], "runs": step if base["command"] == ["python", "-m", "cloob_core.ops.task_runner"]
         else base["command"], "requests": resources.get("requests", {}), "limits": resources.get("limits", {}),
-        "env": env, "node_selector": spec.get("nodeSelector", {}), "tolerations": spec.get("tolerations", []),
+        "env": {k: v for k, v in env.items() if k not in AIRFLOW_ONLY_ENV},
+        "node_selector": spec.get("nodeSelector", {}), "tolerations": spec.get("tolerations", []),
         "affinity": [affinity] if affinity else [],
         "labels": {k: v for k, v in pod["metadata"].get("labels", {}).items() if k not in PROVIDER_LABELS},
         "annotations": pod["metadata"].get("annotations") or {},
@@ -218,3 +223,26 @@ def test_mode_kubernetes_needs_runs_on_storage_the_pods_share(tmp_path):
 
     with pytest.raises(ConfigError, match="runs must be an s3:// prefix the pods share, not 'runs/airflow'"):
         AirflowSettings.load(str(settings_file(tmp_path, {"mode": "kubernetes", "runs": "runs/airflow"})))
+
+
+def test_the_multinode_watcher_is_told_its_airflow_task_and_how_to_reach_the_airflow_api(rendered):
+    """What the watcher reads after a SIGTERM to tell a person's stop from a worker's restart (its Kubeflow pod
+    names its Argo Workflow instead): the task instance, rendered when the task runs; the API server; the secret's
+    keys, either pair optional (a user and password, or a token)."""
+    for case, values in CASES.items():
+        steps = rendered["cases"][case]["steps"]
+        if values.get("nodes", 1) == 1:
+            assert "train_multinode" not in steps, case
+            continue
+        (base,) = [c for c in steps["train_multinode"]["pod"]["spec"]["containers"] if c["name"] == "base"]
+        variables = {variable["name"]: variable for variable in base["env"]}
+        assert airflow_run.TASK_ENV in variables, case
+        with_api = values.get("job_account") is not None
+        assert (variables.get(airflow_run.API_ENV, {}).get("value") == API_URL) is with_api, case
+        secrets = {v["name"]: v["valueFrom"]["secretKeyRef"] for v in variables.values()
+                   if v["name"] in airflow_run.SECRET_KEYS}
+        assert secrets == ({key: {"name": "airflow-api", "key": key, "optional": True}
+                            for key in airflow_run.SECRET_KEYS} if with_api else {}), case
+    rendered_task = json.loads(rendered["checks"]["watcher env"][airflow_run.TASK_ENV])
+    assert rendered_task == {"dag_id": "cloob_pretrain", "run_id": "manual__2026-12-03T10:00:00+00:00",
+                             "task_id": "train", "map_index": -1}

@@ -14,6 +14,7 @@ import sys
 import textwrap
 import threading
 import time
+import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -23,11 +24,12 @@ from safetensors.torch import load_file
 from cloob_core import storage
 from cloob_core.config import CloobConfig, load_config
 from cloob_core.config.cluster import ClusterSettings
-from cloob_core.ops import kubeflow, launch, trainjob
+from cloob_core.ops import airflow_run, kubeflow, launch, trainjob
 from cloob_core.ops.trainjob import JobFailed
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import job_schemas
+from json_api_server import JsonApiServer
 from k8s_api_server import FakeTrainingCluster
 from trained_weights import largest_difference
 
@@ -1163,3 +1165,101 @@ def test_the_runs_exit_handler_deletes_the_job_left_and_says_so(tmp_path, monkey
             f"PyTorchJob team-a/{name}: deleted at the run's end (nothing watches it any more)"
         assert not cluster.pods and ("team-a", "pytorchjobs", name) not in cluster.objects
         assert kubeflow.end_training_job(job.to_json(), "run-77") == f"PyTorchJob team-a/{name}: none left to end"
+
+
+class _AirflowApi(JsonApiServer):
+    """A stand-in of Airflow's REST API (v2) with one DAG run and its watcher task instance: sign-in with a user's
+    password (``POST /auth/token``), the two reads the watcher makes (tests/test_airflow_watcher.py runs the same
+    against Airflow's own API server)."""
+
+    RUN = "/api/v2/dags/cloob_pretrain/dagRuns/manual__2026-12-04T01:00:00+00:00"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.run_state: str | None = "running"  # None: the DAG run is gone
+        self.task_state: str | None = "running"
+        self.refuse: int | None = None  # an HTTP status every read answers
+
+    def _answer(self, method: str, path: str, query: str, body: dict) -> tuple[int, dict]:
+        if method == "POST" and path == "/auth/token":
+            ok = body == {"username": "watcher", "password": "pw"}
+            return (201, {"access_token": "t0k"}) if ok else (401, {"detail": "Invalid credentials"})
+        if self.refuse:
+            return self.refuse, {"detail": "refused"}
+        if self.requests[-1]["authorization"] != "Bearer t0k":
+            return 403, {"detail": "Forbidden"}
+        path = urllib.parse.unquote(path)
+        if self.run_state is None:
+            return 404, {"detail": "The DagRun was not found"}
+        if path == urllib.parse.unquote(self.RUN):
+            return 200, {"dag_id": "cloob_pretrain", "state": self.run_state}
+        if path == urllib.parse.unquote(self.RUN) + "/taskInstances/train_multinode":
+            return 200, {"task_id": "train_multinode", "map_index": -1, "state": self.task_state}
+        return 404, {"detail": "not found"}
+
+
+def _under_airflow(tmp_path, monkeypatch, cluster, airflow) -> None:
+    """This process as the watcher pod of task train_multinode of an Airflow run (no Workflow: Airflow has none)."""
+    _in_run(tmp_path, monkeypatch, cluster)
+    monkeypatch.delenv(trainjob.WORKFLOW_ENV)
+    monkeypatch.setenv(airflow_run.TASK_ENV, json.dumps({
+        "dag_id": "cloob_pretrain", "run_id": "manual__2026-12-04T01:00:00+00:00", "task_id": "train_multinode",
+        "map_index": -1}))
+    monkeypatch.setenv(airflow_run.API_ENV, airflow.url)
+    monkeypatch.setenv(airflow_run.USERNAME_ENV, "watcher")
+    monkeypatch.setenv(airflow_run.PASSWORD_ENV, "pw")
+
+
+@pytest.mark.parametrize(("action", "deleted"), [
+    ("none: a worker restart", False), ("task marked failed", True), ("task cleared", True),
+    ("run marked failed", True), ("run deleted", True), ("API refuses", False)])
+def test_under_airflow_a_sigterm_deletes_the_job_only_when_the_airflow_run_was_stopped(tmp_path, monkeypatch,
+                                                                                       action, deleted):
+    """Under Airflow the watcher's SIGTERM comes both from a person (the task or its run marked failed, the task
+    cleared: Airflow deletes the task's pod) and from a worker's restart while the run goes on; the task instance
+    and DAG run, read from Airflow's API after the signal, tell them apart (before: there was no Workflow to read,
+    so a stopped run's job held its GPU nodes to its deadline)."""
+    with FakeTrainingCluster(extra_env=_stub_python(tmp_path / "bin", "sleep 30\nexit 0\n")) as cluster, \
+            _AirflowApi() as airflow:
+        _under_airflow(tmp_path, monkeypatch, cluster, airflow)
+
+        def act() -> None:  # what Airflow's API server records before it stops the task
+            if action == "task marked failed":
+                airflow.task_state = "failed"
+            elif action == "task cleared":
+                airflow.task_state = "restarting"
+            elif action == "run marked failed":
+                airflow.run_state = "failed"
+            elif action == "run deleted":
+                airflow.run_state = None
+            elif action == "API refuses":
+                airflow.refuse = 403
+
+        job = settings(nodes=2, gpus=0, job_poll_s=0.05, job_namespace="team-a", s3_secret="")
+        body = trainjob.manifest(job, "cloob-train-af", job_config(), "s3://w")
+        _sigterm_once(cluster, ("team-a", "pytorchjobs", "cloob-train-af"), act).join(timeout=0)
+        expected = r"cancelled: the pipeline run (was stopped|was cleared|has ended|is gone)" if deleted else \
+            r"left running, and the step's next try adopts it"
+        with pytest.raises(JobFailed, match=expected):
+            trainjob.run(body, job)
+        assert len(cluster.calls("DELETE", ".*pytorchjobs/cloob-train-af")) == (1 if deleted else 0)
+        assert "ownerReferences" not in cluster.calls("POST", ".*pytorchjobs")[0]["body"]["metadata"]
+    assert not cluster.calls("GET", ".*/workflows/.*")  # Argo's Workflow is not asked under Airflow
+    reads = airflow.calls("GET", ".*")
+    assert len(reads) >= 2 and all(r["path"].startswith("/api/v2/dags/cloob_pretrain/dagRuns/") for r in reads)
+
+
+def test_how_an_airflow_run_was_stopped_is_read_from_its_states():
+    def state(run: str, task: str | None) -> dict:
+        return {"dag_run": {"state": run}, "task_instance": {"state": task}}
+
+    for going_on in ("running", "up_for_retry", "queued", "scheduled", "deferred", "up_for_reschedule"):
+        assert airflow_run.run_stopped(state("running", going_on)) is None
+    assert airflow_run.run_stopped(None) is None and airflow_run.run_stopped({}, seen=False) is None
+    assert "is gone" in airflow_run.run_stopped({})
+    for ended in ("failed", "success", "skipped", "upstream_failed", "removed"):
+        assert f"task instance is {ended}" in airflow_run.run_stopped(state("running", ended))
+    assert "cleared" in airflow_run.run_stopped(state("running", "restarting"))
+    assert "cleared" in airflow_run.run_stopped(state("queued", None))
+    assert "DAG run is failed" in airflow_run.run_stopped(state("failed", "up_for_retry"))
+    assert airflow_run.task_from_env() is None

@@ -44,6 +44,14 @@ class AirflowSettings(BaseModel):
                                   "build's tag).")
     cuda_image: str | None = Field(None, description="mode kubernetes: the GPU steps' image (null: as cpu_image, "
                                    "CLOOB_IMAGE_CUDA).")
+    api_url: str | None = Field(None, description="mode kubernetes: the Airflow API server's URL as the pods reach "
+                                "it (e.g. http://airflow-api-server.airflow:8080). The multi-node training's watcher "
+                                "asks it whether its run was stopped (marked failed, cleared) when it gets SIGTERM, "
+                                "and deletes the job then; null: it cannot tell, leaves the job to the run's teardown "
+                                "task and its deadline.")
+    api_secret: str | None = Field(None, description="mode kubernetes: the Kubernetes secret with the Airflow API's "
+                                   "credentials for api_url: AIRFLOW_API_USERNAME and AIRFLOW_API_PASSWORD (a user "
+                                   "who may read DAG runs and task instances), or AIRFLOW_API_TOKEN.")
     nightly_schedule: str = Field("0 2 * * *", description="cloob_nightly's cron (UTC): the scheduled retraining.")
     nightly_timeout_s: float = Field(20 * 3600.0, gt=0, description="cloob_nightly's dagrun_timeout: shorter "
                                      "than its period, so a run that overruns ends before the next one is due.")
@@ -59,6 +67,10 @@ class AirflowSettings(BaseModel):
     def _fits_the_mode(self) -> AirflowSettings:
         if self.mode == "local" and self.cluster.nodes > 1:
             raise ValueError("mode local trains on this machine: cluster.nodes must be 1")
+        if self.api_url is not None and not re.fullmatch(r"https?://[^\s/]+(/\S*)?", self.api_url):
+            raise ValueError(f"api_url must be an http:// or https:// URL, not {self.api_url!r}")
+        if self.api_url is not None and not self.api_secret:
+            raise ValueError("api_url needs api_secret: the secret with the Airflow API's credentials")
         if self.mode == "kubernetes" and not self.runs.startswith("s3://"):
             raise ValueError(f"mode kubernetes: runs must be an s3:// prefix the pods share, not {self.runs!r}")
         return self

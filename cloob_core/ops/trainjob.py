@@ -23,12 +23,14 @@ spot reclaim of the watcher's small CPU pod all send SIGTERM while the run goes 
 the run's Argo Workflow (named by its pod's ``workflows.argoproj.io/workflow`` label, read in the pod's own
 namespace, which a ``job_namespace`` may not be), within ``job_stop_grace_s`` of the pod's grace: terminated by
 KFP (``spec.activeDeadlineSeconds: 0``) or Argo (``spec.shutdown``), ended, being deleted or gone (once seen) means
-stopped, and the job is deleted; otherwise, or when it cannot tell in time, the job is left running, the step ends
-in one line and its next try adopts the job (same name). Later signals change nothing. A job that a queue holds
-suspended (Kueue) is queued, not pending: the watcher says where it stands and waits up to
-``job_queue_timeout_s``. The job's owner is that Workflow (same namespace only: Kubernetes forbids cross-namespace
-owners), not the watcher pod, so an evicted watcher does not take the job with it, and deleting the run deletes
-the job; the run's exit handler (:func:`end_job`) deletes a job that is left when the run ends, and the job's own
+stopped, and the job is deleted; under Airflow it asks the task instance and DAG run instead
+(:mod:`cloob_core.ops.airflow_run`: marked failed or cleared means stopped); otherwise, or when it cannot tell in
+time, the job is left running, the step ends in one line and its next try adopts the job (same name). Later
+signals change nothing. A job that a queue holds suspended (Kueue) is queued, not pending: the watcher says where
+it stands and waits up to ``job_queue_timeout_s``. The job's owner is that Workflow (same namespace only:
+Kubernetes forbids cross-namespace owners; under Airflow it has none), not the watcher pod, so an evicted watcher
+does not take the job with it, and deleting the run deletes the job; the run's exit handler (:func:`end_job`;
+Airflow's teardown task) deletes a job that is left when the run ends, and the job's own
 ``activeDeadlineSeconds`` (the job timeout) bounds an orphan's life.
 """
 
@@ -49,7 +51,7 @@ from typing import Any
 from cloob_core.config import CloobConfig, config_from_mapping
 from cloob_core.config.cluster import ClusterSettings
 from cloob_core.errors import StageError
-from cloob_core.ops import launch
+from cloob_core.ops import airflow_run, launch
 
 log = logging.getLogger(__name__)
 
@@ -447,7 +449,8 @@ class _Watch:
         self.name = body["metadata"]["name"]
         self.where = f"{self.kind} {self.namespace}/{self.name}"
         self.stop = _StopSignal(settings.job_stop_grace_s)
-        self.workflow_seen = False  # a Workflow that never answered is no proof of a stopped run
+        self.airflow_task = airflow_run.task_from_env()  # under Airflow: its task instance, not a Workflow
+        self.run_seen = False  # a run that never answered is no proof of a stopped run
 
     def timeout(self) -> float:
         """An API call's deadline: ``job_api_timeout_s``, within what a stop signal's grace leaves."""
@@ -486,9 +489,9 @@ class _Watch:
 
     def _watch(self) -> str:
         settings, where = self.settings, self.where
-        workflow, _ = self.read_workflow()
-        self.workflow_seen = bool(workflow)
-        owner = _workflow_owner(workflow) if _pod_namespace() == self.namespace else None  # same namespace only
+        run, _ = self.read_run()
+        self.run_seen = bool(run)
+        owner = _workflow_owner(run) if self.airflow_task is None and _pod_namespace() == self.namespace else None
         body = {**self.body, "metadata": {**self.body["metadata"], "ownerReferences": [owner]}} if owner else \
             self.body
         deadline = time.monotonic() + settings.job_timeout_s
@@ -581,17 +584,33 @@ class _Watch:
         time.sleep(seconds)
 
     def _on_stop(self, err: _Cancelled) -> _End:
-        """A stop signal: the job goes only when the run's Workflow, read within the grace, says the run stopped."""
-        workflow, why = self.read_workflow()
-        stopped = run_stopped(workflow, seen=self.workflow_seen)
+        """A stop signal: the job goes only when the run, read within the grace (its Workflow, or under Airflow its
+        task instance and DAG run), says it stopped."""
+        run, why = self.read_run()
+        stopped = run_stopped(run, seen=self.run_seen) if self.airflow_task is None else \
+            airflow_run.run_stopped(run, seen=self.run_seen)
         if stopped is not None:
             return _End(JobFailed(f"{self.where} cancelled: the pipeline run {stopped}"), delete=True)
-        if workflow:
+        if run:
             cause = "while its pipeline run goes on (a drain or an eviction)"
         else:
             cause = f"and cannot tell whether its pipeline run was stopped ({why})"
         return _End(JobFailed(f"{self.where}: this watcher got {err} {cause}: the job is left running, and the "
                               "step's next try adopts it"), delete=False)
+
+    def read_run(self) -> tuple[dict[str, Any] | None, str]:
+        """The pipeline run as it reads now: its Argo Workflow, or under Airflow its DAG run and task instance
+        (``{}``: gone; None, with why, when it cannot be read)."""
+        if self.airflow_task is None:
+            return self.read_workflow()
+        task = airflow_run.describe(self.airflow_task)
+        try:
+            return self.retried(lambda timeout: airflow_run.read(self.airflow_task, timeout),
+                                f"reading Airflow task {task}"), ""
+        except Exception as err:
+            why = f"Airflow task {task} could not be read: {_describe(err)}"
+            log.warning("%s", why)
+            return None, why
 
     def read_workflow(self) -> tuple[dict[str, Any] | None, str]:
         """This pod's Argo Workflow, read in the pod's own namespace (the job's may be another); ``{}`` when it is
@@ -949,6 +968,8 @@ def transient(err: BaseException) -> bool:
 
 
 def _status_code(err: BaseException) -> int | None:
+    if isinstance(err, airflow_run.AirflowApiError):
+        return err.status
     status = getattr(err, "status", None)
     return status if type(err).__name__ == "ApiException" and isinstance(status, int) else None
 

@@ -3,7 +3,7 @@ Airflow settings, mode kubernetes), every declared step's pod as KubernetesPodOp
 (``build_pod_request_obj(dry_run=True)``, no cluster) with the task's retries, and the operator class of each task
 of the case's DAGs; then, with the provider's own code around our operator, what a task ends as when its pod
 ends: the command a run gives the pod, a pod that left no record of having finished (apache/airflow #73006), and
-exit statuses 2 and 1. JSON into argv[2]."""
+exit statuses 2 and 1, and the multi-node watcher's environment rendered for a run. JSON into argv[2]."""
 
 import json
 import sys
@@ -54,7 +54,7 @@ settings = AirflowSettings(**values).located(Path.cwd())
 
 
 class TI:
-    dag_id, task_id, map_index = "cloob_pretrain", "train", -1
+    dag_id, task_id, map_index, run_id = "cloob_pretrain", "train", -1, "manual__2026-12-03T10:00:00+00:00"
 
 
 context = {"ti": TI, "run_id": "manual__2026-12-03T10:00:00+00:00"}
@@ -95,5 +95,10 @@ def ended_with(code):
 
 
 checks["exit 2"], checks["exit 1"] = ended_with(2), ended_with(1)
+several = next((values for values in cases.values() if values["cluster"].get("nodes", 1) > 1), None)
+if several:  # the watcher's way to its Airflow run, as the task renders it when it runs
+    watcher = step_operator("train_multinode", AirflowSettings(**several).located(Path.cwd()))(inputs={})
+    watcher.render_template_fields(context)
+    checks["watcher env"] = {variable.name: variable.value for variable in watcher.env_vars if variable.value}
 report["checks"] = checks
 Path(sys.argv[2]).write_text(json.dumps(report))
