@@ -18,6 +18,12 @@ if [ "$workers" -gt 0 ] && [ -z "${LOKY_MAX_CPU_COUNT:-}" ]; then
   LOKY_MAX_CPU_COUNT=$(( $(nproc) / workers > 0 ? $(nproc) / workers : 1 ))
   export LOKY_MAX_CPU_COUNT
 fi
+# The same share for the torch and BLAS a test runs itself (the stages plan theirs): a test's own small models
+# started a thread per core in each worker, and under the others' load OpenMP's spinning took the Poly-View toy
+# from 13 s alone to 190 s in CI (107 s against 17 s beside three busy loops, OMP_NUM_THREADS unset against 1).
+if [ "$workers" -gt 0 ] && [ -n "${LOKY_MAX_CPU_COUNT:-}" ]; then
+  export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$LOKY_MAX_CPU_COUNT}
+fi
 status=0
 .venv/bin/python -m pytest -n "$workers" --dist loadfile --no-loadscope-reorder "$@" || status=$?
 if [ "$status" -eq 5 ]; then
