@@ -17,7 +17,8 @@ if [ ! -f "$stamp" ] || [ "$constraints" -nt "$stamp" ]; then
   echo "airflow: creating $venv (Airflow 3 and the Kubernetes provider, pinned by $constraints)"
   [ -x "$venv/bin/python" ] || python3.11 -m venv "$venv" 2>/dev/null || python3 -m venv "$venv"
   # its own uv: the project's may be half-installed by the setup running beside this
-  [ -x "$venv/bin/uv" ] || "$venv/bin/pip" install -q --disable-pip-version-check uv
+  [ -x "$venv/bin/uv" ] || "$venv/bin/pip" install -q --disable-pip-version-check uv >"$venv/uv-install.log" 2>&1 \
+    || { cat "$venv/uv-install.log" >&2; exit 1; }
   # the constraints file pins every package of the resolve; installing it as requirements installs exactly them
   PIP_CONSTRAINT='' "$venv/bin/uv" pip install -q --python "$venv/bin/python" -r "$constraints"
   touch "$stamp"
