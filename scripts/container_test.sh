@@ -28,8 +28,10 @@ phase "cuda image" infra/images/build.sh --variant cuda
 status=0
 # -rP: the passed tests' output too, so that the log shows each step's container, user and exit status, and the
 # final metrics.
-phase "containers" .venv/bin/python -m pytest -m container -rP -p no:cacheprovider tests/test_containers.py "$@" \
-  || status=$?
+# two workers, a file each: the broken image's run (tests/test_container_failure.py) mostly waits out kfp.local's
+# retry backoff, beside the pipeline's runs (they took 187 s and 124 s one after the other)
+phase "containers" .venv/bin/python -m pytest -m container -rP -p no:cacheprovider -n 2 --dist loadfile \
+  tests/test_containers.py tests/test_container_failure.py "$@" || status=$?
 if [ "$status" -eq 5 ]; then
   echo "container test: pytest collected no tests; failing" >&2
   exit 1
