@@ -21,7 +21,7 @@ fi
 # The same share for the torch and BLAS a test runs itself (the stages plan theirs): a test's own small models
 # started a thread per core in each worker, and under the others' load OpenMP's spinning took the Poly-View toy
 # from 13 s alone to 190 s in CI (107 s against 17 s beside three busy loops, OMP_NUM_THREADS unset against 1).
-if [ "$workers" -gt 0 ] && [ -n "${LOKY_MAX_CPU_COUNT:-}" ]; then
+if [ "$workers" -gt 0 ]; then
   export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$LOKY_MAX_CPU_COUNT}
 fi
 status=0

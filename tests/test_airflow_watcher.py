@@ -18,9 +18,9 @@ import urllib.request
 import pytest
 from airflow_harness import VENV, airflow_env, migrated, settings_file
 from k8s_api_server import FakeTrainingCluster
-from test_trainjob import _in_run, _sigterm_once, _stub_python, job_config, settings
+from test_trainjob import _sigterm_once, _stub_python, job_config, settings, under_airflow
 
-from cloob_core.ops import airflow_run, trainjob
+from cloob_core.ops import trainjob
 from cloob_core.ops.trainjob import JobFailed
 
 pytestmark = pytest.mark.airflow
@@ -104,17 +104,6 @@ def airflow(airflow_venv, tmp_path_factory):
         log.close()
 
 
-def _as_watcher(tmp_path, monkeypatch, cluster, airflow: _Airflow, run_id: str) -> None:
-    """This process as the task's watcher pod: the environment pipelines/airflow_pods.py gives it."""
-    _in_run(tmp_path, monkeypatch, cluster)
-    monkeypatch.delenv(trainjob.WORKFLOW_ENV)
-    monkeypatch.setenv(airflow_run.TASK_ENV, json.dumps({"dag_id": "cloob_pretrain", "run_id": run_id,
-                                                         "task_id": TASK, "map_index": -1}))
-    monkeypatch.setenv(airflow_run.API_ENV, airflow.url)
-    monkeypatch.setenv(airflow_run.USERNAME_ENV, USER)
-    monkeypatch.setenv(airflow_run.PASSWORD_ENV, PASSWORD)
-
-
 ACTIONS = {
     # a worker's restart (or a scheduler fail-over, an eviction): the pod goes, the run and the task go on
     "worker restart": (lambda airflow, run: None, None),
@@ -136,7 +125,7 @@ def test_the_watcher_deletes_the_job_when_a_person_stopped_the_airflow_run_and_k
     run_id = f"manual__{action.replace(' ', '-')}"
     airflow.running(run_id)
     with FakeTrainingCluster(extra_env=_stub_python(tmp_path / "bin", "sleep 5\nexit 0\n")) as cluster:
-        _as_watcher(tmp_path, monkeypatch, cluster, airflow, run_id)
+        under_airflow(tmp_path, monkeypatch, cluster, airflow.url, run_id, (USER, PASSWORD))
         job = settings(nodes=2, gpus=0, job_poll_s=0.05, job_namespace="team-a", s3_secret="")
         body = trainjob.manifest(job, "cloob-train-airflow", job_config(), "s3://w")
         _sigterm_once(cluster, ("team-a", "pytorchjobs", "cloob-train-airflow"),

@@ -1198,16 +1198,17 @@ class _AirflowApi(JsonApiServer):
         return 404, {"detail": "not found"}
 
 
-def _under_airflow(tmp_path, monkeypatch, cluster, airflow) -> None:
-    """This process as the watcher pod of task train_multinode of an Airflow run (no Workflow: Airflow has none)."""
+def under_airflow(tmp_path, monkeypatch, cluster, api: str, run_id: str = "manual__2026-12-04T01:00:00+00:00",
+                  user: tuple[str, str] = ("watcher", "pw")) -> None:
+    """This process as the watcher pod of task train_multinode of an Airflow run, with the environment
+    pipelines/airflow_pods.py gives it (no Workflow: Airflow has none)."""
     _in_run(tmp_path, monkeypatch, cluster)
     monkeypatch.delenv(trainjob.WORKFLOW_ENV)
-    monkeypatch.setenv(airflow_run.TASK_ENV, json.dumps({
-        "dag_id": "cloob_pretrain", "run_id": "manual__2026-12-04T01:00:00+00:00", "task_id": "train_multinode",
-        "map_index": -1}))
-    monkeypatch.setenv(airflow_run.API_ENV, airflow.url)
-    monkeypatch.setenv(airflow_run.USERNAME_ENV, "watcher")
-    monkeypatch.setenv(airflow_run.PASSWORD_ENV, "pw")
+    monkeypatch.setenv(airflow_run.TASK_ENV, json.dumps({"dag_id": "cloob_pretrain", "run_id": run_id,
+                                                         "task_id": "train_multinode", "map_index": -1}))
+    monkeypatch.setenv(airflow_run.API_ENV, api)
+    monkeypatch.setenv(airflow_run.USERNAME_ENV, user[0])
+    monkeypatch.setenv(airflow_run.PASSWORD_ENV, user[1])
 
 
 @pytest.mark.parametrize(("action", "deleted"), [
@@ -1221,7 +1222,7 @@ def test_under_airflow_a_sigterm_deletes_the_job_only_when_the_airflow_run_was_s
     so a stopped run's job held its GPU nodes to its deadline)."""
     with FakeTrainingCluster(extra_env=_stub_python(tmp_path / "bin", "sleep 30\nexit 0\n")) as cluster, \
             _AirflowApi() as airflow:
-        _under_airflow(tmp_path, monkeypatch, cluster, airflow)
+        under_airflow(tmp_path, monkeypatch, cluster, airflow.url)
 
         def act() -> None:  # what Airflow's API server records before it stops the task
             if action == "task marked failed":

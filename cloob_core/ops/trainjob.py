@@ -450,6 +450,7 @@ class _Watch:
         self.where = f"{self.kind} {self.namespace}/{self.name}"
         self.stop = _StopSignal(settings.job_stop_grace_s)
         self.airflow_task = airflow_run.task_from_env()  # under Airflow: its task instance, not a Workflow
+        self.run_stopped = run_stopped if self.airflow_task is None else airflow_run.run_stopped
         self.run_seen = False  # a run that never answered is no proof of a stopped run
 
     def timeout(self) -> float:
@@ -587,8 +588,7 @@ class _Watch:
         """A stop signal: the job goes only when the run, read within the grace (its Workflow, or under Airflow its
         task instance and DAG run), says it stopped."""
         run, why = self.read_run()
-        stopped = run_stopped(run, seen=self.run_seen) if self.airflow_task is None else \
-            airflow_run.run_stopped(run, seen=self.run_seen)
+        stopped = self.run_stopped(run, seen=self.run_seen)
         if stopped is not None:
             return _End(JobFailed(f"{self.where} cancelled: the pipeline run {stopped}"), delete=True)
         if run:
