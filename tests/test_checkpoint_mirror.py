@@ -21,11 +21,12 @@ def saved(folder: Path, step: int, keep: int = 3) -> Path:
 def test_uploads_run_beside_the_loop_and_keep_the_newest(tmp_path, monkeypatch):
     mirror_folder = tmp_path / "mirror"
     mirror_folder.mkdir()
-    release = threading.Event()
+    release, uploading = threading.Event(), threading.Event()
     real_copy = storage.copy_file
     copied = []
 
     def slow_copy(source, target):
+        uploading.set()
         release.wait(timeout=30)
         copied.append(Path(target).name)
         return real_copy(source, target)
@@ -35,7 +36,10 @@ def test_uploads_run_beside_the_loop_and_keep_the_newest(tmp_path, monkeypatch):
     local = tmp_path / "checkpoints"
     local.mkdir()
     started = time.perf_counter()
-    for step in (1, 2, 3):
+    mirror.submit(saved(local, 1))
+    # step 1 taken by the uploader before 2 comes (on a loaded machine its thread may start after 2's submit)
+    assert uploading.wait(timeout=30)
+    for step in (2, 3):
         mirror.submit(saved(local, step))
     assert time.perf_counter() - started < 5  # the store holds every copy until released
     release.set()
