@@ -20,7 +20,7 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-STAND_IN = ["model.architecture=cloob-vit-b-32-64px", "train.steps=60", "train.log_every=10",
+STAND_IN = ["model.architecture=cloob-vit-b-32-64px", "train.steps=40", "train.log_every=10",
             "train.checkpoint_every=1000", "train.tensorboard=false", "train.seed=0"]
 
 
@@ -33,11 +33,11 @@ def run(shards, output) -> dict:
 
 
 def test_cloob_with_the_default_start_learns_on_vit_b_32s_towers(captioned_train_shards, tmp_path):
-    """CLOOB alone: CLIP's run on the same configuration (+0.4071 below ln 32 here) is in docs/objectives.md, for CI's
-    time (the two runs took 698 s of a CI worker; CLOOB's is the faster)."""
+    """CLOOB alone, 40 steps: CLIP's run on the same configuration (+0.4071 below ln 32 at 60 steps) is in
+    docs/objectives.md, for CI's time (the two runs of 60 steps took 698 s of a CI worker; CLOOB's is the faster)."""
     cloob = run(captioned_train_shards, tmp_path / "cloob")
     assert cloob["objective"] == "cloob" and cloob["collapsed_loss"] == pytest.approx(2 * math.log(31) / 30, abs=1e-6)
-    assert 10 <= cloob["retrieval_from_step"] < 50, cloob  # after the warm-up, with 10 or more steps of retrieval
-    # 0.0158 here (+0.0001 with the paper's start, which the detector names at step 25): at least 5 times the
-    # detector's band of 0.1% of the collapsed value, with room for another CPU's rounding
+    assert 10 <= cloob["retrieval_from_step"] < 30, cloob  # after the warm-up, with 10 or more steps of retrieval
+    # 0.0087 here at 40 steps, 0.0158 at 60 (+0.0001 with the paper's start, which the detector names at step 25):
+    # at least 5 times the detector's band of 0.1% of the collapsed value, with room for another CPU's rounding
     assert cloob["collapse_margin"] >= 0.005 and cloob["collapse_detected_at_step"] is None, cloob
